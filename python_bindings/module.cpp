@@ -1,0 +1,13 @@
+// The pybind11 module fusible._C: argument conversion only; the logic lives in libfusible.
+#include <torch/csrc/utils/pybind.h>
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "fusible C++ core (operations, fuser, kernels)";
+#ifdef FUSIBLE_WITH_CUDA
+  m.attr("cuda_built") = true;
+#else
+  m.attr("cuda_built") = false;
+#endif
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Sets up, builds, then runs every test: ctest (GoogleTest) and pytest. CUDA tests skip without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+bash scripts/build.sh
+echo "[test] ctest"
+.venv/bin/ctest --test-dir build/main --output-on-failure -j "$(nproc)" | tee build/ctest.log
+echo "[test] pytest"
+(cd tests/python && ../../.venv/bin/python -m pytest -q -rs -p no:cacheprovider . ) | tee build/pytest.log
+echo "[test] summary"
+grep -E "tests passed|tests failed" build/ctest.log | tail -1
+tail -1 build/pytest.log

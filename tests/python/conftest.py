@@ -1,0 +1,37 @@
+"""Shared pytest fixtures and helpers: devices (CUDA skipped, never faked), DESIGN.md tolerances."""
+import pytest
+import torch
+
+import fusible  # noqa: F401  (registers torch.ops.fusible)
+
+HAS_CUDA = torch.cuda.is_available()
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this machine")
+
+DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
+
+# DESIGN.md section 7: (rtol, atol) against a float64 reference.
+TOLERANCES = {
+    (torch.float64, False): (1e-12, 1e-12),
+    (torch.float64, True): (1e-12, 1e-12),
+    (torch.float32, False): (1.3e-6, 1e-5),
+    (torch.float32, True): (1e-4, 1e-5),
+    (torch.float16, False): (1e-3, 1e-5),
+    (torch.float16, True): (1e-3, 1e-5),
+    (torch.bfloat16, False): (1.6e-2, 1e-5),
+    (torch.bfloat16, True): (1.6e-2, 1e-5),
+}
+
+
+def tols(dtype, gemm=False, device="cpu"):
+    rtol, atol = TOLERANCES[(dtype, gemm)]
+    if dtype == torch.float32 and gemm and str(device).startswith("cuda"):
+        rtol = 1e-3  # TF32 allowed on CUDA
+    return rtol, atol
+
+
+def assert_close_to_ref(actual, ref64, dtype, gemm=False):
+    """actual (computed in dtype) against a float64 reference rounded to dtype."""
+    rtol, atol = tols(dtype, gemm, actual.device)
+    torch.testing.assert_close(
+        actual.detach().double().cpu(), ref64.detach().to(dtype).double().cpu(), rtol=rtol, atol=atol
+    )
