@@ -1,6 +1,8 @@
 // The pybind11 module fusible._C: argument conversion only; the logic lives in libfusible.
 #include <torch/csrc/utils/pybind.h>
 
+#include "bindings.h"
+
 namespace py = pybind11;
 
 PYBIND11_MODULE(_C, m) {
@@ -10,4 +12,6 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("cuda_built") = false;
 #endif
+  fusible::python::bind_ops(m);
+  fusible::python::bind_fuser(m);
 }

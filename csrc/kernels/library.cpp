@@ -7,4 +7,53 @@ TORCH_LIBRARY(fusible, m) {
   m.def("bias_fwd(Tensor x, Tensor bias) -> Tensor");
   // Bias gradient: dy summed over every leading dim. dy: [..., N] -> [N].
   m.def("bias_bwd(Tensor dy) -> Tensor");
+
+  // y = x W^T (+ bias). x: [..., K], weight: [N, K], bias: [N] -> [..., N].
+  m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  // dx = dy W. dy: [..., N], weight: [N, K] -> [..., K].
+  m.def("linear_dgrad(Tensor dy, Tensor weight) -> Tensor");
+  // dW = dy^T x over all leading dims. dy: [..., N], x: [..., K] -> [N, K].
+  m.def("linear_wgrad(Tensor dy, Tensor x) -> Tensor");
+
+  // LayerNorm over the trailing weight.shape dims -> (y, mean [rows], rstd [rows]), stats in fp32/fp64.
+  m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, bool zero_centered_gamma) -> (Tensor, Tensor, Tensor)");
+  // LayerNorm backward from the saved stats -> (dx, dweight, dbias).
+  m.def("layernorm_bwd(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor weight, bool zero_centered_gamma) -> (Tensor, Tensor, Tensor)");
+  // RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w -> (y, rstd [rows]).
+  m.def("rmsnorm_fwd(Tensor x, Tensor weight, float eps, bool zero_centered_gamma) -> (Tensor, Tensor)");
+  // RMSNorm backward -> (dx, dweight).
+  m.def("rmsnorm_bwd(Tensor dy, Tensor x, Tensor rstd, Tensor weight, bool zero_centered_gamma) -> (Tensor, Tensor)");
+  // L2 normalization over the last dim: y = x * rsqrt(sum(x^2) + eps) -> (y, rstd [...]).
+  m.def("l2norm_fwd(Tensor x, float eps) -> (Tensor, Tensor)");
+  // L2 normalization backward -> dx.
+  m.def("l2norm_bwd(Tensor dy, Tensor x, Tensor rstd) -> Tensor");
+
+  // Elementwise activation; kind in {gelu (tanh), qgelu, relu, srelu, silu}.
+  m.def("activation_fwd(Tensor x, str kind) -> Tensor");
+  // Its backward: dx = dy * act'(x).
+  m.def("activation_bwd(Tensor dy, Tensor x, str kind) -> Tensor");
+  // Gated activation: x = [a, b] on the last dim, y = act(a) * b; kind in {glu, geglu, qgeglu,
+  // reglu, sreglu, swiglu}. x: [..., 2H] -> [..., H].
+  m.def("glu_fwd(Tensor x, str kind) -> Tensor");
+  // Its backward -> dx [..., 2H].
+  m.def("glu_bwd(Tensor dy, Tensor x, str kind) -> Tensor");
+  // ClampedSwiGLU: a = min(a, limit), b = clamp(b, -limit, limit), y = a*sigmoid(alpha*a)*(b+1).
+  m.def("clamped_swiglu_fwd(Tensor x, float limit, float alpha) -> Tensor");
+  // Its backward -> dx.
+  m.def("clamped_swiglu_bwd(Tensor dy, Tensor x, float limit, float alpha) -> Tensor");
+  // ScaledSwiGLU: y = scales[..., None] * swiglu(x). scales: x's shape without the last dim.
+  m.def("scaled_swiglu_fwd(Tensor x, Tensor scales) -> Tensor");
+  // Its backward -> (dx, dscales).
+  m.def("scaled_swiglu_bwd(Tensor dy, Tensor x, Tensor scales) -> (Tensor, Tensor)");
+
+  // y = scale * x (also ConstantScale's backward).
+  m.def("scale_fwd(Tensor x, float scale) -> Tensor");
+  // y = x + other, same shapes, in x's dtype.
+  m.def("add_fwd(Tensor x, Tensor other) -> Tensor");
+  // self += other in place (AddExtraInput(in_place=True)); returns self.
+  m.def("add_(Tensor(a!) self, Tensor other) -> Tensor(a!)");
+  // Dropout: -> (y, keep mask [bool, x's shape]); y = x * mask / (1 - p).
+  m.def("dropout_fwd(Tensor x, float p) -> (Tensor, Tensor)", {at::Tag::nondeterministic_seeded});
+  // Dropout backward from the saved mask.
+  m.def("dropout_bwd(Tensor dy, Tensor mask, float p) -> Tensor");
 }

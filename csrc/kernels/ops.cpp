@@ -6,21 +6,117 @@
 namespace fusible::kernels {
 namespace {
 
+using T = at::Tensor;
+using CT = const at::Tensor&;
+using T2 = std::tuple<at::Tensor, at::Tensor>;
+using T3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
 template <typename Sig>
 c10::TypedOperatorHandle<Sig> handle(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
 }
 
+#define FUSIBLE_OP(name, sig) \
+  static const auto op = handle<sig>("fusible::" name)
+
 }  // namespace
 
-at::Tensor bias_fwd(const at::Tensor& x, const at::Tensor& bias) {
-  static const auto op = handle<at::Tensor(const at::Tensor&, const at::Tensor&)>("fusible::bias_fwd");
+T bias_fwd(CT x, CT bias) {
+  FUSIBLE_OP("bias_fwd", T(CT, CT));
   return op.call(x, bias);
 }
-
-at::Tensor bias_bwd(const at::Tensor& dy) {
-  static const auto op = handle<at::Tensor(const at::Tensor&)>("fusible::bias_bwd");
+T bias_bwd(CT dy) {
+  FUSIBLE_OP("bias_bwd", T(CT));
   return op.call(dy);
+}
+T linear_fwd(CT x, CT weight, const std::optional<at::Tensor>& bias) {
+  FUSIBLE_OP("linear_fwd", T(CT, CT, const std::optional<at::Tensor>&));
+  return op.call(x, weight, bias);
+}
+T linear_dgrad(CT dy, CT weight) {
+  FUSIBLE_OP("linear_dgrad", T(CT, CT));
+  return op.call(dy, weight);
+}
+T linear_wgrad(CT dy, CT x) {
+  FUSIBLE_OP("linear_wgrad", T(CT, CT));
+  return op.call(dy, x);
+}
+T3 layernorm_fwd(CT x, CT weight, CT bias, double eps, bool zcg) {
+  FUSIBLE_OP("layernorm_fwd", T3(CT, CT, CT, double, bool));
+  return op.call(x, weight, bias, eps, zcg);
+}
+T3 layernorm_bwd(CT dy, CT x, CT mean, CT rstd, CT weight, bool zcg) {
+  FUSIBLE_OP("layernorm_bwd", T3(CT, CT, CT, CT, CT, bool));
+  return op.call(dy, x, mean, rstd, weight, zcg);
+}
+T2 rmsnorm_fwd(CT x, CT weight, double eps, bool zcg) {
+  FUSIBLE_OP("rmsnorm_fwd", T2(CT, CT, double, bool));
+  return op.call(x, weight, eps, zcg);
+}
+T2 rmsnorm_bwd(CT dy, CT x, CT rstd, CT weight, bool zcg) {
+  FUSIBLE_OP("rmsnorm_bwd", T2(CT, CT, CT, CT, bool));
+  return op.call(dy, x, rstd, weight, zcg);
+}
+T2 l2norm_fwd(CT x, double eps) {
+  FUSIBLE_OP("l2norm_fwd", T2(CT, double));
+  return op.call(x, eps);
+}
+T l2norm_bwd(CT dy, CT x, CT rstd) {
+  FUSIBLE_OP("l2norm_bwd", T(CT, CT, CT));
+  return op.call(dy, x, rstd);
+}
+T activation_fwd(CT x, const std::string& kind) {
+  FUSIBLE_OP("activation_fwd", T(CT, c10::string_view));
+  return op.call(x, kind);
+}
+T activation_bwd(CT dy, CT x, const std::string& kind) {
+  FUSIBLE_OP("activation_bwd", T(CT, CT, c10::string_view));
+  return op.call(dy, x, kind);
+}
+T glu_fwd(CT x, const std::string& kind) {
+  FUSIBLE_OP("glu_fwd", T(CT, c10::string_view));
+  return op.call(x, kind);
+}
+T glu_bwd(CT dy, CT x, const std::string& kind) {
+  FUSIBLE_OP("glu_bwd", T(CT, CT, c10::string_view));
+  return op.call(dy, x, kind);
+}
+T clamped_swiglu_fwd(CT x, double limit, double alpha) {
+  FUSIBLE_OP("clamped_swiglu_fwd", T(CT, double, double));
+  return op.call(x, limit, alpha);
+}
+T clamped_swiglu_bwd(CT dy, CT x, double limit, double alpha) {
+  FUSIBLE_OP("clamped_swiglu_bwd", T(CT, CT, double, double));
+  return op.call(dy, x, limit, alpha);
+}
+T scaled_swiglu_fwd(CT x, CT scales) {
+  FUSIBLE_OP("scaled_swiglu_fwd", T(CT, CT));
+  return op.call(x, scales);
+}
+T2 scaled_swiglu_bwd(CT dy, CT x, CT scales) {
+  FUSIBLE_OP("scaled_swiglu_bwd", T2(CT, CT, CT));
+  return op.call(dy, x, scales);
+}
+T scale_fwd(CT x, double scale) {
+  FUSIBLE_OP("scale_fwd", T(CT, double));
+  return op.call(x, scale);
+}
+T add_fwd(CT x, CT other) {
+  FUSIBLE_OP("add_fwd", T(CT, CT));
+  return op.call(x, other);
+}
+T add_(CT self, CT other) {
+  FUSIBLE_OP("add_", T&(T&, CT));
+  at::Tensor s = self;
+  return op.call(s, other);
+}
+T2 dropout_fwd(CT x, double p) {
+  FUSIBLE_OP("dropout_fwd", T2(CT, double));
+  return op.call(x, p);
+}
+T dropout_bwd(CT dy, CT mask, double p) {
+  FUSIBLE_OP("dropout_bwd", T(CT, CT, double));
+  return op.call(dy, mask, p);
 }
 
 }  // namespace fusible::kernels

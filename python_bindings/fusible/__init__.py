@@ -5,7 +5,8 @@ Importing the package loads libfusible, which registers the kernel-level ops as 
 import torch  # noqa: F401  (libtorch must be loaded before libfusible)
 
 from . import _C
+from . import ops
 
 cuda_built: bool = _C.cuda_built
 
-__all__ = ["cuda_built"]
+__all__ = ["cuda_built", "ops"]

@@ -1,0 +1,247 @@
+// OperationFuser: flattening, parameter cache, planning, and the one autograd node per call.
+#include "fuser/operation_fuser.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <unordered_set>
+
+#include "common/checks.h"
+#include "fuser/fuser_call.h"
+
+namespace fusible::fuser {
+
+using ops::BasicOperation;
+using ops::FusibleOperation;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+OperationFuser::OperationFuser(std::vector<std::shared_ptr<FusibleOperation>> ops)
+    : ops_(std::move(ops)) {
+  for (const auto& op : ops_) {
+    TORCH_CHECK_VALUE(op != nullptr, "OperationFuser: expected operations, got a null op");
+    for (auto& b : op->basic_ops()) basic_ops_.push_back(b);
+  }
+  for (const auto& op : basic_ops_) {
+    std::vector<int64_t> in_pos, out_pos;
+    for (int64_t s = 0; s < op->num_extra_inputs(); ++s) in_pos.push_back(num_public_extra_inputs_++);
+    for (int64_t s = 0; s < op->num_extra_outputs(); ++s) out_pos.push_back(num_public_extra_outputs_++);
+    extra_input_pos_.push_back(std::move(in_pos));
+    extra_output_pos_.push_back(std::move(out_pos));
+  }
+  refresh_parameter_cache();
+}
+
+void OperationFuser::refresh_parameter_cache() {
+  // Cheap identity check: a user may have assigned a new parameter object to an op.
+  size_t k = 0;
+  bool same = !param_pos_.empty() || basic_ops_.empty();
+  std::vector<std::vector<at::Tensor>> current;
+  current.reserve(basic_ops_.size());
+  for (const auto& op : basic_ops_) {
+    current.push_back(op->op_parameters());
+    for (const auto& p : current.back()) {
+      same = same && k < params_.size() && params_[k].unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
+      ++k;
+    }
+  }
+  if (same && k == params_.size() && param_pos_.size() == basic_ops_.size()) return;
+  params_.clear();
+  param_pos_.clear();
+  for (auto& ps : current) {
+    std::vector<int64_t> pos;
+    for (auto& p : ps) {
+      pos.push_back(static_cast<int64_t>(params_.size()));
+      params_.push_back(std::move(p));
+    }
+    param_pos_.push_back(std::move(pos));
+  }
+  ++param_generation_;
+}
+
+int64_t OperationFuser::first_backward_index(const at::Tensor& input,
+                                             const std::vector<at::Tensor>& extra_inputs) const {
+  const auto n = static_cast<int64_t>(basic_ops_.size());
+  if (!at::GradMode::is_enabled()) return n;
+  if (input.requires_grad()) return 0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (auto pos : param_pos_[i]) {
+      if (params_[pos].requires_grad()) return i;
+    }
+    for (auto pos : extra_input_pos_[i]) {
+      if (extra_inputs[pos].requires_grad()) return i;
+    }
+  }
+  return n;
+}
+
+namespace {
+
+// Checks that a plan expands back to exactly the fuser's basic ops, in order; returns its entries.
+std::vector<PlannedOp> expand_plan(const ops::OpList& planned,
+                                   const std::vector<std::shared_ptr<BasicOperation>>& basic,
+                                   const std::string& stage) {
+  std::vector<PlannedOp> out;
+  int64_t next = 0;
+  for (const auto& op : planned) {
+    TORCH_CHECK(op != nullptr, "OperationFuser: fusion ", stage, " returned a null op");
+    PlannedOp p{op, {}};
+    for (const auto& b : op->basic_ops()) {
+      TORCH_CHECK(next < static_cast<int64_t>(basic.size()) && b.get() == basic[next].get(),
+                  "OperationFuser: fusion ", stage, " returned ops that do not expand back to the ",
+                  "basic ops in order (", op->type_name(), " at basic op ", next, ")");
+      p.basic_indices.push_back(next++);
+    }
+    TORCH_CHECK(!p.basic_indices.empty(), "OperationFuser: fusion ", stage, " returned ",
+                op->type_name(), ", which covers no basic op");
+    out.push_back(std::move(p));
+  }
+  TORCH_CHECK(next == static_cast<int64_t>(basic.size()), "OperationFuser: fusion ", stage,
+              " dropped basic ops (expanded to ", next, " of ", basic.size(), ")");
+  return out;
+}
+
+ops::OpList run_fusions(ops::OpList list, ops::FusionPass pass, const ops::FusionContext& fctx,
+                        const std::vector<std::shared_ptr<BasicOperation>>& basic) {
+  for (const auto& e : ops::FusionRegistry::instance().entries(pass)) {
+    list = e.fn(std::move(list), fctx);
+    expand_plan(list, basic, "'" + e.name + "'");
+  }
+  return list;
+}
+
+}  // namespace
+
+std::shared_ptr<const Plan> OperationFuser::plan_for(int64_t first_backward) {
+  const auto version = ops::FusionRegistry::instance().version();
+  if (plan_ && plan_first_backward_ == first_backward && plan_registry_version_ == version &&
+      plan_param_generation_ == param_generation_) {
+    return plan_;
+  }
+  ops::OpList list(basic_ops_.begin(), basic_ops_.end());
+  const ops::FusionContext fctx;
+  list = run_fusions(std::move(list), ops::FusionPass::kForwardBackward, fctx, basic_ops_);
+  auto plan = std::make_shared<Plan>();
+  plan->forward = expand_plan(run_fusions(list, ops::FusionPass::kForward, fctx, basic_ops_),
+                              basic_ops_, "(forward)");
+  plan->backward = expand_plan(run_fusions(list, ops::FusionPass::kBackward, fctx, basic_ops_),
+                               basic_ops_, "(backward)");
+  plan_ = std::move(plan);
+  plan_first_backward_ = first_backward;
+  plan_registry_version_ = version;
+  plan_param_generation_ = param_generation_;
+  return plan_;
+}
+
+std::pair<std::vector<std::string>, std::vector<std::string>> OperationFuser::fusion_plan() const {
+  std::pair<std::vector<std::string>, std::vector<std::string>> names;
+  if (!plan_) return names;
+  for (const auto& p : plan_->forward) names.first.push_back(p.op->type_name());
+  for (const auto& p : plan_->backward) names.second.push_back(p.op->type_name());
+  return names;
+}
+
+c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
+                                                     const std::vector<at::Tensor>& extra_inputs,
+                                                     int64_t first_backward) {
+  auto call = c10::make_intrusive<FuserCall>();
+  call->plan = plan_for(first_backward);
+  call->first_backward = first_backward;
+  call->input_requires_grad = at::GradMode::is_enabled() && input.requires_grad();
+  call->extra_input_pos = extra_input_pos_;
+  call->extra_output_pos = extra_output_pos_;
+  call->param_pos = param_pos_;
+  call->num_params = static_cast<int64_t>(params_.size());
+  call->num_extra_inputs = num_public_extra_inputs_;
+  call->num_extra_outputs = num_public_extra_outputs_;
+  call->param_dtypes.reserve(params_.size());
+  for (const auto& p : params_) call->param_dtypes.push_back(p.scalar_type());
+  const auto n = static_cast<int64_t>(basic_ops_.size());
+  call->ctxs.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    auto& ctx = call->ctxs[i];
+    ctx.requires_grad = i >= first_backward;
+    ctx.input_requires_grad = i > first_backward || (i == 0 && call->input_requires_grad);
+    for (auto pos : extra_input_pos_[i]) {
+      ctx.extra_input_requires_grad.push_back(ctx.requires_grad && extra_inputs[pos].requires_grad());
+    }
+  }
+  return call;
+}
+
+// The one autograd node per fuser call.
+struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               at::TensorList params, at::TensorList extra_inputs,
+                               const c10::intrusive_ptr<FuserCall>& call) {
+    ctx->set_materialize_grads(false);
+    ctx->saved_data["call"] = c10::IValue::make_capsule(call);
+    const std::vector<at::Tensor> extras(extra_inputs.begin(), extra_inputs.end());
+    auto outputs = run_forward(*call, input, extras);
+
+    // One flat save_for_backward; each context gets its range back in backward.
+    std::vector<at::Tensor> to_save;
+    std::vector<int64_t> sizes;
+    for (auto& c : call->ctxs) {
+      sizes.push_back(static_cast<int64_t>(c.to_save.size()));
+      for (auto& t : c.to_save) to_save.push_back(std::move(t));
+      c.to_save.clear();
+    }
+    ctx->save_for_backward(to_save);
+    ctx->saved_data["sizes"] = c10::IValue(sizes);
+
+    // An output that repeats an earlier output needs its own tensor, or both would share one
+    // gradient slot; an output that is a caller's extra input was written in place.
+    std::unordered_set<const c10::TensorImpl*> seen;
+    std::vector<at::Tensor> dirty;
+    for (auto& out : outputs) {
+      const auto* impl = out.unsafeGetTensorImpl();
+      for (const auto& e : extras) {
+        if (e.unsafeGetTensorImpl() == impl) dirty.push_back(out);
+      }
+      if (!seen.insert(impl).second) out = out.alias();
+    }
+    if (!dirty.empty()) ctx->mark_dirty(dirty);
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto call = c10::static_intrusive_pointer_cast<FuserCall>(ctx->saved_data["call"].toCapsule());
+    const auto saved = ctx->get_saved_variables();
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    size_t k = 0;
+    for (size_t i = 0; i < call->ctxs.size(); ++i) {
+      call->ctxs[i].saved_tensors.assign(saved.begin() + k, saved.begin() + k + sizes[i]);
+      k += sizes[i];
+    }
+    auto grads = run_backward(*call, grad_outputs);
+    for (auto& c : call->ctxs) c.saved_tensors.clear();
+    grads.emplace_back();  // for the call argument
+    return grads;
+  }
+};
+
+std::vector<at::Tensor> OperationFuser::forward(const at::Tensor& input,
+                                                const std::vector<at::Tensor>& extra_inputs) {
+  TORCH_CHECK_VALUE(input.defined(), "OperationFuser: expected an input tensor, got None");
+  TORCH_CHECK_TYPE(input.is_floating_point(),
+                   "OperationFuser: expected a floating-point input, got ", input.scalar_type());
+  TORCH_CHECK_VALUE(static_cast<int64_t>(extra_inputs.size()) == num_public_extra_inputs_,
+                    "OperationFuser: expected ", num_public_extra_inputs_, " extra inputs, got ",
+                    extra_inputs.size());
+  for (size_t i = 0; i < extra_inputs.size(); ++i) {
+    TORCH_CHECK_VALUE(extra_inputs[i].defined(), "OperationFuser: extra input ", i, " is None");
+  }
+  refresh_parameter_cache();
+  const auto first_backward = first_backward_index(input, extra_inputs);
+  auto call = make_call(input, extra_inputs, first_backward);
+  if (first_backward == static_cast<int64_t>(basic_ops_.size())) {
+    // Nothing needs a gradient: no node, nothing saved.
+    const at::NoGradGuard no_grad;
+    return run_forward(*call, input, extra_inputs);
+  }
+  return FuserAutograd::apply(input, at::TensorList(params_), at::TensorList(extra_inputs), call);
+}
+
+}  // namespace fusible::fuser

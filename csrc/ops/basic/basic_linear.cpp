@@ -1,0 +1,53 @@
+// BasicLinear through fusible::linear_fwd / linear_dgrad / linear_wgrad. Saves the input only when
+// the weight needs a gradient and the weight only when the input does.
+#include "ops/basic/basic_linear.h"
+
+#include <ATen/ops/empty.h>
+
+#include "common/checks.h"
+#include "kernels/ops.h"
+#include "ops/parameter_utils.h"
+
+namespace fusible::ops {
+
+BasicLinear::BasicLinear(int64_t in_features, int64_t out_features,
+                         std::optional<c10::Device> device, std::optional<at::ScalarType> dtype)
+    : BasicOperation("BasicLinear"), in_features_(in_features), out_features_(out_features) {
+  TORCH_CHECK_VALUE(in_features > 0 && out_features > 0,
+                    "BasicLinear: expected positive in_features and out_features, got ",
+                    in_features, " and ", out_features);
+  weight_ = register_parameter("weight",
+                               at::empty({out_features, in_features}, param_options(device, dtype)));
+  if (!weight_.is_meta()) reset_parameters();
+}
+
+void BasicLinear::reset_parameters() { init_linear_weight_(weight_); }
+
+at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,
+                                   const ForwardArgs& args) {
+  check_input_against_param("BasicLinear", x, weight_);
+  FUSIBLE_CHECK_MIN_DIM("BasicLinear", "input", x, 1);
+  TORCH_CHECK(x.size(-1) == in_features_, "BasicLinear: expected input.size(-1) == in_features (",
+              in_features_, "), got ", x.size(-1), " (input shape ", shape_str(x), ")");
+  ctx.compute_dtype = compute_dtype(args, weight_.scalar_type());
+  const auto xc = cast_to(x, ctx.compute_dtype);
+  const auto w = cast_to(weight_, ctx.compute_dtype);
+  if (ctx.requires_grad) {
+    ctx.save_for_backward({weight_.requires_grad() ? xc : at::Tensor(),
+                           ctx.input_requires_grad ? w : at::Tensor()});
+  }
+  return kernels::linear_fwd(xc, w, std::nullopt);
+}
+
+std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::op_backward(OperationContext& ctx,
+                                                                        const at::Tensor& dy) {
+  const auto& x = ctx.saved_tensors.at(0);
+  const auto& w = ctx.saved_tensors.at(1);
+  const auto dyc = cast_to(dy, ctx.compute_dtype);
+  at::Tensor dx, dw;
+  if (w.defined()) dx = kernels::linear_dgrad(dyc, w);
+  if (x.defined()) dw = cast_to(kernels::linear_wgrad(dyc, x), weight_.scalar_type());
+  return {dx, {dw}};
+}
+
+}  // namespace fusible::ops

@@ -1,0 +1,28 @@
+// BasicLinear: y = x W^T, no bias (Linear composes it with Bias).
+#pragma once
+
+#include "ops/fusible_operation.h"
+
+namespace fusible::ops {
+
+/// Parameter `weight` [out_features, in_features], kaiming-uniform(a=sqrt(5)) like torch.nn.Linear.
+class BasicLinear : public BasicOperation {
+ public:
+  BasicLinear(int64_t in_features, int64_t out_features,
+              std::optional<c10::Device> device = std::nullopt,
+              std::optional<at::ScalarType> dtype = std::nullopt);
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  at::Tensor& weight() { return weight_; }
+  void reset_parameters() override;
+  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) override;
+  std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
+                                                             const at::Tensor& dy) override;
+
+ private:
+  int64_t in_features_;
+  int64_t out_features_;
+  at::Tensor weight_;
+};
+
+}  // namespace fusible::ops

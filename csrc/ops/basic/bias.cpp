@@ -1,0 +1,40 @@
+// Bias through fusible::bias_fwd / bias_bwd.
+#include "ops/basic/bias.h"
+
+#include <ATen/ops/empty.h>
+
+#include "common/checks.h"
+#include "kernels/ops.h"
+#include "ops/parameter_utils.h"
+
+namespace fusible::ops {
+
+Bias::Bias(int64_t size, std::optional<c10::Device> device, std::optional<at::ScalarType> dtype)
+    : BasicOperation("Bias"), size_(size) {
+  TORCH_CHECK_VALUE(size > 0, "Bias: expected size > 0, got ", size);
+  bias_ = register_parameter("bias", at::empty({size}, param_options(device, dtype)));
+  if (!bias_.is_meta()) reset_parameters();
+}
+
+void Bias::reset_parameters() {
+  const at::NoGradGuard no_grad;
+  bias_.zero_();
+}
+
+at::Tensor Bias::op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) {
+  check_input_against_param("Bias", x, bias_);
+  FUSIBLE_CHECK_MIN_DIM("Bias", "input", x, 1);
+  TORCH_CHECK(x.size(-1) == size_, "Bias: expected input.size(-1) == ", size_, ", got ",
+              x.size(-1), " (input shape ", shape_str(x), ")");
+  ctx.compute_dtype = compute_dtype(args, bias_.scalar_type());
+  return kernels::bias_fwd(cast_to(x, ctx.compute_dtype), cast_to(bias_, ctx.compute_dtype));
+}
+
+std::pair<at::Tensor, std::vector<at::Tensor>> Bias::op_backward(OperationContext& ctx,
+                                                                 const at::Tensor& dy) {
+  at::Tensor db;
+  if (bias_.requires_grad()) db = cast_to(kernels::bias_bwd(cast_to(dy, ctx.compute_dtype)), bias_.scalar_type());
+  return {dy, {db}};
+}
+
+}  // namespace fusible::ops

@@ -1,0 +1,25 @@
+// Bias: y = x + b over the last dim.
+#pragma once
+
+#include "ops/fusible_operation.h"
+
+namespace fusible::ops {
+
+/// Parameter `bias` [size], initialized to zeros.
+class Bias : public BasicOperation {
+ public:
+  Bias(int64_t size, std::optional<c10::Device> device = std::nullopt,
+       std::optional<at::ScalarType> dtype = std::nullopt);
+  int64_t size() const { return size_; }
+  at::Tensor& bias() { return bias_; }
+  void reset_parameters() override;
+  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) override;
+  std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
+                                                             const at::Tensor& dy) override;
+
+ private:
+  int64_t size_;
+  at::Tensor bias_;
+};
+
+}  // namespace fusible::ops

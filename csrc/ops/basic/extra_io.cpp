@@ -1,0 +1,47 @@
+// AddExtraInput and MakeExtraOutput.
+#include "ops/basic/extra_io.h"
+
+#include "common/checks.h"
+#include "kernels/ops.h"
+
+namespace fusible::ops {
+
+at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>&,
+                                        const at::Tensor& input, const TensorLists& extra_inputs,
+                                        TensorLists&, const ForwardArgs&) {
+  const auto& extra = extra_inputs.at(0).at(0);
+  FUSIBLE_CHECK_FLOATING("AddExtraInput", "extra input", extra);
+  TORCH_CHECK(extra.sizes().equals(input.sizes()), "AddExtraInput: expected extra input of shape ",
+              input.sizes(), " (the input's), got ", extra.sizes());
+  TORCH_CHECK(extra.device() == input.device(), "AddExtraInput: expected extra input on ",
+              input.device(), ", got ", extra.device());
+  return in_place_ ? kernels::add_(extra, input) : kernels::add_fwd(input, extra);
+}
+
+BackwardResult AddExtraInput::fuser_backward(const std::vector<OperationContext*>&,
+                                             const at::Tensor& grad_output, const TensorLists&) {
+  return {grad_output, {{}}, {{grad_output}}};
+}
+
+at::Tensor MakeExtraOutput::fuser_forward(const std::vector<OperationContext*>&,
+                                          const at::Tensor& input, const TensorLists&,
+                                          TensorLists& extra_outputs, const ForwardArgs&) {
+  extra_outputs.at(0) = {input};
+  return input;
+}
+
+BackwardResult MakeExtraOutput::fuser_backward(const std::vector<OperationContext*>&,
+                                               const at::Tensor& grad_output,
+                                               const TensorLists& grad_extra_outputs) {
+  const auto& dextra = grad_extra_outputs.at(0).at(0);
+  if (!dextra.defined()) return {grad_output, {{}}, {{}}};
+  if (!grad_output.defined()) return {dextra, {{}}, {{}}};
+  // In place only where dy owns distinct memory per element (an expanded gradient does not).
+  const bool can_write = in_place_ && grad_output.is_non_overlapping_and_dense() &&
+                         grad_output.scalar_type() == dextra.scalar_type();
+  return {can_write ? kernels::add_(grad_output, dextra) : kernels::add_fwd(grad_output, dextra),
+          {{}},
+          {{}}};
+}
+
+}  // namespace fusible::ops

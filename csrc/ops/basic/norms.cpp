@@ -1,0 +1,126 @@
+// LayerNorm, RMSNorm and L2Normalization through the fusible norm kernels.
+#include "ops/basic/norms.h"
+
+#include <ATen/ops/empty.h>
+
+#include "common/checks.h"
+#include "kernels/ops.h"
+#include "ops/parameter_utils.h"
+
+namespace fusible::ops {
+namespace {
+
+void check_normalized_shape(const char* op, const std::vector<int64_t>& shape) {
+  TORCH_CHECK_VALUE(!shape.empty(), op, ": expected a non-empty normalized_shape");
+  for (auto s : shape) {
+    TORCH_CHECK_VALUE(s > 0, op, ": expected positive sizes in normalized_shape, got ", s);
+  }
+}
+
+void check_trailing_dims(const char* op, const at::Tensor& x, const std::vector<int64_t>& shape) {
+  const auto nd = static_cast<int64_t>(shape.size());
+  TORCH_CHECK(x.dim() >= nd && x.sizes().slice(x.dim() - nd).equals(shape), op,
+              ": expected input's trailing dims to be ", c10::IntArrayRef(shape), ", got input shape ",
+              shape_str(x));
+}
+
+}  // namespace
+
+LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps,
+                     std::optional<c10::Device> device, std::optional<at::ScalarType> dtype,
+                     bool zero_centered_gamma)
+    : BasicOperation("LayerNorm"),
+      normalized_shape_(std::move(normalized_shape)),
+      eps_(eps),
+      zero_centered_gamma_(zero_centered_gamma) {
+  check_normalized_shape("LayerNorm", normalized_shape_);
+  const auto opts = param_options(device, dtype);
+  weight_ = register_parameter("weight", at::empty(normalized_shape_, opts));
+  bias_ = register_parameter("bias", at::empty(normalized_shape_, opts));
+  if (!weight_.is_meta()) reset_parameters();
+}
+
+void LayerNorm::reset_parameters() {
+  const at::NoGradGuard no_grad;
+  weight_.fill_(zero_centered_gamma_ ? 0.0 : 1.0);
+  bias_.zero_();
+}
+
+at::Tensor LayerNorm::op_forward(OperationContext& ctx, const at::Tensor& x,
+                                 const ForwardArgs& args) {
+  check_input_against_param("LayerNorm", x, weight_);
+  check_trailing_dims("LayerNorm", x, normalized_shape_);
+  ctx.compute_dtype = compute_dtype(args, weight_.scalar_type());
+  const auto xc = cast_to(x, ctx.compute_dtype);
+  const auto w = cast_to(weight_, ctx.compute_dtype);
+  auto [y, mean, rstd] =
+      kernels::layernorm_fwd(xc, w, cast_to(bias_, ctx.compute_dtype), eps_, zero_centered_gamma_);
+  if (ctx.requires_grad) ctx.save_for_backward({xc, mean, rstd, w});
+  return y;
+}
+
+std::pair<at::Tensor, std::vector<at::Tensor>> LayerNorm::op_backward(OperationContext& ctx,
+                                                                      const at::Tensor& dy) {
+  const auto& s = ctx.saved_tensors;
+  auto [dx, dw, db] = kernels::layernorm_bwd(cast_to(dy, ctx.compute_dtype), s.at(0), s.at(1),
+                                             s.at(2), s.at(3), zero_centered_gamma_);
+  return {dx,
+          {weight_.requires_grad() ? cast_to(dw, weight_.scalar_type()) : at::Tensor(),
+           bias_.requires_grad() ? cast_to(db, bias_.scalar_type()) : at::Tensor()}};
+}
+
+RMSNorm::RMSNorm(std::vector<int64_t> normalized_shape, double eps,
+                 std::optional<c10::Device> device, std::optional<at::ScalarType> dtype,
+                 bool zero_centered_gamma)
+    : BasicOperation("RMSNorm"),
+      normalized_shape_(std::move(normalized_shape)),
+      eps_(eps),
+      zero_centered_gamma_(zero_centered_gamma) {
+  check_normalized_shape("RMSNorm", normalized_shape_);
+  weight_ = register_parameter("weight", at::empty(normalized_shape_, param_options(device, dtype)));
+  if (!weight_.is_meta()) reset_parameters();
+}
+
+void RMSNorm::reset_parameters() {
+  const at::NoGradGuard no_grad;
+  weight_.fill_(zero_centered_gamma_ ? 0.0 : 1.0);
+}
+
+at::Tensor RMSNorm::op_forward(OperationContext& ctx, const at::Tensor& x,
+                               const ForwardArgs& args) {
+  check_input_against_param("RMSNorm", x, weight_);
+  check_trailing_dims("RMSNorm", x, normalized_shape_);
+  ctx.compute_dtype = compute_dtype(args, weight_.scalar_type());
+  const auto xc = cast_to(x, ctx.compute_dtype);
+  const auto w = cast_to(weight_, ctx.compute_dtype);
+  auto [y, rstd] = kernels::rmsnorm_fwd(xc, w, eps_, zero_centered_gamma_);
+  if (ctx.requires_grad) ctx.save_for_backward({xc, rstd, w});
+  return y;
+}
+
+std::pair<at::Tensor, std::vector<at::Tensor>> RMSNorm::op_backward(OperationContext& ctx,
+                                                                    const at::Tensor& dy) {
+  const auto& s = ctx.saved_tensors;
+  auto [dx, dw] = kernels::rmsnorm_bwd(cast_to(dy, ctx.compute_dtype), s.at(0), s.at(1), s.at(2),
+                                       zero_centered_gamma_);
+  return {dx, {weight_.requires_grad() ? cast_to(dw, weight_.scalar_type()) : at::Tensor()}};
+}
+
+at::Tensor L2Normalization::op_forward(OperationContext& ctx, const at::Tensor& x,
+                                       const ForwardArgs& args) {
+  FUSIBLE_CHECK_FLOATING("L2Normalization", "input", x);
+  FUSIBLE_CHECK_MIN_DIM("L2Normalization", "input", x, 1);
+  ctx.compute_dtype = args.autocast_dtype.value_or(x.scalar_type());
+  const auto xc = cast_to(x, ctx.compute_dtype);
+  auto [y, rstd] = kernels::l2norm_fwd(xc, eps_);
+  if (ctx.requires_grad) ctx.save_for_backward({xc, rstd});
+  return y;
+}
+
+std::pair<at::Tensor, std::vector<at::Tensor>> L2Normalization::op_backward(OperationContext& ctx,
+                                                                            const at::Tensor& dy) {
+  const auto& s = ctx.saved_tensors;
+  return {kernels::l2norm_bwd(cast_to(dy, ctx.compute_dtype), s.at(0), s.at(1)), {}};
+}
+
+}  // namespace fusible::ops

@@ -1,0 +1,45 @@
+// Identity, Reshape and ConstantScale.
+#include "ops/basic/simple_ops.h"
+
+#include "kernels/ops.h"
+
+namespace fusible::ops {
+
+at::Tensor Identity::op_forward(OperationContext&, const at::Tensor& x, const ForwardArgs&) {
+  return x;
+}
+
+std::pair<at::Tensor, std::vector<at::Tensor>> Identity::op_backward(OperationContext&,
+                                                                     const at::Tensor& dy) {
+  return {dy, {}};
+}
+
+Reshape::Reshape(std::vector<int64_t> shape) : BasicOperation("Reshape"), shape_(std::move(shape)) {
+  int64_t inferred = 0;
+  for (auto s : shape_) {
+    TORCH_CHECK_VALUE(s >= -1, "Reshape: expected sizes >= -1, got ", s);
+    inferred += s == -1;
+  }
+  TORCH_CHECK_VALUE(inferred <= 1, "Reshape: expected at most one -1 in shape, got ", inferred);
+}
+
+at::Tensor Reshape::op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs&) {
+  ctx.input_shape = x.sizes().vec();
+  return x.reshape(shape_);
+}
+
+std::pair<at::Tensor, std::vector<at::Tensor>> Reshape::op_backward(OperationContext& ctx,
+                                                                    const at::Tensor& dy) {
+  return {dy.reshape(ctx.input_shape), {}};
+}
+
+at::Tensor ConstantScale::op_forward(OperationContext&, const at::Tensor& x, const ForwardArgs&) {
+  return kernels::scale_fwd(x, scale_);
+}
+
+std::pair<at::Tensor, std::vector<at::Tensor>> ConstantScale::op_backward(OperationContext&,
+                                                                          const at::Tensor& dy) {
+  return {kernels::scale_fwd(dy, scale_), {}};
+}
+
+}  // namespace fusible::ops

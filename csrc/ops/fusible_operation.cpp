@@ -1,0 +1,91 @@
+// Default forward/backward plumbing of BasicOperation and FusedOperation.
+#include "ops/fusible_operation.h"
+
+#include <c10/util/Exception.h>
+
+namespace fusible::ops {
+
+BasicOperation::BasicOperation(std::string type_name, int64_t num_extra_inputs,
+                               int64_t num_extra_outputs)
+    : FusibleOperation(type_name),
+      type_name_(std::move(type_name)),
+      num_extra_inputs_(num_extra_inputs),
+      num_extra_outputs_(num_extra_outputs) {}
+
+std::vector<std::shared_ptr<BasicOperation>> BasicOperation::basic_ops() {
+  return {std::static_pointer_cast<BasicOperation>(shared_from_this())};
+}
+
+at::Tensor BasicOperation::op_forward(OperationContext&, const at::Tensor&, const ForwardArgs&) {
+  TORCH_CHECK(false, type_name_, ": op_forward is not implemented (override op_forward, or ",
+              "fuser_forward for an op with extra inputs or outputs)");
+}
+
+std::pair<at::Tensor, std::vector<at::Tensor>> BasicOperation::op_backward(OperationContext&,
+                                                                           const at::Tensor&) {
+  TORCH_CHECK(false, type_name_, ": op_backward is not implemented");
+}
+
+at::Tensor BasicOperation::fuser_forward(const std::vector<OperationContext*>& ctxs,
+                                         const at::Tensor& input, const TensorLists&,
+                                         TensorLists&, const ForwardArgs& args) {
+  TORCH_INTERNAL_ASSERT(ctxs.size() == 1, type_name_, ": expected one context");
+  TORCH_CHECK(num_extra_inputs_ == 0 && num_extra_outputs_ == 0, type_name_,
+              ": an op with extra inputs or outputs must override fuser_forward");
+  return op_forward(*ctxs[0], input, args);
+}
+
+BackwardResult BasicOperation::fuser_backward(const std::vector<OperationContext*>& ctxs,
+                                              const at::Tensor& grad_output, const TensorLists&) {
+  TORCH_INTERNAL_ASSERT(ctxs.size() == 1, type_name_, ": expected one context");
+  auto [dx, dparams] = op_backward(*ctxs[0], grad_output);
+  return {std::move(dx), {std::move(dparams)}, {{}}};
+}
+
+FusedOperation::FusedOperation(std::string type_name,
+                               std::vector<std::shared_ptr<BasicOperation>> basic_ops)
+    : FusibleOperation(type_name), basic_ops_(std::move(basic_ops)), type_name_(std::move(type_name)) {
+  TORCH_CHECK(!basic_ops_.empty(), type_name_, ": expected at least one basic op");
+}
+
+at::Tensor FusedOperation::fuser_forward(const std::vector<OperationContext*>& ctxs,
+                                         const at::Tensor& input, const TensorLists& extra_inputs,
+                                         TensorLists& extra_outputs, const ForwardArgs& args) {
+  at::Tensor x = input;
+  for (size_t i = 0; i < basic_ops_.size(); ++i) {
+    ctxs[i]->input_dtype = x.scalar_type();
+    ctxs[i]->input_shape = x.sizes().vec();
+    TensorLists out(1, std::vector<at::Tensor>(basic_ops_[i]->num_extra_outputs()));
+    x = basic_ops_[i]->fuser_forward({ctxs[i]}, x, {extra_inputs[i]}, out, args);
+    extra_outputs[i] = std::move(out[0]);
+  }
+  return x;
+}
+
+BackwardResult FusedOperation::fuser_backward(const std::vector<OperationContext*>& ctxs,
+                                              const at::Tensor& grad_output,
+                                              const TensorLists& grad_extra_outputs) {
+  const size_t n = basic_ops_.size();
+  BackwardResult result{at::Tensor(), TensorLists(n), TensorLists(n)};
+  at::Tensor dy = grad_output;
+  for (size_t i = n; i-- > 0;) {
+    if (!ctxs[i]->requires_grad) break;  // earlier ops need no backward either
+    auto r = basic_ops_[i]->fuser_backward({ctxs[i]}, dy, {grad_extra_outputs[i]});
+    dy = r.grad_input.defined() ? cast_to(r.grad_input, ctxs[i]->input_dtype) : r.grad_input;
+    result.grad_params[i] = std::move(r.grad_params[0]);
+    result.grad_extra_inputs[i] = std::move(r.grad_extra_inputs[0]);
+  }
+  result.grad_input = dy;
+  return result;
+}
+
+void FusedOperation::reset_parameters() {
+  for (auto& op : basic_ops_) op->reset_parameters();
+}
+
+void FusedOperation::train(bool on) {
+  torch::nn::Module::train(on);
+  for (auto& op : basic_ops_) op->train(on);
+}
+
+}  // namespace fusible::ops

@@ -1,0 +1,137 @@
+// The operation hierarchy of te.ops in C++: FusibleOperation (what a fuser plans and runs),
+// BasicOperation (one computation with its parameters) and FusedOperation (runs several basic ops).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/operation_context.h"
+
+namespace fusible::ops {
+
+class BasicOperation;
+
+/// Per-basic-op lists of tensors: extra inputs, extra outputs, parameter gradients.
+using TensorLists = std::vector<std::vector<at::Tensor>>;
+
+/// Call-wide settings the fuser hands every op.
+struct ForwardArgs {
+  /// torch.autocast's dtype when autocast is on for the input's device.
+  std::optional<at::ScalarType> autocast_dtype;
+};
+
+/// What a fused backward returns for the basic ops it covers.
+struct BackwardResult {
+  at::Tensor grad_input;
+  /// Per basic op, one gradient per parameter (in parameters() order); undefined = none.
+  TensorLists grad_params;
+  /// Per basic op, one gradient per extra input; undefined = zero.
+  TensorLists grad_extra_inputs;
+};
+
+/// Anything the fuser can place in a plan.
+class FusibleOperation : public torch::nn::Module {
+ public:
+  explicit FusibleOperation(std::string name) : torch::nn::Module(std::move(name)) {}
+
+  /// Type name shown in fusion plans ("BasicLinear", "ForwardLinearBiasActivation").
+  virtual std::string type_name() const = 0;
+  virtual bool is_fused() const = 0;
+  /// The basic ops this op stands for, in forward order (a basic op: itself).
+  virtual std::vector<std::shared_ptr<BasicOperation>> basic_ops() = 0;
+
+  /// Runs the forward of every covered basic op. ctxs, extra_inputs and extra_outputs have one entry
+  /// per basic op; extra_outputs arrives sized and is filled here.
+  virtual at::Tensor fuser_forward(const std::vector<OperationContext*>& ctxs,
+                                   const at::Tensor& input, const TensorLists& extra_inputs,
+                                   TensorLists& extra_outputs, const ForwardArgs& args) = 0;
+  /// Runs the backward of every covered basic op (in reverse). grad_extra_outputs has one entry per
+  /// basic op; an undefined gradient means zero.
+  virtual BackwardResult fuser_backward(const std::vector<OperationContext*>& ctxs,
+                                        const at::Tensor& grad_output,
+                                        const TensorLists& grad_extra_outputs) = 0;
+
+  /// Re-initializes parameters as the constructor would (materializes meta ones).
+  virtual void reset_parameters() {}
+};
+
+/// One computation with its own parameters. Single-tensor ops implement op_forward / op_backward;
+/// ops with extra inputs or outputs override fuser_forward / fuser_backward.
+class BasicOperation : public FusibleOperation {
+ public:
+  BasicOperation(std::string type_name, int64_t num_extra_inputs = 0,
+                 int64_t num_extra_outputs = 0);
+
+  std::string type_name() const override { return type_name_; }
+  bool is_fused() const override { return false; }
+  std::vector<std::shared_ptr<BasicOperation>> basic_ops() override;
+  int64_t num_extra_inputs() const { return num_extra_inputs_; }
+  int64_t num_extra_outputs() const { return num_extra_outputs_; }
+
+  virtual at::Tensor op_forward(OperationContext& ctx, const at::Tensor& input,
+                                const ForwardArgs& args);
+  /// -> (grad_input, one gradient per parameter in parameters() order).
+  virtual std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(
+      OperationContext& ctx, const at::Tensor& grad_output);
+
+  at::Tensor fuser_forward(const std::vector<OperationContext*>& ctxs, const at::Tensor& input,
+                           const TensorLists& extra_inputs, TensorLists& extra_outputs,
+                           const ForwardArgs& args) override;
+  BackwardResult fuser_backward(const std::vector<OperationContext*>& ctxs,
+                                const at::Tensor& grad_output,
+                                const TensorLists& grad_extra_outputs) override;
+
+  /// This op's own parameters, in registration order (gradients follow this order).
+  std::vector<at::Tensor> op_parameters() const { return parameters(/*recurse=*/false); }
+
+ private:
+  std::string type_name_;
+  int64_t num_extra_inputs_;
+  int64_t num_extra_outputs_;
+};
+
+/// Runs several basic ops as one. Composite ops (Linear) are fused ops that the fuser flattens.
+class FusedOperation : public FusibleOperation {
+ public:
+  FusedOperation(std::string type_name, std::vector<std::shared_ptr<BasicOperation>> basic_ops);
+
+  std::string type_name() const override { return type_name_; }
+  bool is_fused() const override { return true; }
+  std::vector<std::shared_ptr<BasicOperation>> basic_ops() override { return basic_ops_; }
+
+  /// Default: the basic ops' own forwards in order (a composite that is never fused still runs).
+  at::Tensor fuser_forward(const std::vector<OperationContext*>& ctxs, const at::Tensor& input,
+                           const TensorLists& extra_inputs, TensorLists& extra_outputs,
+                           const ForwardArgs& args) override;
+  /// Default: the basic ops' own backwards in reverse.
+  BackwardResult fuser_backward(const std::vector<OperationContext*>& ctxs,
+                                const at::Tensor& grad_output,
+                                const TensorLists& grad_extra_outputs) override;
+
+  void reset_parameters() override;
+  void train(bool on = true) override;
+
+ protected:
+  std::vector<std::shared_ptr<BasicOperation>> basic_ops_;
+
+ private:
+  std::string type_name_;
+};
+
+/// The dtype an op with parameters computes in: autocast's when on, else the parameter's.
+inline at::ScalarType compute_dtype(const ForwardArgs& args, at::ScalarType param_dtype) {
+  return args.autocast_dtype.value_or(param_dtype);
+}
+
+/// t in dtype (no copy when it already is).
+inline at::Tensor cast_to(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype ? t : t.to(dtype);
+}
+
+}  // namespace fusible::ops

@@ -1,0 +1,58 @@
+// The ordered registry of fusion functions: each maps an op list to an op list and is read when a
+// fuser builds a plan. Joint (forward-and-backward) functions run first, then forward-only ones on
+// the forward plan and backward-only ones on the backward plan.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/fusible_operation.h"
+
+namespace fusible::ops {
+
+using OpList = std::vector<std::shared_ptr<FusibleOperation>>;
+
+/// What a fusion function may look at besides the ops (the quantization recipe, later).
+struct FusionContext {
+  /// Name of the active quantization recipe, empty when none.
+  std::string recipe;
+};
+
+using FusionFunction = std::function<OpList(OpList, const FusionContext&)>;
+
+enum class FusionPass { kForwardBackward, kForward, kBackward };
+
+struct FusionEntry {
+  int64_t id;
+  std::string name;
+  FusionPass pass;
+  FusionFunction fn;
+};
+
+/// Process-wide, ordered. Not thread-safe against concurrent registration (register at start-up).
+class FusionRegistry {
+ public:
+  static FusionRegistry& instance();
+
+  /// Appends (or prepends) a fusion; returns its id for remove().
+  int64_t add(std::string name, FusionPass pass, FusionFunction fn, bool prepend = false);
+  /// Removes by id; returns whether it was there.
+  bool remove(int64_t id);
+  /// The entries of one pass, in order.
+  std::vector<FusionEntry> entries(FusionPass pass) const;
+  /// Every entry, for snapshot/restore in tests.
+  std::vector<FusionEntry> snapshot() const { return entries_; }
+  void restore(std::vector<FusionEntry> snapshot);
+  /// Changes whenever the registry changes, so fusers know to re-plan.
+  int64_t version() const { return version_; }
+
+ private:
+  std::vector<FusionEntry> entries_;
+  int64_t next_id_ = 1;
+  int64_t version_ = 0;
+};
+
+}  // namespace fusible::ops

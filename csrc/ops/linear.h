@@ -1,0 +1,26 @@
+// Linear: the composite BasicLinear + Bias that the fuser flattens. `weight` and `bias` are the
+// basic ops' own tensors, so state dicts use torch.nn.Linear's keys.
+#pragma once
+
+#include "ops/basic/basic_linear.h"
+#include "ops/basic/bias.h"
+#include "ops/fusible_operation.h"
+
+namespace fusible::ops {
+
+class Linear : public FusedOperation {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true,
+         std::optional<c10::Device> device = std::nullopt,
+         std::optional<at::ScalarType> dtype = std::nullopt);
+  std::shared_ptr<BasicLinear> linear_op() const { return linear_; }
+  /// Null without bias.
+  std::shared_ptr<Bias> bias_op() const { return bias_; }
+  at::Tensor& weight() { return linear_->weight(); }
+
+ private:
+  std::shared_ptr<BasicLinear> linear_;
+  std::shared_ptr<Bias> bias_;
+};
+
+}  // namespace fusible::ops

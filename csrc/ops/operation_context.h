@@ -1,0 +1,36 @@
+// Per-call, per-basic-op state handed from an op's forward to its backward.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <vector>
+
+namespace fusible::ops {
+
+/// One per basic op per fuser call. The fuser moves every context's `to_save` into one flat
+/// save_for_backward and hands them back as `saved_tensors` before the backward runs.
+struct OperationContext {
+  /// Tensors the backward needs (set with save_for_backward during the forward).
+  std::vector<at::Tensor> to_save;
+  /// The saved tensors, restored for the backward.
+  std::vector<at::Tensor> saved_tensors;
+  /// Whether this op's backward will run.
+  bool requires_grad = false;
+  /// Whether the gradient of this op's input is needed.
+  bool input_requires_grad = false;
+  /// Whether each extra input (in slot order) needs a gradient.
+  std::vector<bool> extra_input_requires_grad;
+  /// Dtype of the input as it arrived (its gradient goes back in this dtype).
+  at::ScalarType input_dtype = at::kFloat;
+  /// Dtype the op computed in (parameter dtype, or autocast's).
+  at::ScalarType compute_dtype = at::kFloat;
+  /// Shape of the input as it arrived (Reshape's backward needs it).
+  std::vector<int64_t> input_shape;
+  /// Free-form op state that is not a tensor (scalars, Python attributes).
+  c10::IValue state;
+
+  void save_for_backward(std::vector<at::Tensor> tensors) { to_save = std::move(tensors); }
+};
+
+}  // namespace fusible::ops

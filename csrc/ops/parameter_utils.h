@@ -1,0 +1,24 @@
+// Helpers shared by ops that own parameters: where parameters live by default, input checks against
+// them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
+
+#include <optional>
+
+namespace fusible::ops {
+
+/// te.ops' default: parameters on the current CUDA device when CUDA is available, else CPU;
+/// float32 unless a dtype is given. device "meta" defers allocation.
+c10::TensorOptions param_options(std::optional<c10::Device> device,
+                                 std::optional<at::ScalarType> dtype);
+
+/// Checks that x is floating and on the parameter's device (meta parameters are materialized
+/// before any op runs, so they never reach this check).
+void check_input_against_param(const char* op, const at::Tensor& x, const at::Tensor& param);
+
+/// Uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)): torch.nn.Linear's kaiming_uniform(a=sqrt(5)).
+void init_linear_weight_(at::Tensor& weight);
+
+}  // namespace fusible::ops

@@ -1,0 +1,78 @@
+// pybind11 classes for the C++ operations. The Python package wraps each in a torch.nn.Module.
+#include <torch/csrc/utils/pybind.h>
+
+#include <fusible/fusible.h>
+
+#include "bindings.h"
+
+namespace py = pybind11;
+
+namespace fusible::python {
+
+using namespace fusible::ops;
+using OptDevice = std::optional<c10::Device>;
+using OptDtype = std::optional<at::ScalarType>;
+
+namespace {
+
+// (name, tensor) for the op's own parameters, in registration order.
+std::vector<std::pair<std::string, at::Tensor>> own_parameters(FusibleOperation& op) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : op.named_parameters(/*recurse=*/false)) {
+    out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_ops(py::module_& m) {
+  py::class_<FusibleOperation, std::shared_ptr<FusibleOperation>>(m, "FusibleOperation")
+      .def_property_readonly("type_name", &FusibleOperation::type_name)
+      .def_property_readonly("is_fused", &FusibleOperation::is_fused)
+      .def("basic_ops", &FusibleOperation::basic_ops)
+      .def("own_parameters", &own_parameters)
+      .def("reset_parameters", &FusibleOperation::reset_parameters)
+      .def("train", [](FusibleOperation& op, bool on) { op.train(on); })
+      .def_property_readonly("training", &FusibleOperation::is_training);
+
+  py::class_<BasicOperation, FusibleOperation, std::shared_ptr<BasicOperation>>(m, "BasicOperation")
+      .def_property_readonly("num_extra_inputs", &BasicOperation::num_extra_inputs)
+      .def_property_readonly("num_extra_outputs", &BasicOperation::num_extra_outputs);
+  py::class_<FusedOperation, FusibleOperation, std::shared_ptr<FusedOperation>>(m, "FusedOperation");
+
+  py::class_<Identity, BasicOperation, std::shared_ptr<Identity>>(m, "Identity").def(py::init<>());
+  py::class_<Reshape, BasicOperation, std::shared_ptr<Reshape>>(m, "Reshape")
+      .def(py::init<std::vector<int64_t>>());
+  py::class_<ConstantScale, BasicOperation, std::shared_ptr<ConstantScale>>(m, "ConstantScale")
+      .def(py::init<double>());
+  py::class_<Bias, BasicOperation, std::shared_ptr<Bias>>(m, "Bias")
+      .def(py::init<int64_t, OptDevice, OptDtype>());
+  py::class_<BasicLinear, BasicOperation, std::shared_ptr<BasicLinear>>(m, "BasicLinear")
+      .def(py::init<int64_t, int64_t, OptDevice, OptDtype>());
+  py::class_<LayerNorm, BasicOperation, std::shared_ptr<LayerNorm>>(m, "LayerNorm")
+      .def(py::init<std::vector<int64_t>, double, OptDevice, OptDtype, bool>());
+  py::class_<RMSNorm, BasicOperation, std::shared_ptr<RMSNorm>>(m, "RMSNorm")
+      .def(py::init<std::vector<int64_t>, double, OptDevice, OptDtype, bool>());
+  py::class_<L2Normalization, BasicOperation, std::shared_ptr<L2Normalization>>(m, "L2Normalization")
+      .def(py::init<double>());
+  py::class_<ElementwiseActivation, BasicOperation, std::shared_ptr<ElementwiseActivation>>(
+      m, "ElementwiseActivation")
+      .def(py::init<std::string, std::string>());
+  py::class_<GatedActivation, BasicOperation, std::shared_ptr<GatedActivation>>(m, "GatedActivation")
+      .def(py::init<std::string, std::string>());
+  py::class_<ClampedSwiGLU, BasicOperation, std::shared_ptr<ClampedSwiGLU>>(m, "ClampedSwiGLU")
+      .def(py::init<double, double>());
+  py::class_<ScaledSwiGLU, BasicOperation, std::shared_ptr<ScaledSwiGLU>>(m, "ScaledSwiGLU")
+      .def(py::init<>());
+  py::class_<AddExtraInput, BasicOperation, std::shared_ptr<AddExtraInput>>(m, "AddExtraInput")
+      .def(py::init<bool>());
+  py::class_<MakeExtraOutput, BasicOperation, std::shared_ptr<MakeExtraOutput>>(m, "MakeExtraOutput")
+      .def(py::init<bool>());
+  py::class_<Dropout, BasicOperation, std::shared_ptr<Dropout>>(m, "Dropout")
+      .def(py::init<double>());
+  py::class_<Linear, FusedOperation, std::shared_ptr<Linear>>(m, "Linear")
+      .def(py::init<int64_t, int64_t, bool, OptDevice, OptDtype>());
+}
+
+}  // namespace fusible::python

@@ -1,0 +1,89 @@
+"""Python faces of the C++ operations: each op is a torch.nn.Module whose parameters are the very
+tensors the C++ op computes with (one autograd leaf, one storage)."""
+import torch
+
+from .. import _C
+
+
+def _device(device):
+    return None if device is None else torch.device(device)
+
+
+def _dtype(dtype):
+    return torch.get_default_dtype() if dtype is None else dtype
+
+
+def reject_unsupported(op_name, **keywords):
+    """te.ops keywords that fusible accepts only at their default: keyword=(value, default)."""
+    for name, (value, default) in keywords.items():
+        if value != default:
+            raise NotImplementedError(f"{op_name}: {name}={value!r} is not supported yet")
+
+
+def unpack_outputs(outputs):
+    """[y] -> y; [y, *extras] -> (y, *extras), te.ops' call convention."""
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+class FusibleOperation(torch.nn.Module):
+    """Base of every fusible op: wraps a C++ op (`_cpp`) and adopts its parameters."""
+
+    is_fused_op = False
+
+    def __init__(self, cpp_op):
+        super().__init__()
+        self._cpp = cpp_op
+        self._fuser = None  # single-op fuser for plain op(x) calls, made on first use
+        for name, tensor in cpp_op.own_parameters():
+            # Turn the C++ tensor's own Python object into a Parameter: same TensorImpl, same leaf.
+            if not isinstance(tensor, torch.nn.Parameter):
+                tensor.__class__ = torch.nn.Parameter
+            self.register_parameter(name, tensor)
+
+    @property
+    def num_extra_inputs(self):
+        return sum(op._cpp.num_extra_inputs for op in self._basic_op_list())
+
+    @property
+    def num_extra_outputs(self):
+        return sum(op._cpp.num_extra_outputs for op in self._basic_op_list())
+
+    def _basic_op_list(self):
+        return [self]
+
+    def forward(self, input, *extra_inputs):
+        if self._fuser is None:
+            self._fuser = _C.OperationFuser([self._cpp])
+        return unpack_outputs(self._fuser.forward(input, list(extra_inputs)))
+
+    def train(self, mode=True):
+        super().train(mode)
+        self._cpp.train(mode)
+        for op in self._basic_op_list():
+            if op is not self:
+                op.train(mode)
+        return self
+
+    def reset_parameters(self):
+        self._cpp.reset_parameters()
+
+    def extra_repr(self):
+        return ""
+
+
+class BasicOperation(FusibleOperation):
+    """A single computation with its own parameters."""
+
+
+class FusedOperation(FusibleOperation):
+    """Several basic ops run as one; `basic_ops` lists them (not registered as submodules, so the
+    state dict keeps the fused op's own keys)."""
+
+    is_fused_op = True
+
+    def __init__(self, cpp_op, basic_ops):
+        super().__init__(cpp_op)
+        object.__setattr__(self, "basic_ops", list(basic_ops))
+
+    def _basic_op_list(self):
+        return self.basic_ops

@@ -1,0 +1,181 @@
+"""OperationFuser and Sequential: Python faces of the C++ fuser. The per-call path is one C++ call
+per fuser group."""
+import torch
+
+from .. import _C
+from ._base import FusibleOperation, unpack_outputs
+
+
+def _basic_wrappers(ops):
+    """The Python basic ops behind a list of Python ops, in forward order."""
+    out = []
+    for op in ops:
+        out.extend(op._basic_op_list())
+    return out
+
+
+class OperationFuser:
+    """A callable fuser over a list of fusible ops."""
+
+    def __init__(self, ops):
+        ops = list(ops)
+        for op in ops:
+            if not isinstance(op, FusibleOperation):
+                raise TypeError(f"OperationFuser: expected fusible ops, got {type(op).__name__}")
+        self._ops = ops
+        self._basic = _basic_wrappers(ops)
+        self._cpp = _C.OperationFuser([op._cpp for op in ops])
+
+    @property
+    def num_extra_inputs(self):
+        return self._cpp.num_extra_inputs
+
+    @property
+    def num_extra_outputs(self):
+        return self._cpp.num_extra_outputs
+
+    def __call__(self, input, *extra_inputs):
+        return unpack_outputs(self._cpp.forward(input, list(extra_inputs)))
+
+    def _py_op(self, cpp_op, indices):
+        if not cpp_op.is_fused and len(indices) == 1:
+            return self._basic[indices[0]]
+        return cpp_op
+
+    def forward_ops(self):
+        return [(self._py_op(op, idx), list(idx)) for op, idx in self._cpp.forward_ops()]
+
+    def backward_ops(self):
+        return [(self._py_op(op, idx), list(idx)) for op, idx in self._cpp.backward_ops()]
+
+    def fusion_plan(self):
+        forward, backward = self._cpp.fusion_plan()
+        return [{"forward": list(forward), "backward": list(backward)}]
+
+
+class Sequential(torch.nn.Module):
+    """List of modules; consecutive fusible ops run as one fuser group each."""
+
+    def __init__(self, *modules):
+        super().__init__()
+        self._groups = None
+        self._group_plan_names = None
+        for m in modules:
+            self.append(m)
+
+    # ---- list API (any change invalidates the grouping)
+    def _invalidate(self):
+        self._groups = None
+
+    def _entries(self):
+        return list(self._modules.values())
+
+    def _rebuild(self, modules):
+        for key in list(self._modules.keys()):
+            del self._modules[key]
+        for i, m in enumerate(modules):
+            self.add_module(str(i), m)
+        self._invalidate()
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._entries())
+
+    def __getitem__(self, idx):
+        entries = self._entries()
+        if isinstance(idx, slice):
+            return Sequential(*entries[idx])
+        return entries[idx]
+
+    def __setitem__(self, idx, module):
+        entries = self._entries()
+        entries[idx] = module
+        self._rebuild(entries)
+
+    def __delitem__(self, idx):
+        entries = self._entries()
+        del entries[idx]
+        self._rebuild(entries)
+
+    def append(self, module):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"Sequential: expected a torch.nn.Module, got {type(module).__name__}")
+        self.add_module(str(len(self._modules)), module)
+        self._invalidate()
+        return self
+
+    def extend(self, modules):
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index, module):
+        entries = self._entries()
+        entries.insert(index, module)
+        self._rebuild(entries)
+
+    def pop(self, index=-1):
+        entries = self._entries()
+        m = entries.pop(index)
+        self._rebuild(entries)
+        return m
+
+    def __add__(self, other):
+        return Sequential(*self._entries(), *list(other))
+
+    def __iadd__(self, other):
+        return self.extend(list(other))
+
+    # ---- grouping and running
+    def _build_groups(self):
+        groups, run = [], []
+        for m in self._entries():
+            if isinstance(m, FusibleOperation):
+                run.append(m)
+                continue
+            if run:
+                groups.append(OperationFuser(run))
+                run = []
+            groups.append(m)
+        if run:
+            groups.append(OperationFuser(run))
+        self._groups = groups
+
+    def fusers(self):
+        if self._groups is None:
+            self._build_groups()
+        return list(self._groups)
+
+    def forward(self, input, *extra_inputs):
+        if self._groups is None:
+            self._build_groups()
+        needed = sum(g.num_extra_inputs for g in self._groups if isinstance(g, OperationFuser))
+        if len(extra_inputs) != needed:
+            raise ValueError(f"Sequential: expected {needed} extra inputs, got {len(extra_inputs)}")
+        x, extra_outputs, k = input, [], 0
+        for g in self._groups:
+            if not isinstance(g, OperationFuser):
+                x = g(x)
+                continue
+            n = g.num_extra_inputs
+            out = g._cpp.forward(x, list(extra_inputs[k:k + n]))
+            k += n
+            x = out[0]
+            extra_outputs.extend(out[1:])
+        return unpack_outputs([x, *extra_outputs])
+
+    def fusion_plan(self):
+        plan = []
+        for g in self.fusers():
+            if isinstance(g, OperationFuser):
+                plan.extend(g.fusion_plan())
+            else:
+                plan.append({"module": type(g).__name__})
+        return plan
+
+    def reset_parameters(self):
+        for m in self._entries():
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
