@@ -39,7 +39,9 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
   at::Tensor x = input;
   for (const auto& p : call.plan->forward) {
     auto ctxs = contexts_of(call, p);
-    ctxs[0]->input_dtype = x.scalar_type();
+    // Defaults for every covered op (a fused forward may not know its inner ops' inputs); the
+    // first op's are exact.
+    for (auto* c : ctxs) c->input_dtype = x.scalar_type();
     ctxs[0]->input_shape = x.sizes().vec();
     ops::TensorLists sub_in, sub_out;
     for (auto i : p.basic_indices) {

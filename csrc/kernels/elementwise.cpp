@@ -19,8 +19,8 @@ void check_add_args(const char* op, const at::Tensor& x, const at::Tensor& other
   FUSIBLE_CHECK_FLOATING(op, "x", x);
   FUSIBLE_CHECK_FLOATING(op, "other", other);
   FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "other", other);
-  TORCH_CHECK(x.sizes().equals(other.sizes()), op, ": expected other of shape ", x.sizes(),
-              ", got ", other.sizes());
+  TORCH_CHECK(x.sym_sizes().equals(other.sym_sizes()), op, ": expected other of shape ",
+              x.sym_sizes(), ", got ", other.sym_sizes());
 }
 
 // x + other in x's dtype.
@@ -30,10 +30,9 @@ at::Tensor add_fwd(const at::Tensor& x, const at::Tensor& other) {
 }
 
 // self += other, in self's storage and dtype.
-at::Tensor& add_(at::Tensor& self, const at::Tensor& other) {
+void add_(const at::Tensor& self, const at::Tensor& other) {
   check_add_args("add_", self, other);
   self.add_(other.to(self.scalar_type()));
-  return self;
 }
 
 std::tuple<at::Tensor, at::Tensor> dropout_fwd(const at::Tensor& x, double p) {

@@ -15,11 +15,11 @@ TORCH_LIBRARY(fusible, m) {
   // dW = dy^T x over all leading dims. dy: [..., N], x: [..., K] -> [N, K].
   m.def("linear_wgrad(Tensor dy, Tensor x) -> Tensor");
 
-  // LayerNorm over the trailing weight.shape dims -> (y, mean [rows], rstd [rows]), stats in fp32/fp64.
+  // LayerNorm over the trailing weight.shape dims -> (y, mean, rstd), stats over x's leading dims, stats in fp32/fp64.
   m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, bool zero_centered_gamma) -> (Tensor, Tensor, Tensor)");
   // LayerNorm backward from the saved stats -> (dx, dweight, dbias).
   m.def("layernorm_bwd(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor weight, bool zero_centered_gamma) -> (Tensor, Tensor, Tensor)");
-  // RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w -> (y, rstd [rows]).
+  // RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w -> (y, rstd over x's leading dims).
   m.def("rmsnorm_fwd(Tensor x, Tensor weight, float eps, bool zero_centered_gamma) -> (Tensor, Tensor)");
   // RMSNorm backward -> (dx, dweight).
   m.def("rmsnorm_bwd(Tensor dy, Tensor x, Tensor rstd, Tensor weight, bool zero_centered_gamma) -> (Tensor, Tensor)");
@@ -50,8 +50,8 @@ TORCH_LIBRARY(fusible, m) {
   m.def("scale_fwd(Tensor x, float scale) -> Tensor");
   // y = x + other, same shapes, in x's dtype.
   m.def("add_fwd(Tensor x, Tensor other) -> Tensor");
-  // self += other in place (AddExtraInput(in_place=True)); returns self.
-  m.def("add_(Tensor(a!) self, Tensor other) -> Tensor(a!)");
+  // self += other in place (AddExtraInput(in_place=True)).
+  m.def("add_(Tensor(a!) self, Tensor other) -> ()");
   // Dropout: -> (y, keep mask [bool, x's shape]); y = x * mask / (1 - p).
   m.def("dropout_fwd(Tensor x, float p) -> (Tensor, Tensor)", {at::Tag::nondeterministic_seeded});
   // Dropout backward from the saved mask.

@@ -9,20 +9,44 @@
 namespace fusible::kernels {
 namespace {
 
-// x [..., *normalized_shape] with weight [*normalized_shape]: returns the row count.
-int64_t check_norm_args(const char* op, const at::Tensor& x, const at::Tensor& weight) {
+// Statistics are computed over the trailing dims and returned over the leading dims; only sym_*
+// sizes are used so the ops also trace with dynamic shapes.
+
+// x [..., *normalized_shape] with weight [*normalized_shape]: returns the normalized dims.
+std::vector<int64_t> check_norm_args(const char* op, const at::Tensor& x, const at::Tensor& weight) {
   FUSIBLE_CHECK_FLOATING(op, "x", x);
   FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "weight", weight);
   FUSIBLE_CHECK_SAME_DTYPE(op, "x", x, "weight", weight);
   const auto nd = weight.dim();
-  TORCH_CHECK(x.dim() >= nd && x.sizes().slice(x.dim() - nd).equals(weight.sizes()), op,
-              ": expected x's trailing dims to be ", weight.sizes(), ", got x shape ", shape_str(x));
-  const int64_t d = weight.numel();
-  return d == 0 ? 0 : x.numel() / d;
+  TORCH_CHECK(x.dim() >= nd && x.sym_sizes().slice(x.dim() - nd).equals(weight.sym_sizes()), op,
+              ": expected x's trailing dims to be ", weight.sym_sizes(), ", got x shape ",
+              x.sym_sizes());
+  std::vector<int64_t> dims;
+  for (int64_t d = -nd; d < 0; ++d) dims.push_back(d);
+  return dims;
+}
+
+void check_same_shape(const char* op, const at::Tensor& dy, const at::Tensor& x) {
+  TORCH_CHECK(dy.sym_sizes().equals(x.sym_sizes()), op, ": expected dy of shape ", x.sym_sizes(),
+              ", got ", dy.sym_sizes());
+}
+
+// Sum over the leading (batch) dims: the parameter gradients.
+at::Tensor sum_leading(const at::Tensor& t, int64_t nd) {
+  std::vector<int64_t> lead;
+  for (int64_t d = 0; d < t.dim() - nd; ++d) lead.push_back(d);
+  return lead.empty() ? t : t.sum(lead);
+}
+
+// Stats over the leading dims -> broadcastable against x again.
+at::Tensor expand_stat(const at::Tensor& stat, int64_t nd) {
+  auto out = stat;
+  for (int64_t i = 0; i < nd; ++i) out = out.unsqueeze(-1);
+  return out;
 }
 
 at::Tensor gamma(const at::Tensor& weight, bool zero_centered_gamma) {
-  const auto w = upcast(weight).reshape({-1});
+  const auto w = upcast(weight);
   return zero_centered_gamma ? w + 1 : w;
 }
 
@@ -30,57 +54,54 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd(const at::Tensor& x
                                                              const at::Tensor& weight,
                                                              const at::Tensor& bias, double eps,
                                                              bool zero_centered_gamma) {
-  const auto rows = check_norm_args("layernorm_fwd", x, weight);
-  TORCH_CHECK(bias.sizes().equals(weight.sizes()), "layernorm_fwd: expected bias of shape ",
-              weight.sizes(), ", got ", bias.sizes());
+  const auto dims = check_norm_args("layernorm_fwd", x, weight);
+  TORCH_CHECK(bias.sym_sizes().equals(weight.sym_sizes()), "layernorm_fwd: expected bias of shape ",
+              weight.sym_sizes(), ", got ", bias.sym_sizes());
   FUSIBLE_CHECK_SAME_DTYPE("layernorm_fwd", "x", x, "bias", bias);
-  const auto xf = upcast(x).reshape({rows, weight.numel()});
-  const auto mean = xf.mean(-1, /*keepdim=*/true);
-  const auto var = (xf - mean).pow(2).mean(-1, /*keepdim=*/true);
+  const auto xf = upcast(x);
+  const auto mean = xf.mean(dims, /*keepdim=*/true);
+  const auto var = (xf - mean).pow(2).mean(dims, /*keepdim=*/true);
   const auto rstd = at::rsqrt(var + eps);
-  const auto y = (xf - mean) * rstd * gamma(weight, zero_centered_gamma) + upcast(bias).reshape({-1});
-  return {y.to(x.scalar_type()).reshape(x.sizes()), mean.reshape({rows}), rstd.reshape({rows})};
+  const auto y = (xf - mean) * rstd * gamma(weight, zero_centered_gamma) + upcast(bias);
+  return {y.to(x.scalar_type()), mean.squeeze(dims), rstd.squeeze(dims)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
     const at::Tensor& weight, bool zero_centered_gamma) {
-  const auto rows = check_norm_args("layernorm_bwd", x, weight);
-  FUSIBLE_CHECK_SIZE("layernorm_bwd", "dy.numel()", dy.numel(), x.numel());
-  const auto d = weight.numel();
-  const auto xhat = (upcast(x).reshape({rows, d}) - mean.reshape({rows, 1})) * rstd.reshape({rows, 1});
-  const auto dyf = upcast(dy).reshape({rows, d});
+  const auto dims = check_norm_args("layernorm_bwd", x, weight);
+  check_same_shape("layernorm_bwd", dy, x);
+  const auto nd = weight.dim();
+  const auto r = expand_stat(rstd, nd);
+  const auto xhat = (upcast(x) - expand_stat(mean, nd)) * r;
+  const auto dyf = upcast(dy);
   const auto g = dyf * gamma(weight, zero_centered_gamma);
-  const auto dx = rstd.reshape({rows, 1}) *
-                  (g - g.mean(-1, true) - xhat * (g * xhat).mean(-1, true));
-  const auto dw = (dyf * xhat).sum(0).reshape(weight.sizes());
-  const auto db = dyf.sum(0).reshape(weight.sizes());
-  return {dx.to(x.scalar_type()).reshape(x.sizes()), dw.to(weight.scalar_type()),
-          db.to(weight.scalar_type())};
+  const auto dx = r * (g - g.mean(dims, true) - xhat * (g * xhat).mean(dims, true));
+  return {dx.to(x.scalar_type()), sum_leading(dyf * xhat, nd).to(weight.scalar_type()),
+          sum_leading(dyf, nd).to(weight.scalar_type())};
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd(const at::Tensor& x, const at::Tensor& weight,
                                                double eps, bool zero_centered_gamma) {
-  const auto rows = check_norm_args("rmsnorm_fwd", x, weight);
-  const auto xf = upcast(x).reshape({rows, weight.numel()});
-  const auto rstd = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  const auto dims = check_norm_args("rmsnorm_fwd", x, weight);
+  const auto xf = upcast(x);
+  const auto rstd = at::rsqrt(xf.pow(2).mean(dims, /*keepdim=*/true) + eps);
   const auto y = xf * rstd * gamma(weight, zero_centered_gamma);
-  return {y.to(x.scalar_type()).reshape(x.sizes()), rstd.reshape({rows})};
+  return {y.to(x.scalar_type()), rstd.squeeze(dims)};
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::Tensor& x,
                                                const at::Tensor& rstd, const at::Tensor& weight,
                                                bool zero_centered_gamma) {
-  const auto rows = check_norm_args("rmsnorm_bwd", x, weight);
-  FUSIBLE_CHECK_SIZE("rmsnorm_bwd", "dy.numel()", dy.numel(), x.numel());
-  const auto d = weight.numel();
-  const auto r = rstd.reshape({rows, 1});
-  const auto xhat = upcast(x).reshape({rows, d}) * r;
-  const auto dyf = upcast(dy).reshape({rows, d});
+  const auto dims = check_norm_args("rmsnorm_bwd", x, weight);
+  check_same_shape("rmsnorm_bwd", dy, x);
+  const auto nd = weight.dim();
+  const auto r = expand_stat(rstd, nd);
+  const auto xhat = upcast(x) * r;
+  const auto dyf = upcast(dy);
   const auto g = dyf * gamma(weight, zero_centered_gamma);
-  const auto dx = r * (g - xhat * (g * xhat).mean(-1, true));
-  const auto dw = (dyf * xhat).sum(0).reshape(weight.sizes());
-  return {dx.to(x.scalar_type()).reshape(x.sizes()), dw.to(weight.scalar_type())};
+  const auto dx = r * (g - xhat * (g * xhat).mean(dims, true));
+  return {dx.to(x.scalar_type()), sum_leading(dyf * xhat, nd).to(weight.scalar_type())};
 }
 
 std::tuple<at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x, double eps) {
@@ -94,10 +115,10 @@ std::tuple<at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x, double eps) {
 at::Tensor l2norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd) {
   FUSIBLE_CHECK_FLOATING("l2norm_bwd", "x", x);
   FUSIBLE_CHECK_MIN_DIM("l2norm_bwd", "x", x, 1);
-  FUSIBLE_CHECK_SIZE("l2norm_bwd", "dy.numel()", dy.numel(), x.numel());
+  check_same_shape("l2norm_bwd", dy, x);
   const auto r = rstd.unsqueeze(-1);
   const auto y = upcast(x) * r;
-  const auto dyf = upcast(dy).reshape(x.sizes());
+  const auto dyf = upcast(dy);
   return (r * (dyf - y * (dyf * y).sum(-1, true))).to(x.scalar_type());
 }
 

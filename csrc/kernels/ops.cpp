@@ -105,10 +105,9 @@ T add_fwd(CT x, CT other) {
   FUSIBLE_OP("add_fwd", T(CT, CT));
   return op.call(x, other);
 }
-T add_(CT self, CT other) {
-  FUSIBLE_OP("add_", T&(T&, CT));
-  at::Tensor s = self;
-  return op.call(s, other);
+void add_(CT self, CT other) {
+  FUSIBLE_OP("add_", void(CT, CT));
+  op.call(self, other);
 }
 T2 dropout_fwd(CT x, double p) {
   FUSIBLE_OP("dropout_fwd", T2(CT, double));

@@ -23,7 +23,7 @@ at::Tensor linear_dgrad(const at::Tensor& dy, const at::Tensor& weight);
 /// dW = dy^T x. -> [N, K].
 at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x);
 
-/// -> (y, mean [rows], rstd [rows]).
+/// -> (y, mean, rstd), stats over x's leading dims.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd(const at::Tensor& x,
                                                              const at::Tensor& weight,
                                                              const at::Tensor& bias, double eps,
@@ -32,7 +32,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd(const at::Tensor& x
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
     const at::Tensor& weight, bool zero_centered_gamma);
-/// -> (y, rstd [rows]).
+/// -> (y, rstd over x's leading dims).
 std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd(const at::Tensor& x, const at::Tensor& weight,
                                                double eps, bool zero_centered_gamma);
 /// -> (dx, dweight).
@@ -61,8 +61,8 @@ std::tuple<at::Tensor, at::Tensor> scaled_swiglu_bwd(const at::Tensor& dy, const
 at::Tensor scale_fwd(const at::Tensor& x, double scale);
 /// x + other in x's dtype.
 at::Tensor add_fwd(const at::Tensor& x, const at::Tensor& other);
-/// self += other in place; returns self.
-at::Tensor add_(const at::Tensor& self, const at::Tensor& other);
+/// self += other in place.
+void add_(const at::Tensor& self, const at::Tensor& other);
 /// -> (y, keep mask).
 std::tuple<at::Tensor, at::Tensor> dropout_fwd(const at::Tensor& x, double p);
 at::Tensor dropout_bwd(const at::Tensor& dy, const at::Tensor& mask, double p);

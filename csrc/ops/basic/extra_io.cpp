@@ -15,7 +15,9 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>&,
               input.sizes(), " (the input's), got ", extra.sizes());
   TORCH_CHECK(extra.device() == input.device(), "AddExtraInput: expected extra input on ",
               input.device(), ", got ", extra.device());
-  return in_place_ ? kernels::add_(extra, input) : kernels::add_fwd(input, extra);
+  if (!in_place_) return kernels::add_fwd(input, extra);
+  kernels::add_(extra, input);
+  return extra;
 }
 
 BackwardResult AddExtraInput::fuser_backward(const std::vector<OperationContext*>&,
@@ -39,9 +41,9 @@ BackwardResult MakeExtraOutput::fuser_backward(const std::vector<OperationContex
   // In place only where dy owns distinct memory per element (an expanded gradient does not).
   const bool can_write = in_place_ && grad_output.is_non_overlapping_and_dense() &&
                          grad_output.scalar_type() == dextra.scalar_type();
-  return {can_write ? kernels::add_(grad_output, dextra) : kernels::add_fwd(grad_output, dextra),
-          {{}},
-          {{}}};
+  if (!can_write) return {kernels::add_fwd(grad_output, dextra), {{}}, {{}}};
+  kernels::add_(grad_output, dextra);
+  return {grad_output, {{}}, {{}}};
 }
 
 }  // namespace fusible::ops

@@ -1,0 +1,127 @@
+// OperationFuser from C++: values and gradients, a custom fusion registered from the test, plan
+// checks, first-backward index, and the C++ Sequential.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <fusible/fusible.h>
+
+#include "test_utils.h"
+
+namespace fusible::test {
+namespace {
+
+using fuser::OperationFuser;
+using ops::FusibleOperation;
+
+// Restores the fusion registry when a test ends, so registrations do not leak between tests.
+struct RegistryGuard {
+  std::vector<ops::FusionEntry> saved = ops::FusionRegistry::instance().snapshot();
+  ~RegistryGuard() { ops::FusionRegistry::instance().restore(saved); }
+};
+
+// Fused forward of two consecutive ConstantScale ops: one multiply by the product.
+class ForwardScaleScale : public ops::FusedOperation {
+ public:
+  ForwardScaleScale(std::shared_ptr<ops::ConstantScale> a, std::shared_ptr<ops::ConstantScale> b)
+      : FusedOperation("ForwardScaleScale", {a, b}), product_(a->scale() * b->scale()) {}
+  at::Tensor fuser_forward(const std::vector<ops::OperationContext*>&, const at::Tensor& x,
+                           const ops::TensorLists&, ops::TensorLists&,
+                           const ops::ForwardArgs&) override {
+    return kernels::scale_fwd(x, product_);
+  }
+
+ private:
+  double product_;
+};
+
+ops::OpList fuse_scale_pairs(ops::OpList list, const ops::FusionContext&) {
+  ops::OpList out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    auto a = std::dynamic_pointer_cast<ops::ConstantScale>(list[i]);
+    auto b = i + 1 < list.size() ? std::dynamic_pointer_cast<ops::ConstantScale>(list[i + 1]) : nullptr;
+    if (a && b) {
+      out.push_back(std::make_shared<ForwardScaleScale>(a, b));
+      ++i;
+    } else {
+      out.push_back(list[i]);
+    }
+  }
+  return out;
+}
+
+TEST(Fuser, CustomForwardFusionAppearsInPlanAndMatchesUnfused) {
+  RegistryGuard guard;
+  std::vector<std::shared_ptr<FusibleOperation>> op_list{
+      std::make_shared<ops::ConstantScale>(0.5), std::make_shared<ops::ConstantScale>(3.0),
+      std::make_shared<ops::Bias>(4, c10::Device(c10::kCPU), at::kDouble)};
+  OperationFuser unfused(op_list);
+  const auto x = at::randn({3, 4}, at::kDouble).requires_grad_();
+  const auto y_ref = unfused.forward(x, {})[0];
+  const auto g_ref = torch::autograd::grad({y_ref.pow(2).sum()}, {x})[0];
+
+  ops::FusionRegistry::instance().add("scale_pairs", ops::FusionPass::kForward, fuse_scale_pairs);
+  OperationFuser fused(op_list);
+  const auto y = fused.forward(x, {})[0];
+  const auto [fwd, bwd] = fused.fusion_plan();
+  EXPECT_EQ(fwd, (std::vector<std::string>{"ForwardScaleScale", "Bias"}));
+  EXPECT_EQ(bwd, (std::vector<std::string>{"ConstantScale", "ConstantScale", "Bias"}));
+  EXPECT_TRUE(at::allclose(y, y_ref, 1e-12, 1e-12));
+  const auto g = torch::autograd::grad({y.pow(2).sum()}, {x})[0];
+  EXPECT_TRUE(at::allclose(g, g_ref, 1e-12, 1e-12));
+  // The unfused fuser re-plans on its next call and picks the fusion up too.
+  unfused.forward(x, {});
+  EXPECT_EQ(unfused.fusion_plan().first.front(), "ForwardScaleScale");
+}
+
+TEST(Fuser, FusionThatDropsOpsIsRejected) {
+  RegistryGuard guard;
+  ops::FusionRegistry::instance().add("broken", ops::FusionPass::kForwardBackward,
+                                      [](ops::OpList list, const ops::FusionContext&) {
+                                        list.pop_back();
+                                        return list;
+                                      });
+  OperationFuser f({std::make_shared<ops::Identity>(), std::make_shared<ops::Identity>()});
+  expect_error_contains([&] { f.forward(at::randn({2}), {}); }, "fusion 'broken'");
+}
+
+TEST(Fuser, FirstBackwardIndexSkipsFrozenOps) {
+  auto ln = std::make_shared<ops::LayerNorm>(std::vector<int64_t>{4}, 1e-5, c10::Device(c10::kCPU));
+  auto lin = std::make_shared<ops::Linear>(4, 3, true, c10::Device(c10::kCPU));
+  for (auto& p : ln->parameters()) p.requires_grad_(false);
+  OperationFuser f({ln, lin});
+  const auto y = f.forward(at::randn({2, 4}), {})[0];
+  y.sum().backward();
+  EXPECT_FALSE(ln->weight().grad().defined());
+  EXPECT_TRUE(lin->weight().grad().defined());
+  EXPECT_TRUE(lin->bias_op()->bias().grad().defined());
+}
+
+TEST(Fuser, NoGradModeBuildsNoNode) {
+  OperationFuser f({std::make_shared<ops::Linear>(4, 3, true, c10::Device(c10::kCPU))});
+  const at::NoGradGuard no_grad;
+  const auto y = f.forward(at::randn({2, 4}).requires_grad_(), {})[0];
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_EQ(y.grad_fn(), nullptr);
+}
+
+TEST(Sequential, RunsGroupsAndPlainSteps) {
+  fuser::Sequential seq;
+  seq.push_back(std::make_shared<ops::Linear>(4, 4, true, c10::Device(c10::kCPU), at::kDouble));
+  seq.push_back([](const at::Tensor& t) { return at::tanh(t); }, "Tanh");
+  seq.push_back(std::make_shared<ops::ConstantScale>(2.0));
+  EXPECT_EQ(seq.parameters().size(), 2u);
+  const auto x = at::randn({3, 4}, at::kDouble);
+  const auto y = seq.forward(x)[0];
+  auto lin = std::dynamic_pointer_cast<ops::Linear>(seq.children()[0]);
+  ASSERT_TRUE(lin);
+  const auto ref = 2 * at::tanh(at::linear(x, lin->weight(), lin->bias_op()->bias()));
+  EXPECT_TRUE(at::allclose(y, ref, 1e-12, 1e-12));
+  const auto plan = seq.fusion_plan();
+  ASSERT_EQ(plan.size(), 3u);
+  EXPECT_EQ(plan[1].module, "Tanh");
+  EXPECT_EQ(plan[0].forward, (std::vector<std::string>{"BasicLinear", "Bias"}));
+}
+
+}  // namespace
+}  // namespace fusible::test

@@ -1,0 +1,250 @@
+"""OperationFuser and Sequential: plans, first-backward index, no-grad path, call convention,
+errors, parameters and state dicts, dtype handling."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusible import ops
+
+
+def _mlp(device="cpu", dtype=torch.float64):
+    return [ops.LayerNorm(8, device=device, dtype=dtype), ops.Linear(8, 16, device=device, dtype=dtype),
+            ops.GELU(), ops.Linear(16, 8, device=device, dtype=dtype)]
+
+
+def _ref_mlp(mods, x):
+    ln, fc1, _, fc2 = mods
+    h = F.layer_norm(x, (8,), ln.weight, ln.bias, 1e-5)
+    return F.linear(F.gelu(F.linear(h, fc1.weight, fc1.bias), approximate="tanh"), fc2.weight,
+                    fc2.bias)
+
+
+class TestOperationFuser:
+    def test_matches_reference_and_plan_expands_to_basic_ops(self):
+        mods = _mlp()
+        fuser = ops.OperationFuser(mods)
+        x = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+        y = fuser(x)
+        torch.testing.assert_close(y, _ref_mlp(mods, x))
+        plan = fuser.forward_ops()
+        assert [idx for _, idx in plan] == [[0], [1], [2], [3], [4], [5]]
+        assert [type(op).__name__ for op, _ in plan] == [
+            "LayerNorm", "BasicLinear", "Bias", "GELU", "BasicLinear", "Bias"]
+        assert plan[1][0] is mods[1].basic_ops[0]
+        assert fuser.fusion_plan()[0]["backward"] == [
+            "LayerNorm", "BasicLinear", "Bias", "GELU", "BasicLinear", "Bias"]
+
+    def test_one_autograd_node_and_gradients(self):
+        mods = _mlp()
+        fuser = ops.OperationFuser(mods)
+        x = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+        y = fuser(x)
+        assert y.grad_fn is not None and y.grad_fn.next_functions[0][0] is not None
+        assert "FuserAutograd" in type(y.grad_fn).__name__ or "Fuser" in y.grad_fn.name()
+        params = [p for m in mods for p in m.parameters()]
+        grads = torch.autograd.grad(y.pow(2).sum(), [x, *params])
+        xr = x.detach().requires_grad_()
+        ref_grads = torch.autograd.grad(_ref_mlp(mods, xr).pow(2).sum(), [xr, *params])
+        for g, r in zip(grads, ref_grads):
+            torch.testing.assert_close(g, r)
+
+    def test_no_grad_builds_no_node(self):
+        fuser = ops.OperationFuser(_mlp())
+        x = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+        with torch.no_grad():
+            y = fuser(x)
+        assert y.grad_fn is None and not y.requires_grad
+
+    def test_input_without_grad_and_frozen_params(self):
+        mods = _mlp()
+        for p in mods[0].parameters():
+            p.requires_grad_(False)
+        fuser = ops.OperationFuser(mods)
+        x = torch.randn(5, 8, dtype=torch.float64)
+        y = fuser(x)
+        y.sum().backward()
+        assert mods[0].weight.grad is None
+        assert mods[1].weight.grad is not None and mods[3].bias.grad is not None
+
+    def test_everything_frozen_builds_no_node(self):
+        mods = _mlp()
+        for m in mods:
+            for p in m.parameters():
+                p.requires_grad_(False)
+        y = ops.OperationFuser(mods)(torch.randn(5, 8, dtype=torch.float64))
+        assert y.grad_fn is None
+
+    def test_extra_inputs_and_outputs(self):
+        fuser = ops.OperationFuser([ops.MakeExtraOutput(), ops.ConstantScale(2.0), ops.AddExtraInput()])
+        assert fuser.num_extra_inputs == 1
+        x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+        r = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+        y, extra = fuser(x, r)
+        torch.testing.assert_close(y, 2 * x + r, rtol=0, atol=0)
+        torch.testing.assert_close(extra, x, rtol=0, atol=0)
+        dy, de = torch.randn_like(y), torch.randn_like(extra)
+        torch.autograd.backward([y, extra], [dy, de])
+        torch.testing.assert_close(x.grad, 2 * dy + de, rtol=0, atol=0)
+        torch.testing.assert_close(r.grad, dy, rtol=0, atol=0)
+
+    def test_only_extra_output_used(self):
+        fuser = ops.OperationFuser([ops.MakeExtraOutput(), ops.ConstantScale(3.0)])
+        x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+        _, extra = fuser(x)
+        extra.sum().backward()
+        torch.testing.assert_close(x.grad, torch.ones_like(x), rtol=0, atol=0)
+
+    def test_in_place_add(self):
+        fuser = ops.OperationFuser([ops.ConstantScale(2.0), ops.AddExtraInput(in_place=True)])
+        x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+        r0 = torch.randn(4, dtype=torch.float64)
+        r = r0.clone()
+        y = fuser(x, r)
+        assert y.data_ptr() == r.data_ptr()
+        torch.testing.assert_close(r, 2 * x.detach() + r0, rtol=0, atol=0)
+        y.sum().backward()
+        torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+
+    def test_wrong_extra_input_count(self):
+        fuser = ops.OperationFuser([ops.AddExtraInput()])
+        with pytest.raises(ValueError, match="expected 1 extra inputs, got 0"):
+            fuser(torch.randn(3))
+
+    def test_bad_inputs_give_clear_errors_and_change_nothing(self):
+        lin = ops.Linear(4, 3, device="cpu")
+        before = lin.weight.detach().clone()
+        with pytest.raises(RuntimeError, match=r"BasicLinear: expected input.size\(-1\) == in_features \(4\), got 5"):
+            lin(torch.randn(2, 5))
+        with pytest.raises(TypeError, match="floating-point input"):
+            lin(torch.ones(2, 4, dtype=torch.long))
+        with pytest.raises(RuntimeError, match="LayerNorm: expected input's trailing dims"):
+            ops.LayerNorm(4, device="cpu")(torch.randn(2, 3))
+        with pytest.raises(RuntimeError, match="even last dim"):
+            ops.SwiGLU()(torch.randn(2, 3))
+        with pytest.raises(RuntimeError, match="ScaledSwiGLU: expected scales of shape"):
+            ops.ScaledSwiGLU()(torch.randn(2, 4), torch.randn(3))
+        assert torch.equal(lin.weight, before)
+        lin(torch.randn(2, 4))  # still usable
+
+    def test_unsupported_keywords(self):
+        with pytest.raises(NotImplementedError, match="tensor_parallel_mode"):
+            ops.Linear(4, 4, tensor_parallel_mode="row")
+        with pytest.raises(NotImplementedError, match="accumulate_into_main_grad"):
+            ops.BasicLinear(4, 4, accumulate_into_main_grad=True)
+
+
+class TestShapesAndDtypes:
+    @pytest.mark.parametrize("shape", [(8,), (2, 3, 8)])
+    def test_linear_any_rank(self, shape):
+        lin = ops.Linear(8, 5, device="cpu", dtype=torch.float64)
+        x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        y = lin(x)
+        assert y.shape == shape[:-1] + (5,)
+        torch.testing.assert_close(y, F.linear(x, lin.weight, lin.bias))
+
+    def test_zero_dim_elementwise(self):
+        x = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+        y = ops.SiLU()(x)
+        assert y.dim() == 0
+        y.backward()
+        xr = x.detach().requires_grad_()
+        F.silu(xr).backward()
+        torch.testing.assert_close(x.grad, xr.grad)
+
+    def test_input_cast_to_parameter_dtype(self):
+        lin = ops.Linear(4, 3, device="cpu", dtype=torch.float64)
+        x = torch.randn(2, 4, dtype=torch.float32, requires_grad=True)
+        y = lin(x)
+        assert y.dtype == torch.float64
+        y.sum().backward()
+        assert x.grad.dtype == torch.float32 and lin.weight.grad.dtype == torch.float64
+
+    def test_autocast_sets_compute_dtype(self):
+        lin = ops.Linear(4, 3, device="cpu", dtype=torch.float32)
+        x = torch.randn(2, 4, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = lin(x)
+        assert y.dtype == torch.bfloat16
+        y.float().sum().backward()
+        assert lin.weight.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
+
+
+class TestParametersAndStateDict:
+    def test_parameters_are_shared_nn_parameters(self):
+        lin = ops.Linear(4, 3, device="cpu")
+        assert all(isinstance(p, torch.nn.Parameter) for p in lin.parameters())
+        assert lin.weight is lin.basic_ops[0].weight and lin.bias is lin.basic_ops[1].bias
+        assert [n for n, _ in lin.named_parameters()] == ["weight", "bias"]
+        x = torch.randn(2, 4)
+        lin(x).sum().backward()
+        assert lin.weight.grad is not None  # the C++ op's leaf is the Python Parameter
+
+    def test_loads_torch_linear_state_dict(self):
+        ref = torch.nn.Linear(4, 3)
+        lin = ops.Linear(4, 3, device="cpu")
+        lin.load_state_dict(ref.state_dict())
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(lin(x), ref(x))
+        ref.load_state_dict(lin.state_dict())
+
+    def test_default_init(self):
+        torch.manual_seed(0)
+        lin = ops.Linear(64, 32, device="cpu")
+        bound = 1 / 8
+        assert lin.weight.abs().max() <= bound and lin.weight.std() > bound / 4
+        assert torch.equal(lin.bias, torch.zeros(32))
+        ln = ops.LayerNorm(8, device="cpu", zero_centered_gamma=True)
+        assert torch.equal(ln.weight, torch.zeros(8)) and torch.equal(ln.bias, torch.zeros(8))
+        assert torch.equal(ops.RMSNorm(8, device="cpu").weight, torch.ones(8))
+
+    def test_train_eval_reach_dropout(self):
+        drop = ops.Dropout(0.5)
+        x = torch.randn(1000, dtype=torch.float64) + 3
+        y = drop(x)
+        zeros = (y == 0).double().mean().item()
+        assert 0.4 < zeros < 0.6
+        kept = y != 0
+        torch.testing.assert_close(y[kept], 2 * x[kept])
+        seq = ops.Sequential(drop)
+        seq.eval()
+        assert torch.equal(seq(x), x)
+
+
+class TestSequential:
+    def test_groups_and_plan(self):
+        seq = ops.Sequential(ops.Linear(4, 4, device="cpu"), ops.GELU(), torch.nn.Tanh(),
+                             ops.Bias(4, device="cpu"))
+        x = torch.randn(3, 4, requires_grad=True)
+        y = seq(x)
+        plan = seq.fusion_plan()
+        assert plan == [{"forward": ["BasicLinear", "Bias", "GELU"],
+                         "backward": ["BasicLinear", "Bias", "GELU"]},
+                        {"module": "Tanh"},
+                        {"forward": ["Bias"], "backward": ["Bias"]}]
+        ref = torch.tanh(F.gelu(F.linear(x, seq[0].weight, seq[0].bias), approximate="tanh")) + seq[3].bias
+        torch.testing.assert_close(y, ref)
+        assert len(seq.fusers()) == 3
+
+    def test_list_api(self):
+        a, b, c = ops.Identity(), ops.GELU(), ops.ReLU()
+        seq = ops.Sequential(a, b)
+        seq.append(c)
+        assert len(seq) == 3 and seq[-1] is c and list(seq) == [a, b, c]
+        assert list(seq[1:]) == [b, c]
+        seq.insert(0, ops.SiLU())
+        assert isinstance(seq[0], ops.SiLU)
+        popped = seq.pop(0)
+        assert isinstance(popped, ops.SiLU) and list(seq) == [a, b, c]
+        seq[1] = ops.SReLU()
+        del seq[0]
+        assert len(seq) == 2 and isinstance(seq[0], ops.SReLU)
+        seq2 = seq + ops.Sequential(ops.Identity())
+        assert len(seq2) == 3
+        seq += [ops.Identity()]
+        assert len(seq) == 3
+        x = torch.randn(5)
+        torch.testing.assert_close(seq(x), F.relu(F.relu(x) ** 2))
+
+    def test_state_dict_keys(self):
+        seq = ops.Sequential(ops.LayerNorm(4, device="cpu"), ops.Linear(4, 2, device="cpu"))
+        assert list(seq.state_dict().keys()) == ["0.weight", "0.bias", "1.weight", "1.bias"]
