@@ -1,0 +1,98 @@
+"""MLP block benchmark (PERF.md's workloads): fusible vs PyTorch eager vs torch.compile, one run.
+    y = x + fc2(gelu_tanh(fc1(layernorm(x)))), bf16, biases on.
+Timing: CUDA events per repetition, warm-up first, median of many. Writes a table to stdout and
+JSON to $BENCH_OUT (default build/bench).
+
+usage: python bench/bench_mlp.py [--parts small,large] [--reps N]
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from fusible import ops
+
+SHAPES = {"small": dict(T=16, H=1024, F=4096), "large": dict(T=8192, H=4096, F=16384)}
+
+
+def median_ms(fn, reps, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    pairs = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        pairs.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def make_models(T, H, F_, dev):
+    dt = torch.bfloat16
+    seq = ops.Sequential(ops.LayerNorm(H, device=dev, dtype=dt), ops.Linear(H, F_, device=dev, dtype=dt),
+                         ops.GELU(), ops.Linear(F_, H, device=dev, dtype=dt), ops.AddExtraInput())
+    ln, fc1, _, fc2, _ = list(seq)
+
+    def fusible_fn(x):
+        return seq(x, x)
+
+    def eager_fn(x):
+        h = F.layer_norm(x, (H,), ln.weight, ln.bias, 1e-5)
+        h = F.gelu(F.linear(h, fc1.weight, fc1.bias), approximate="tanh")
+        return x + F.linear(h, fc2.weight, fc2.bias)
+
+    return {"fusible": fusible_fn, "eager": eager_fn, "compile": torch.compile(eager_fn)}
+
+
+def run_part(name, reps):
+    s = SHAPES[name]
+    dev = "cuda"
+    torch.manual_seed(0)
+    models = make_models(s["T"], s["H"], s["F"], dev)
+    x = torch.randn(s["T"], s["H"], device=dev, dtype=torch.bfloat16)
+    xg = x.clone().requires_grad_()
+    dy = torch.randn_like(x)
+    rows = {}
+    for label, fn in models.items():
+        with torch.no_grad():
+            fwd = median_ms(lambda: fn(x), reps)
+
+        def step():
+            fn(xg).backward(dy)
+
+        fb = median_ms(step, reps)
+        rows[label] = {"forward_ms": fwd, "fwd_bwd_ms": fb}
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--parts", default="small,large")
+    p.add_argument("--reps", type=int, default=30)
+    args = p.parse_args()
+    out_dir = os.environ.get("BENCH_OUT", "build/bench")
+    os.makedirs(out_dir, exist_ok=True)
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "date": time.strftime("%Y-%m-%d")}
+    for part in args.parts.split(","):
+        results[part] = run_part(part, args.reps)
+    with open(os.path.join(out_dir, "bench_mlp.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"MLP bf16 on {results['gpu']} (median ms, CUDA events)")
+    print(f"{'part':6} {'impl':8} {'forward':>9} {'fwd+bwd':>9} {'fwd vs eager':>13} {'f+b vs eager':>13}")
+    for part in args.parts.split(","):
+        eager = results[part]["eager"]
+        for impl, r in results[part].items():
+            print(f"{part:6} {impl:8} {r['forward_ms']:9.3f} {r['fwd_bwd_ms']:9.3f} "
+                  f"{eager['forward_ms'] / r['forward_ms']:12.2f}x {eager['fwd_bwd_ms'] / r['fwd_bwd_ms']:12.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On a GPU machine (its own torch, no network): builds against that torch with 16 jobs, runs every
+# test (CUDA ones included) and the benchmarks, writes full logs to $OUT, and prints a summary last.
+#   OUT=/some/dir bash scripts/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/gpu_check}
+mkdir -p "$OUT"
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+PY=$(command -v python3)
+gtest_src=""
+[ -d .device_shared/googletest ] && gtest_src="-DFUSIBLE_GTEST_SOURCE_DIR=$PWD/.device_shared/googletest"
+
+t0=$(date +%s)
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$PY" $gtest_src \
+  >"$OUT/configure.log" 2>&1 && cmake --build build/gpu -j 16 >"$OUT/build.log" 2>&1
+build_rc=$?
+build_s=$(( $(date +%s) - t0 ))
+# The Python package: sources beside the built libraries.
+cp -r python_bindings/fusible/. build/gpu/python/fusible/ 2>/dev/null
+export PYTHONPATH=$PWD/build/gpu/python
+
+ctest --test-dir build/gpu -j 8 --output-on-failure >"$OUT/ctest.log" 2>&1
+(cd tests/python && PYTHONUNBUFFERED=1 "$PY" -m pytest -q -rs -p no:cacheprovider . ) >"$OUT/pytest.log" 2>&1
+"$PY" examples/python/train_mlp.py --steps 200 >"$OUT/demo.log" 2>&1
+build/gpu/train_mlp 200 >"$OUT/demo_cpp.log" 2>&1
+BENCH_OUT="$OUT" "$PY" bench/bench_mlp.py >"$OUT/bench.log" 2>&1
+
+echo "== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
+echo "build: rc=$build_rc in ${build_s}s (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST)"
+[ $build_rc -ne 0 ] && tail -30 "$OUT/build.log"
+echo "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
+grep -E "^\s+[0-9]+ - .*(Failed|Exception)" "$OUT/ctest.log" | head -10
+echo "pytest: $(tail -1 "$OUT/pytest.log")"
+grep -E "^FAILED" "$OUT/pytest.log" | head -10
+echo "demo: $(tail -1 "$OUT/demo.log")"
+echo "demo (C++): $(tail -1 "$OUT/demo_cpp.log")"
+echo "bench:"; tail -15 "$OUT/bench.log"
