@@ -21,7 +21,8 @@ else
   echo "$want" >"$stamp"
 fi
 
-if ! ls /usr/lib/*/cmake/GTest/GTestConfig.cmake /usr/lib/cmake/GTest/GTestConfig.cmake >/dev/null 2>&1; then
+if ! compgen -G "/usr/lib/*/cmake/GTest/GTestConfig.cmake" >/dev/null &&
+   ! compgen -G "/usr/lib/cmake/GTest/GTestConfig.cmake" >/dev/null; then
   echo "[setup] GoogleTest not found: installing libgtest-dev"
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq libgtest-dev; else
     sudo apt-get update -qq && sudo apt-get install -y -qq libgtest-dev; fi
