@@ -8,11 +8,15 @@ OUT=${OUT:-build/gpu_check}
 mkdir -p "$OUT"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
 PY=$(command -v python3)
+# Build with the compiler whose libstdc++ the Python process loads: a newer compiler's headers
+# instantiate std:: templates that then clash with the older runtime (a crash in iostreams).
+compiler=""
+[ -x /usr/bin/g++ ] && compiler="-DCMAKE_CXX_COMPILER=/usr/bin/g++ -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++"
 gtest_src=""
 [ -d .device_shared/googletest ] && gtest_src="-DFUSIBLE_GTEST_SOURCE_DIR=$PWD/.device_shared/googletest"
 
 t0=$(date +%s)
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$PY" $gtest_src \
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$PY" $gtest_src $compiler \
   >"$OUT/configure.log" 2>&1 && cmake --build build/gpu -j 16 >"$OUT/build.log" 2>&1
 build_rc=$?
 build_s=$(( $(date +%s) - t0 ))

@@ -2,6 +2,7 @@
 // fp32 (fp64 for fp64). Gated ops split the last dim into halves (a, b) and compute act(a) * b.
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/tanh.h>
+#include <ATen/TensorOperators.h>
 #include <torch/library.h>
 
 #include <string_view>

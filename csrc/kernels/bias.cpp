@@ -3,6 +3,7 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/TensorOperators.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

@@ -2,6 +2,7 @@
 // place), and dropout with its saved keep-mask.
 #include <ATen/ops/bernoulli.h>
 #include <ATen/ops/empty.h>
+#include <ATen/TensorOperators.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

@@ -1,6 +1,7 @@
 // layernorm / rmsnorm / l2norm forward and backward through ATen, computed in fp32 (fp64 for fp64)
 // and rounded once. Statistics (mean, rstd) are returned per row for the backward.
 #include <ATen/ops/rsqrt.h>
+#include <ATen/TensorOperators.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

@@ -2,9 +2,17 @@
 
 Importing the package loads libfusible, which registers the kernel-level ops as torch.ops.fusible.*.
 """
+import ctypes
+
 import torch  # noqa: F401  (libtorch must be loaded before libfusible)
 
-from . import _C
+# Python loads extensions with RTLD_LOCAL, so libstdc++ may not be in the global symbol scope; then
+# the std:: template instances that some compilers (GCC 13) emit weakly into libfusible bind to
+# libfusible's own copies, whose locale ids do not match the runtime's, and iostream formatting
+# (every error message) crashes. Making libstdc++ global first binds them to the one runtime copy.
+ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+
+from . import _C  # noqa: E402
 from . import ops
 
 cuda_built: bool = _C.cuda_built
