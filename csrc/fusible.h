@@ -11,6 +11,7 @@
 #include "ops/basic/extra_io.h"
 #include "ops/basic/norms.h"
 #include "ops/basic/simple_ops.h"
+#include "ops/fused/forward_linear_bias_activation.h"
 #include "ops/fusible_operation.h"
 #include "ops/fusion_registry.h"
 #include "ops/linear.h"

@@ -29,7 +29,7 @@ void bind_fuser(py::module_& m) {
       .def("forward", &OperationFuser::forward, py::arg("input"), py::arg("extra_inputs"))
       .def_property_readonly("num_extra_inputs", &OperationFuser::num_extra_inputs)
       .def_property_readonly("num_extra_outputs", &OperationFuser::num_extra_outputs)
-      .def("basic_ops", &OperationFuser::basic_ops)
+      .def("get_basic_ops", &OperationFuser::basic_ops)
       .def("fusion_plan", &OperationFuser::fusion_plan)
       .def("forward_ops", [](const OperationFuser& f) {
         return f.plan() ? plan_entries(f.plan()->forward) : py::list();

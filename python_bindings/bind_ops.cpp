@@ -27,10 +27,11 @@ std::vector<std::pair<std::string, at::Tensor>> own_parameters(FusibleOperation&
 }  // namespace
 
 void bind_ops(py::module_& m) {
-  py::class_<FusibleOperation, std::shared_ptr<FusibleOperation>>(m, "FusibleOperation")
+  py::class_<FusibleOperation, std::shared_ptr<FusibleOperation>>(m, "FusibleOperation",
+                                                                 py::dynamic_attr())
       .def_property_readonly("type_name", &FusibleOperation::type_name)
       .def_property_readonly("is_fused", &FusibleOperation::is_fused)
-      .def("basic_ops", &FusibleOperation::basic_ops)
+      .def("get_basic_ops", &FusibleOperation::basic_ops)
       .def("own_parameters", &own_parameters)
       .def("reset_parameters", &FusibleOperation::reset_parameters)
       .def("train", [](FusibleOperation& op, bool on) { op.train(on); })
@@ -71,6 +72,8 @@ void bind_ops(py::module_& m) {
       .def(py::init<bool>());
   py::class_<Dropout, BasicOperation, std::shared_ptr<Dropout>>(m, "Dropout")
       .def(py::init<double>());
+  py::class_<ForwardLinearBiasActivation, FusedOperation,
+             std::shared_ptr<ForwardLinearBiasActivation>>(m, "ForwardLinearBiasActivation");
   py::class_<Linear, FusedOperation, std::shared_ptr<Linear>>(m, "Linear")
       .def(py::init<int64_t, int64_t, bool, OptDevice, OptDtype>());
 }

@@ -120,7 +120,8 @@ TEST(Sequential, RunsGroupsAndPlainSteps) {
   const auto plan = seq.fusion_plan();
   ASSERT_EQ(plan.size(), 3u);
   EXPECT_EQ(plan[1].module, "Tanh");
-  EXPECT_EQ(plan[0].forward, (std::vector<std::string>{"BasicLinear", "Bias"}));
+  EXPECT_EQ(plan[0].forward, (std::vector<std::string>{"ForwardLinearBiasActivation"}));
+  EXPECT_EQ(plan[0].backward, (std::vector<std::string>{"BasicLinear", "Bias"}));
 }
 
 }  // namespace

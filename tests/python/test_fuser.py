@@ -27,12 +27,16 @@ class TestOperationFuser:
         y = fuser(x)
         torch.testing.assert_close(y, _ref_mlp(mods, x))
         plan = fuser.forward_ops()
-        assert [idx for _, idx in plan] == [[0], [1], [2], [3], [4], [5]]
-        assert [type(op).__name__ for op, _ in plan] == [
-            "LayerNorm", "BasicLinear", "Bias", "GELU", "BasicLinear", "Bias"]
-        assert plan[1][0] is mods[1].basic_ops[0]
-        assert fuser.fusion_plan()[0]["backward"] == [
-            "LayerNorm", "BasicLinear", "Bias", "GELU", "BasicLinear", "Bias"]
+        assert [idx for _, idx in plan] == [[0], [1, 2], [3], [4, 5]]
+        assert plan[0][0] is mods[0] and plan[2][0] is mods[2]
+        fused = plan[1][0]
+        assert isinstance(fused, ops.fused.ForwardLinearBiasActivation)
+        assert fused.basic_ops == mods[1].basic_ops
+        assert fuser.fusion_plan()[0]["forward"] == [
+            "LayerNorm", "ForwardLinearBiasActivation", "GELU", "ForwardLinearBiasActivation"]
+        backward = fuser.backward_ops()
+        assert [idx for _, idx in backward] == [[0], [1], [2], [3], [4], [5]]
+        assert backward[1][0] is mods[1].basic_ops[0]
 
     def test_one_autograd_node_and_gradients(self):
         mods = _mlp()
@@ -217,7 +221,7 @@ class TestSequential:
         x = torch.randn(3, 4, requires_grad=True)
         y = seq(x)
         plan = seq.fusion_plan()
-        assert plan == [{"forward": ["BasicLinear", "Bias", "GELU"],
+        assert plan == [{"forward": ["ForwardLinearBiasActivation", "GELU"],
                          "backward": ["BasicLinear", "Bias", "GELU"]},
                         {"module": "Tanh"},
                         {"forward": ["Bias"], "backward": ["Bias"]}]

@@ -23,8 +23,9 @@ BasicLinear::BasicLinear(int64_t in_features, int64_t out_features,
 
 void BasicLinear::reset_parameters() { init_linear_weight_(weight_); }
 
-at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,
-                                   const ForwardArgs& args) {
+std::pair<at::Tensor, at::Tensor> BasicLinear::prepare_forward(OperationContext& ctx,
+                                                               const at::Tensor& x,
+                                                               const ForwardArgs& args) {
   check_input_against_param("BasicLinear", x, weight_);
   FUSIBLE_CHECK_MIN_DIM("BasicLinear", "input", x, 1);
   TORCH_CHECK(x.size(-1) == in_features_, "BasicLinear: expected input.size(-1) == in_features (",
@@ -36,6 +37,12 @@ at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,
     ctx.save_for_backward({weight_.requires_grad() ? xc : at::Tensor(),
                            ctx.input_requires_grad ? w : at::Tensor()});
   }
+  return {xc, w};
+}
+
+at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,
+                                   const ForwardArgs& args) {
+  const auto [xc, w] = prepare_forward(ctx, x, args);
   return kernels::linear_fwd(xc, w, std::nullopt);
 }
 

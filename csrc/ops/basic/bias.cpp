@@ -21,13 +21,18 @@ void Bias::reset_parameters() {
   bias_.zero_();
 }
 
+at::Tensor Bias::prepare_forward(OperationContext& ctx, const ForwardArgs& args) {
+  ctx.compute_dtype = compute_dtype(args, bias_.scalar_type());
+  return cast_to(bias_, ctx.compute_dtype);
+}
+
 at::Tensor Bias::op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) {
   check_input_against_param("Bias", x, bias_);
   FUSIBLE_CHECK_MIN_DIM("Bias", "input", x, 1);
   TORCH_CHECK(x.size(-1) == size_, "Bias: expected input.size(-1) == ", size_, ", got ",
               x.size(-1), " (input shape ", shape_str(x), ")");
-  ctx.compute_dtype = compute_dtype(args, bias_.scalar_type());
-  return kernels::bias_fwd(cast_to(x, ctx.compute_dtype), cast_to(bias_, ctx.compute_dtype));
+  const auto b = prepare_forward(ctx, args);
+  return kernels::bias_fwd(cast_to(x, ctx.compute_dtype), b);
 }
 
 std::pair<at::Tensor, std::vector<at::Tensor>> Bias::op_backward(OperationContext& ctx,

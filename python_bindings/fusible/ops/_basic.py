@@ -174,9 +174,9 @@ class Linear(FusedOperation):
         self.in_features, self.out_features = int(in_features), int(out_features)
         cpp = _C.Linear(self.in_features, self.out_features, bool(bias), _device(device),
                         _dtype(dtype))
-        basic = [_wrap_basic(BasicLinear, cpp.basic_ops()[0])]
+        basic = [_wrap_basic(BasicLinear, cpp.get_basic_ops()[0])]
         if bias:
-            basic.append(_wrap_basic(Bias, cpp.basic_ops()[1]))
+            basic.append(_wrap_basic(Bias, cpp.get_basic_ops()[1]))
         super().__init__(cpp, basic)
         if not bias:
             self.register_parameter("bias", None)

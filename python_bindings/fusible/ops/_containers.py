@@ -40,6 +40,8 @@ class OperationFuser:
     def _py_op(self, cpp_op, indices):
         if not cpp_op.is_fused and len(indices) == 1:
             return self._basic[indices[0]]
+        # A fused op made by a fusion: its basic ops as the user's own Python objects.
+        cpp_op.basic_ops = [self._basic[i] for i in indices]
         return cpp_op
 
     def forward_ops(self):

@@ -1,4 +1,4 @@
-"""Built-in fused operation classes. The built-in fusions (cuBLASLt epilogues) arrive with the CUDA
-kernels; until then plans contain basic ops only and this module is empty."""
+"""Built-in fused operation classes, as they appear in fuser.forward_ops() / backward_ops()."""
+from .._C import ForwardLinearBiasActivation
 
-__all__ = []
+__all__ = ["ForwardLinearBiasActivation"]
