@@ -2,6 +2,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <fusible/fusible.h>
+#include <fusible/ops/parameter_utils.h>
 
 #include "bindings.h"
 
@@ -37,7 +38,11 @@ void bind_ops(py::module_& m) {
       .def("train", [](FusibleOperation& op, bool on) { op.train(on); })
       .def_property_readonly("training", &FusibleOperation::is_training);
 
+  m.def("assign_in_place_", &assign_in_place_, py::arg("param"), py::arg("value"),
+        "Makes param take value's data while staying the same tensor object (meta included).");
+
   py::class_<BasicOperation, FusibleOperation, std::shared_ptr<BasicOperation>>(m, "BasicOperation")
+      .def("replace_parameter", &BasicOperation::replace_parameter)
       .def_property_readonly("num_extra_inputs", &BasicOperation::num_extra_inputs)
       .def_property_readonly("num_extra_outputs", &BasicOperation::num_extra_outputs);
   py::class_<FusedOperation, FusibleOperation, std::shared_ptr<FusedOperation>>(m, "FusedOperation");
@@ -75,7 +80,8 @@ void bind_ops(py::module_& m) {
   py::class_<ForwardLinearBiasActivation, FusedOperation,
              std::shared_ptr<ForwardLinearBiasActivation>>(m, "ForwardLinearBiasActivation");
   py::class_<Linear, FusedOperation, std::shared_ptr<Linear>>(m, "Linear")
-      .def(py::init<int64_t, int64_t, bool, OptDevice, OptDtype>());
+      .def(py::init<int64_t, int64_t, bool, OptDevice, OptDtype>())
+      .def("replace_parameter", &Linear::replace_parameter);
 }
 
 }  // namespace fusible::python

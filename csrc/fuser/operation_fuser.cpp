@@ -233,6 +233,12 @@ std::vector<at::Tensor> OperationFuser::forward(const at::Tensor& input,
   for (size_t i = 0; i < extra_inputs.size(); ++i) {
     TORCH_CHECK_VALUE(extra_inputs[i].defined(), "OperationFuser: extra input ", i, " is None");
   }
+  if (!first_forward_done_) {
+    // First-forward hooks, on the top-level ops in order (a composite can act), before the
+    // parameters decide anything: meta parameters become real on the input's device here.
+    for (const auto& op : ops_) op->pre_first_forward(input);
+    first_forward_done_ = true;
+  }
   refresh_parameter_cache();
   const auto first_backward = first_backward_index(input, extra_inputs);
   auto call = make_call(input, extra_inputs, first_backward);

@@ -64,6 +64,7 @@ class OperationFuser {
   // Per basic op: its public extra-input / extra-output positions (one per slot).
   std::vector<std::vector<int64_t>> extra_input_pos_;
   std::vector<std::vector<int64_t>> extra_output_pos_;
+  bool first_forward_done_ = false;
   int64_t num_public_extra_inputs_ = 0;
   int64_t num_public_extra_outputs_ = 0;
 

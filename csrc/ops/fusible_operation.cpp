@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "ops/parameter_utils.h"
+
 namespace fusible::ops {
 
 BasicOperation::BasicOperation(std::string type_name, int64_t num_extra_inputs,
@@ -14,6 +16,32 @@ BasicOperation::BasicOperation(std::string type_name, int64_t num_extra_inputs,
 
 std::vector<std::shared_ptr<BasicOperation>> BasicOperation::basic_ops() {
   return {std::static_pointer_cast<BasicOperation>(shared_from_this())};
+}
+
+void BasicOperation::pre_first_forward(const at::Tensor& input) {
+  if (materialize_meta_parameters(input.device())) reset_parameters();
+}
+
+bool BasicOperation::materialize_meta_parameters(c10::Device device) {
+  bool any = false;
+  for (const auto& p : op_parameters()) {
+    if (p.is_meta()) {
+      materialize_(p, device);
+      any = true;
+    }
+  }
+  return any;
+}
+
+void BasicOperation::replace_parameter(const std::string& name, const at::Tensor& value) {
+  auto* slot = parameters_.find(name);
+  TORCH_CHECK_VALUE(slot != nullptr, type_name_, ": has no parameter '", name, "'");
+  TORCH_CHECK_VALUE(value.defined(), type_name_, ": expected a tensor for parameter '", name,
+                    "', got None");
+  TORCH_CHECK(value.sizes() == slot->sizes(), type_name_, ": expected parameter '", name,
+              "' of shape ", slot->sizes(), ", got ", value.sizes());
+  *slot = value;
+  sync_parameter_members();
 }
 
 at::Tensor BasicOperation::op_forward(OperationContext&, const at::Tensor&, const ForwardArgs&) {
@@ -81,6 +109,10 @@ BackwardResult FusedOperation::fuser_backward(const std::vector<OperationContext
 
 void FusedOperation::reset_parameters() {
   for (auto& op : basic_ops_) op->reset_parameters();
+}
+
+void FusedOperation::pre_first_forward(const at::Tensor& input) {
+  for (auto& op : basic_ops_) op->pre_first_forward(input);
 }
 
 void FusedOperation::train(bool on) {

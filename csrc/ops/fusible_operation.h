@@ -57,8 +57,14 @@ class FusibleOperation : public torch::nn::Module {
                                         const at::Tensor& grad_output,
                                         const TensorLists& grad_extra_outputs) = 0;
 
-  /// Re-initializes parameters as the constructor would (materializes meta ones).
+  /// Re-initializes parameters as the constructor would. Meta parameters are first materialized
+  /// on default_parameter_device(). Ops with parameters override this.
   virtual void reset_parameters() {}
+
+  /// Runs before this op's first forward in a fuser, before the fuser looks at parameters: basic
+  /// ops materialize meta parameters on the input's device and initialize them. A future op with
+  /// its own first-use state (FP8 weights, GroupedLinear) hooks in here.
+  virtual void pre_first_forward(const at::Tensor& input) = 0;
 };
 
 /// One computation with its own parameters. Single-tensor ops implement op_forward / op_backward;
@@ -90,6 +96,16 @@ class BasicOperation : public FusibleOperation {
   /// This op's own parameters, in registration order (gradients follow this order).
   std::vector<at::Tensor> op_parameters() const { return parameters(/*recurse=*/false); }
 
+  void pre_first_forward(const at::Tensor& input) override;
+  /// Materializes this op's meta parameters in place on `device`; returns whether any was meta.
+  bool materialize_meta_parameters(c10::Device device);
+  /// Replaces parameter `name` by another tensor object (a user assigned a new Parameter).
+  void replace_parameter(const std::string& name, const at::Tensor& value);
+
+ protected:
+  /// Re-reads parameter members (weight_, bias_) after replace_parameter.
+  virtual void sync_parameter_members() {}
+
  private:
   std::string type_name_;
   int64_t num_extra_inputs_;
@@ -115,6 +131,7 @@ class FusedOperation : public FusibleOperation {
                                 const TensorLists& grad_extra_outputs) override;
 
   void reset_parameters() override;
+  void pre_first_forward(const at::Tensor& input) override;
   void train(bool on = true) override;
 
  protected:

@@ -28,4 +28,13 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias,
   }
 }
 
+void Linear::replace_parameter(const std::string& name, const at::Tensor& value) {
+  auto* slot = parameters_.find(name);
+  TORCH_CHECK_VALUE(slot != nullptr, "Linear: has no parameter '", name, "'");
+  (name == "weight" ? std::static_pointer_cast<BasicOperation>(linear_)
+                    : std::static_pointer_cast<BasicOperation>(bias_))
+      ->replace_parameter(name, value);
+  *slot = value;
+}
+
 }  // namespace fusible::ops

@@ -17,6 +17,8 @@ class Linear : public FusedOperation {
   /// Null without bias.
   std::shared_ptr<Bias> bias_op() const { return bias_; }
   at::Tensor& weight() { return linear_->weight(); }
+  /// Replaces `weight` or `bias` in this op and in the basic op that owns it.
+  void replace_parameter(const std::string& name, const at::Tensor& value);
 
  private:
   std::shared_ptr<BasicLinear> linear_;

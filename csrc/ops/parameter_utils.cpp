@@ -3,6 +3,8 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/variable.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -23,6 +25,30 @@ void check_input_against_param(const char* op, const at::Tensor& x, const at::Te
   FUSIBLE_CHECK_FLOATING(op, "input", x);
   TORCH_CHECK(x.device() == param.device(), op, ": expected input on ", param.device(),
               " (the device of its parameters), got ", x.device());
+}
+
+c10::Device default_parameter_device() {
+  return at::hasCUDA() ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);
+}
+
+void assign_in_place_(const at::Tensor& param, const at::Tensor& value) {
+  TORCH_CHECK(param.defined() && value.defined(), "assign_in_place_: expected defined tensors");
+  if (param.unsafeGetTensorImpl() == value.unsafeGetTensorImpl()) return;
+  TORCH_CHECK(!value.requires_grad() || value.is_leaf(),
+              "assign_in_place_: expected a value that is not part of an autograd graph");
+  if (auto* meta = torch::autograd::impl::get_autograd_meta(param)) {
+    // An accumulator made for the old device/dtype would misroute gradients (as set_data does).
+    meta->grad_accumulator_.reset();
+    const auto& grad = param.grad();
+    if (grad.defined() && (grad.device() != value.device() || grad.sizes() != value.sizes())) {
+      param.mutable_grad() = at::Tensor();
+    }
+  }
+  param.unsafeGetTensorImpl()->shallow_copy_from(value.getIntrusivePtr());
+}
+
+void materialize_(const at::Tensor& param, c10::Device device) {
+  assign_in_place_(param, at::empty(param.sizes(), param.options().device(device)));
 }
 
 void init_linear_weight_(at::Tensor& weight) {

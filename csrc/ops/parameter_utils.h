@@ -18,6 +18,18 @@ c10::TensorOptions param_options(std::optional<c10::Device> device,
 /// before any op runs, so they never reach this check).
 void check_input_against_param(const char* op, const at::Tensor& x, const at::Tensor& param);
 
+/// Where reset_parameters() puts meta parameters: the current CUDA device when CUDA is available,
+/// else CPU.
+c10::Device default_parameter_device();
+
+/// Makes `param` take `value`'s storage, sizes, dtype and device while staying the same tensor
+/// object (same TensorImpl: same autograd leaf, same Python Parameter). Unlike set_data this also
+/// works from the meta device. Drops a gradient and gradient accumulator that no longer match.
+void assign_in_place_(const at::Tensor& param, const at::Tensor& value);
+
+/// Materializes a meta parameter in place on `device` (uninitialized; the caller initializes).
+void materialize_(const at::Tensor& param, c10::Device device);
+
 /// Uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)): torch.nn.Linear's kaiming_uniform(a=sqrt(5)).
 void init_linear_weight_(at::Tensor& weight);
 

@@ -21,7 +21,12 @@ BasicLinear::BasicLinear(int64_t in_features, int64_t out_features,
   if (!weight_.is_meta()) reset_parameters();
 }
 
-void BasicLinear::reset_parameters() { init_linear_weight_(weight_); }
+void BasicLinear::reset_parameters() {
+  materialize_meta_parameters(default_parameter_device());
+  init_linear_weight_(weight_);
+}
+
+void BasicLinear::sync_parameter_members() { weight_ = *parameters_.find("weight"); }
 
 std::pair<at::Tensor, at::Tensor> BasicLinear::prepare_forward(OperationContext& ctx,
                                                                const at::Tensor& x,

@@ -24,6 +24,8 @@ class BasicLinear : public BasicOperation {
                                                              const at::Tensor& dy) override;
 
  private:
+  void sync_parameter_members() override;
+
   int64_t in_features_;
   int64_t out_features_;
   at::Tensor weight_;

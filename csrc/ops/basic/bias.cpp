@@ -17,9 +17,12 @@ Bias::Bias(int64_t size, std::optional<c10::Device> device, std::optional<at::Sc
 }
 
 void Bias::reset_parameters() {
+  materialize_meta_parameters(default_parameter_device());
   const at::NoGradGuard no_grad;
   bias_.zero_();
 }
+
+void Bias::sync_parameter_members() { bias_ = *parameters_.find("bias"); }
 
 at::Tensor Bias::prepare_forward(OperationContext& ctx, const ForwardArgs& args) {
   ctx.compute_dtype = compute_dtype(args, bias_.scalar_type());

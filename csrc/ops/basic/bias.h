@@ -20,6 +20,8 @@ class Bias : public BasicOperation {
                                                              const at::Tensor& dy) override;
 
  private:
+  void sync_parameter_members() override;
+
   int64_t size_;
   at::Tensor bias_;
 };

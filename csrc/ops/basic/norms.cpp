@@ -41,9 +41,15 @@ LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps,
 }
 
 void LayerNorm::reset_parameters() {
+  materialize_meta_parameters(default_parameter_device());
   const at::NoGradGuard no_grad;
   weight_.fill_(zero_centered_gamma_ ? 0.0 : 1.0);
   bias_.zero_();
+}
+
+void LayerNorm::sync_parameter_members() {
+  weight_ = *parameters_.find("weight");
+  bias_ = *parameters_.find("bias");
 }
 
 at::Tensor LayerNorm::op_forward(OperationContext& ctx, const at::Tensor& x,
@@ -82,9 +88,12 @@ RMSNorm::RMSNorm(std::vector<int64_t> normalized_shape, double eps,
 }
 
 void RMSNorm::reset_parameters() {
+  materialize_meta_parameters(default_parameter_device());
   const at::NoGradGuard no_grad;
   weight_.fill_(zero_centered_gamma_ ? 0.0 : 1.0);
 }
+
+void RMSNorm::sync_parameter_members() { weight_ = *parameters_.find("weight"); }
 
 at::Tensor RMSNorm::op_forward(OperationContext& ctx, const at::Tensor& x,
                                const ForwardArgs& args) {

@@ -24,6 +24,8 @@ class LayerNorm : public BasicOperation {
                                                              const at::Tensor& dy) override;
 
  private:
+  void sync_parameter_members() override;
+
   std::vector<int64_t> normalized_shape_;
   double eps_;
   bool zero_centered_gamma_;
@@ -47,6 +49,8 @@ class RMSNorm : public BasicOperation {
                                                              const at::Tensor& dy) override;
 
  private:
+  void sync_parameter_members() override;
+
   std::vector<int64_t> normalized_shape_;
   double eps_;
   bool zero_centered_gamma_;

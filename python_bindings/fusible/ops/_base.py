@@ -40,6 +40,34 @@ class FusibleOperation(torch.nn.Module):
                 tensor.__class__ = torch.nn.Parameter
             self.register_parameter(name, tensor)
 
+    def __setattr__(self, name, value):
+        # A new Parameter for one of the C++ op's parameters: the C++ op must compute with it too.
+        params = self.__dict__.get("_parameters")
+        if params is not None and name in params and isinstance(value, torch.nn.Parameter):
+            if value is not params[name]:
+                self._replace_parameter(name, value)
+        super().__setattr__(name, value)
+
+    def _replace_parameter(self, name, value):
+        self._cpp.replace_parameter(name, value)
+        for op in self._basic_op_list():
+            if op is not self and name in op._parameters:
+                torch.nn.Module.__setattr__(op, name, value)
+
+    def _apply(self, fn, recurse=True):
+        # In place, so the Parameter objects (shared with C++) keep their identity; torch's own
+        # _apply would swap in new Parameters for conversions such as meta -> cuda (to_empty).
+        for param in self._parameters.values():
+            if param is None:
+                continue
+            with torch.no_grad():
+                new = fn(param)
+            _C.assign_in_place_(param, new)
+            if param.grad is not None:
+                with torch.no_grad():
+                    _C.assign_in_place_(param.grad, fn(param.grad))
+        return self
+
     @property
     def num_extra_inputs(self):
         return sum(op._cpp.num_extra_inputs for op in self._basic_op_list())
