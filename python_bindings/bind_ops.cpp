@@ -43,6 +43,22 @@ void bind_ops(py::module_& m) {
 
   py::class_<BasicOperation, FusibleOperation, std::shared_ptr<BasicOperation>>(m, "BasicOperation")
       .def("replace_parameter", &BasicOperation::replace_parameter)
+      .def("set_extra_output_channel",
+           [](BasicOperation& op, int64_t index, std::optional<std::string> channel,
+              bool output_to_caller) {
+             op.set_extra_output_channel(index, std::move(channel), output_to_caller);
+           })
+      .def("set_extra_input_channel",
+           [](BasicOperation& op, int64_t index, std::optional<std::string> channel) {
+             op.set_extra_input_channel(index, std::move(channel));
+           })
+      .def_property_readonly("channels_locked", &BasicOperation::channels_locked)
+      .def("extra_input_channels", &BasicOperation::extra_input_channels)
+      .def("extra_output_channels", [](const BasicOperation& op) {
+        py::list out;
+        for (const auto& c : op.extra_output_channels()) out.append(py::make_tuple(c.name, c.to_caller));
+        return out;
+      })
       .def_property_readonly("num_extra_inputs", &BasicOperation::num_extra_inputs)
       .def_property_readonly("num_extra_outputs", &BasicOperation::num_extra_outputs);
   py::class_<FusedOperation, FusibleOperation, std::shared_ptr<FusedOperation>>(m, "FusedOperation");

@@ -7,34 +7,33 @@
 #include <memory>
 #include <vector>
 
+#include "fuser/channel_routing.h"
 #include "fuser/operation_fuser.h"
 #include "ops/operation_context.h"
 
 namespace fusible::fuser {
 
 struct FuserCall : torch::CustomClassHolder {
+  // Shared, immutable snapshots: a re-plan or re-route cannot change a pending backward.
   std::shared_ptr<const Plan> plan;
+  std::shared_ptr<const Routing> routing;
   std::vector<ops::OperationContext> ctxs;  // one per basic op
   int64_t first_backward = 0;               // first basic op whose backward runs
   bool input_requires_grad = false;
-  // Copied from the fuser so a re-plan or re-cache cannot change a pending backward.
-  std::vector<std::vector<int64_t>> extra_input_pos;
-  std::vector<std::vector<int64_t>> extra_output_pos;
-  std::vector<std::vector<int64_t>> param_pos;
-  std::vector<at::ScalarType> param_dtypes;  // per flat parameter
-  int64_t num_params = 0;
-  int64_t num_extra_inputs = 0;
-  int64_t num_extra_outputs = 0;
+  std::vector<std::vector<int64_t>> param_pos;  // per basic op: positions in the flat parameters
+  std::vector<at::ScalarType> param_dtypes;     // per flat parameter
   // y's metadata, to make a zero gradient when only extra outputs were used.
   std::vector<int64_t> output_shape;
   at::TensorOptions output_options;
 };
 
-/// Runs the forward plan: returns [y, public extra outputs].
+/// Runs the forward plan: returns [y, exported extra outputs].
 std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
-                                    const std::vector<at::Tensor>& extra_inputs);
+                                    const std::vector<at::Tensor>& extra_inputs,
+                                    const std::vector<at::Tensor>& external);
 
-/// Runs the backward plan: returns [dx, one per parameter, one per public extra input].
+/// Runs the backward plan: returns [dx, one per parameter, one per public extra input, one per
+/// external input].
 std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tensor>& grad_outputs);
 
 }  // namespace fusible::fuser

@@ -1,8 +1,8 @@
-// The forward and backward walks over a plan, shared by the autograd path and the no-grad path.
-#include <c10/util/Exception.h>
-
+// The forward and backward walks over a plan, shared by the autograd path and the no-grad path,
+// including channel routing between ops.
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
 
 #include "fuser/fuser_call.h"
 
@@ -25,17 +25,26 @@ std::vector<ops::OperationContext*> contexts_of(FuserCall& call, const PlannedOp
   return out;
 }
 
+bool inside(const PlannedOp& p, int64_t op) {
+  return op >= p.basic_indices.front() && op <= p.basic_indices.back();
+}
+
+void accumulate(at::Tensor& slot, const at::Tensor& g) {
+  if (!g.defined()) return;
+  slot = slot.defined() ? slot + g : g;
+}
+
 }  // namespace
 
 std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
-                                    const std::vector<at::Tensor>& extra_inputs) {
+                                    const std::vector<at::Tensor>& extra_inputs,
+                                    const std::vector<at::Tensor>& external) {
   const auto args = forward_args(input);
+  const auto& routing = *call.routing;
   const size_t n = call.ctxs.size();
-  ops::TensorLists extra_in(n), extra_out(n);
-  for (size_t i = 0; i < n; ++i) {
-    for (auto pos : call.extra_input_pos[i]) extra_in[i].push_back(extra_inputs[pos]);
-    extra_out[i].resize(call.extra_output_pos[i].size());
-  }
+  ops::TensorLists produced(n);
+  for (size_t i = 0; i < n; ++i) produced[i].resize(routing.outputs[i].size());
+
   at::Tensor x = input;
   for (const auto& p : call.plan->forward) {
     auto ctxs = contexts_of(call, p);
@@ -45,8 +54,19 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
     ctxs[0]->input_shape = x.sizes().vec();
     ops::TensorLists sub_in, sub_out;
     for (auto i : p.basic_indices) {
-      sub_in.push_back(extra_in[i]);
-      sub_out.push_back(extra_out[i]);
+      std::vector<at::Tensor> in;
+      for (const auto& src : routing.inputs[i]) {
+        switch (src.kind) {
+          case InputSource::Kind::kPublic: in.push_back(extra_inputs[src.index]); break;
+          case InputSource::Kind::kExternal: in.push_back(external[src.index]); break;
+          case InputSource::Kind::kInternal:
+            // A producer inside this fused op wires the tensor itself.
+            in.push_back(inside(p, src.op) ? at::Tensor() : produced[src.op][src.slot]);
+            break;
+        }
+      }
+      sub_in.push_back(std::move(in));
+      sub_out.emplace_back(routing.outputs[i].size());
     }
     x = p.op->fuser_forward(ctxs, x, sub_in, sub_out, args);
     TORCH_CHECK(x.defined(), p.op->type_name(), ": forward returned no output tensor");
@@ -55,21 +75,31 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
                 sub_out.size());
     for (size_t k = 0; k < p.basic_indices.size(); ++k) {
       const auto i = p.basic_indices[k];
-      TORCH_CHECK(sub_out[k].size() == call.extra_output_pos[i].size(), p.op->type_name(),
-                  ": expected ", call.extra_output_pos[i].size(), " extra outputs for basic op ", i,
-                  ", got ", sub_out[k].size());
-      for (size_t s = 0; s < sub_out[k].size(); ++s) {
-        TORCH_CHECK(sub_out[k][s].defined(), p.op->type_name(), ": extra output ", s,
-                    " of basic op ", i, " is public but the forward returned none");
+      const auto& sinks = routing.outputs[i];
+      TORCH_CHECK(sub_out[k].size() == sinks.size(), p.op->type_name(), ": expected ",
+                  sinks.size(), " extra outputs for basic op ", i,
+                  " (a fixed-size list per op), got ", sub_out[k].size());
+      for (size_t s = 0; s < sinks.size(); ++s) {
+        if (sub_out[k][s].defined()) {
+          produced[i][s] = std::move(sub_out[k][s]);
+          continue;
+        }
+        TORCH_CHECK(!sinks[s].is_public, p.op->type_name(), ": returned no tensor for extra output ",
+                    s, " of basic op ", i, ", which is public");
+        bool outside = sinks[s].position >= 0;
+        for (const auto& [c_op, c_slot] : sinks[s].consumers) outside = outside || !inside(p, c_op);
+        TORCH_CHECK(!outside, p.op->type_name(), ": returned no tensor for extra output ", s,
+                    " of basic op ", i, " (channel '", sinks[s].name,
+                    "'), which an op outside its forward fusion consumes");
       }
-      extra_out[i] = std::move(sub_out[k]);
     }
   }
-  std::vector<at::Tensor> outputs(1 + call.num_extra_outputs);
+  std::vector<at::Tensor> outputs(1 + routing.exported.size());
   outputs[0] = x;
   for (size_t i = 0; i < n; ++i) {
-    for (size_t s = 0; s < extra_out[i].size(); ++s) {
-      outputs[call.extra_output_pos[i][s] + 1] = extra_out[i][s];
+    for (size_t s = 0; s < routing.outputs[i].size(); ++s) {
+      const auto pos = routing.outputs[i][s].position;
+      if (pos >= 0) outputs[pos + 1] = produced[i][s];
     }
   }
   call.output_shape = x.sizes().vec();
@@ -78,15 +108,22 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
 }
 
 std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tensor>& grad_outputs) {
+  const auto& routing = *call.routing;
   const size_t n = call.ctxs.size();
+  const auto num_params = static_cast<int64_t>(call.param_dtypes.size());
+  // Gradient of every extra output: the caller's, plus each consumer's as its backward runs.
   ops::TensorLists grad_extra_out(n);
   for (size_t i = 0; i < n; ++i) {
-    for (auto pos : call.extra_output_pos[i]) grad_extra_out[i].push_back(grad_outputs.at(pos + 1));
+    for (const auto& sink : routing.outputs[i]) {
+      grad_extra_out[i].push_back(sink.position >= 0 ? grad_outputs.at(sink.position + 1)
+                                                     : at::Tensor());
+    }
   }
   at::Tensor dy = grad_outputs.at(0);
   if (!dy.defined()) dy = at::zeros(call.output_shape, call.output_options);
 
-  std::vector<at::Tensor> grads(1 + call.num_params + call.num_extra_inputs);
+  std::vector<at::Tensor> grads(1 + num_params + routing.num_public_inputs +
+                                routing.external_inputs.size());
   const auto& plan = call.plan->backward;
   for (size_t j = plan.size(); j-- > 0;) {
     const auto& p = plan[j];
@@ -106,19 +143,27 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
                   p.op->type_name(), ": expected ", pp.size(), " parameter gradients for basic op ",
                   i, ", got ", r.grad_params[k].size());
       for (size_t s = 0; s < r.grad_params[k].size(); ++s) {
-        auto& g = r.grad_params[k][s];
+        const auto& g = r.grad_params[k][s];
         if (g.defined()) grads[1 + pp[s]] = ops::cast_to(g, call.param_dtypes[pp[s]]);
       }
-      const auto& ep = call.extra_input_pos[i];
-      TORCH_CHECK(r.grad_extra_inputs[k].empty() || r.grad_extra_inputs[k].size() == ep.size(),
-                  p.op->type_name(), ": expected ", ep.size(),
+      const auto& sources = routing.inputs[i];
+      TORCH_CHECK(r.grad_extra_inputs[k].empty() || r.grad_extra_inputs[k].size() == sources.size(),
+                  p.op->type_name(), ": expected ", sources.size(),
                   " extra-input gradients for basic op ", i, ", got ",
                   r.grad_extra_inputs[k].size());
       for (size_t s = 0; s < r.grad_extra_inputs[k].size(); ++s) {
         const auto& g = r.grad_extra_inputs[k][s];
-        if (!g.defined()) continue;
-        auto& slot = grads[1 + call.num_params + ep[s]];
-        slot = slot.defined() ? slot + g : g;
+        const auto& src = sources[s];
+        switch (src.kind) {
+          case InputSource::Kind::kPublic: accumulate(grads[1 + num_params + src.index], g); break;
+          case InputSource::Kind::kExternal:
+            accumulate(grads[1 + num_params + routing.num_public_inputs + src.index], g);
+            break;
+          case InputSource::Kind::kInternal:
+            // Summed into the producer's output gradient before the producer's backward runs.
+            if (!inside(p, src.op)) accumulate(grad_extra_out[src.op][src.slot], g);
+            break;
+        }
       }
     }
     dy = r.grad_input;

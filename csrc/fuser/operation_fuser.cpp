@@ -17,20 +17,46 @@ using ops::FusibleOperation;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-OperationFuser::OperationFuser(std::vector<std::shared_ptr<FusibleOperation>> ops)
-    : ops_(std::move(ops)) {
+OperationFuser::OperationFuser(std::vector<std::shared_ptr<FusibleOperation>> ops,
+                               FuserOptions options)
+    : ops_(std::move(ops)), options_(std::move(options)) {
   for (const auto& op : ops_) {
     TORCH_CHECK_VALUE(op != nullptr, "OperationFuser: expected operations, got a null op");
     for (auto& b : op->basic_ops()) basic_ops_.push_back(b);
   }
-  for (const auto& op : basic_ops_) {
-    std::vector<int64_t> in_pos, out_pos;
-    for (int64_t s = 0; s < op->num_extra_inputs(); ++s) in_pos.push_back(num_public_extra_inputs_++);
-    for (int64_t s = 0; s < op->num_extra_outputs(); ++s) out_pos.push_back(num_public_extra_outputs_++);
-    extra_input_pos_.push_back(std::move(in_pos));
-    extra_output_pos_.push_back(std::move(out_pos));
+  routing_ = build_routing(basic_ops_, options_.external_inputs, options_.export_channels);
+  routing_version_ = routing_version_sum();
+  if (options_.lock_channels) {
+    for (auto& op : basic_ops_) op->lock_channels();
   }
   refresh_parameter_cache();
+}
+
+OperationFuser::~OperationFuser() {
+  if (options_.lock_channels) {
+    for (auto& op : basic_ops_) op->unlock_channels();
+  }
+}
+
+int64_t OperationFuser::num_extra_outputs() const {
+  int64_t n = 0;
+  for (const auto& e : routing_->exported) n += e.is_public;
+  return n;
+}
+
+int64_t OperationFuser::routing_version_sum() const {
+  int64_t v = 0;
+  for (const auto& op : basic_ops_) v += op->routing_version();
+  return v;
+}
+
+void OperationFuser::reroute_if_changed() {
+  // Only a throw-away fuser can see its ops' routing change (persistent ones lock it).
+  if (options_.lock_channels) return;
+  const auto v = routing_version_sum();
+  if (v == routing_version_) return;
+  routing_ = build_routing(basic_ops_, options_.external_inputs, options_.export_channels);
+  routing_version_ = v;
 }
 
 void OperationFuser::refresh_parameter_cache() {
@@ -61,7 +87,8 @@ void OperationFuser::refresh_parameter_cache() {
 }
 
 int64_t OperationFuser::first_backward_index(const at::Tensor& input,
-                                             const std::vector<at::Tensor>& extra_inputs) const {
+                                             const std::vector<at::Tensor>& extra_inputs,
+                                             const std::vector<at::Tensor>& external) const {
   const auto n = static_cast<int64_t>(basic_ops_.size());
   if (!at::GradMode::is_enabled()) return n;
   if (input.requires_grad()) return 0;
@@ -69,8 +96,9 @@ int64_t OperationFuser::first_backward_index(const at::Tensor& input,
     for (auto pos : param_pos_[i]) {
       if (params_[pos].requires_grad()) return i;
     }
-    for (auto pos : extra_input_pos_[i]) {
-      if (extra_inputs[pos].requires_grad()) return i;
+    for (const auto& src : routing_->inputs[i]) {
+      if (src.kind == InputSource::Kind::kPublic && extra_inputs[src.index].requires_grad()) return i;
+      if (src.kind == InputSource::Kind::kExternal && external[src.index].requires_grad()) return i;
     }
   }
   return n;
@@ -143,18 +171,15 @@ std::pair<std::vector<std::string>, std::vector<std::string>> OperationFuser::fu
 }
 
 c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
-                                                     const std::vector<at::Tensor>& extra_inputs,
-                                                     int64_t first_backward) {
+                                                        const std::vector<at::Tensor>& extra_inputs,
+                                                        const std::vector<at::Tensor>& external,
+                                                        int64_t first_backward) {
   auto call = c10::make_intrusive<FuserCall>();
   call->plan = plan_for(first_backward);
   call->first_backward = first_backward;
   call->input_requires_grad = at::GradMode::is_enabled() && input.requires_grad();
-  call->extra_input_pos = extra_input_pos_;
-  call->extra_output_pos = extra_output_pos_;
+  call->routing = routing_;
   call->param_pos = param_pos_;
-  call->num_params = static_cast<int64_t>(params_.size());
-  call->num_extra_inputs = num_public_extra_inputs_;
-  call->num_extra_outputs = num_public_extra_outputs_;
   call->param_dtypes.reserve(params_.size());
   for (const auto& p : params_) call->param_dtypes.push_back(p.scalar_type());
   const auto n = static_cast<int64_t>(basic_ops_.size());
@@ -163,8 +188,15 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
     auto& ctx = call->ctxs[i];
     ctx.requires_grad = i >= first_backward;
     ctx.input_requires_grad = i > first_backward || (i == 0 && call->input_requires_grad);
-    for (auto pos : extra_input_pos_[i]) {
-      ctx.extra_input_requires_grad.push_back(ctx.requires_grad && extra_inputs[pos].requires_grad());
+    for (const auto& src : routing_->inputs[i]) {
+      // Inside the autograd forward tensors are detached: "needs gradient" is passed explicitly.
+      bool needs = false;
+      switch (src.kind) {
+        case InputSource::Kind::kPublic: needs = extra_inputs[src.index].requires_grad(); break;
+        case InputSource::Kind::kExternal: needs = external[src.index].requires_grad(); break;
+        case InputSource::Kind::kInternal: needs = src.op >= first_backward; break;
+      }
+      ctx.extra_input_requires_grad.push_back(ctx.requires_grad && needs);
     }
   }
   return call;
@@ -174,11 +206,13 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
 struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
                                at::TensorList params, at::TensorList extra_inputs,
+                               at::TensorList external_inputs,
                                const c10::intrusive_ptr<FuserCall>& call) {
     ctx->set_materialize_grads(false);
     ctx->saved_data["call"] = c10::IValue::make_capsule(call);
     const std::vector<at::Tensor> extras(extra_inputs.begin(), extra_inputs.end());
-    auto outputs = run_forward(*call, input, extras);
+    const std::vector<at::Tensor> external(external_inputs.begin(), external_inputs.end());
+    auto outputs = run_forward(*call, input, extras, external);
 
     // One flat save_for_backward; each context gets its range back in backward.
     std::vector<at::Tensor> to_save;
@@ -198,6 +232,9 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
     for (auto& out : outputs) {
       const auto* impl = out.unsafeGetTensorImpl();
       for (const auto& e : extras) {
+        if (e.unsafeGetTensorImpl() == impl) dirty.push_back(out);
+      }
+      for (const auto& e : external) {
         if (e.unsafeGetTensorImpl() == impl) dirty.push_back(out);
       }
       if (!seen.insert(impl).second) out = out.alias();
@@ -222,16 +259,29 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
   }
 };
 
-std::vector<at::Tensor> OperationFuser::forward(const at::Tensor& input,
-                                                const std::vector<at::Tensor>& extra_inputs) {
+std::vector<at::Tensor> OperationFuser::forward(
+    const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+    const std::vector<std::pair<std::string, at::Tensor>>& named_inputs) {
+  reroute_if_changed();
   TORCH_CHECK_VALUE(input.defined(), "OperationFuser: expected an input tensor, got None");
   TORCH_CHECK_TYPE(input.is_floating_point(),
                    "OperationFuser: expected a floating-point input, got ", input.scalar_type());
-  TORCH_CHECK_VALUE(static_cast<int64_t>(extra_inputs.size()) == num_public_extra_inputs_,
-                    "OperationFuser: expected ", num_public_extra_inputs_, " extra inputs, got ",
+  TORCH_CHECK_VALUE(static_cast<int64_t>(extra_inputs.size()) == routing_->num_public_inputs,
+                    "OperationFuser: expected ", routing_->num_public_inputs, " extra inputs, got ",
                     extra_inputs.size());
   for (size_t i = 0; i < extra_inputs.size(); ++i) {
     TORCH_CHECK_VALUE(extra_inputs[i].defined(), "OperationFuser: extra input ", i, " is None");
+  }
+  std::vector<at::Tensor> external;
+  external.reserve(routing_->external_inputs.size());
+  for (const auto& name : routing_->external_inputs) {
+    const at::Tensor* found = nullptr;
+    for (const auto& [n, t] : named_inputs) {
+      if (n == name) found = &t;
+    }
+    TORCH_CHECK_VALUE(found != nullptr && found->defined(), "OperationFuser: channel '", name,
+                      "' has no producer and no named input was supplied for it");
+    external.push_back(*found);
   }
   if (!first_forward_done_) {
     // First-forward hooks, on the top-level ops in order (a composite can act), before the
@@ -240,14 +290,15 @@ std::vector<at::Tensor> OperationFuser::forward(const at::Tensor& input,
     first_forward_done_ = true;
   }
   refresh_parameter_cache();
-  const auto first_backward = first_backward_index(input, extra_inputs);
-  auto call = make_call(input, extra_inputs, first_backward);
+  const auto first_backward = first_backward_index(input, extra_inputs, external);
+  auto call = make_call(input, extra_inputs, external, first_backward);
   if (first_backward == static_cast<int64_t>(basic_ops_.size())) {
     // Nothing needs a gradient: no node, nothing saved.
     const at::NoGradGuard no_grad;
-    return run_forward(*call, input, extra_inputs);
+    return run_forward(*call, input, extra_inputs, external);
   }
-  return FuserAutograd::apply(input, at::TensorList(params_), at::TensorList(extra_inputs), call);
+  return FuserAutograd::apply(input, at::TensorList(params_), at::TensorList(extra_inputs),
+                              at::TensorList(external), call);
 }
 
 }  // namespace fusible::fuser

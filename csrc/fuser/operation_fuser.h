@@ -6,9 +6,11 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "fuser/channel_routing.h"
 #include "ops/fusible_operation.h"
 #include "ops/fusion_registry.h"
 
@@ -28,17 +30,41 @@ struct Plan {
 
 struct FuserCall;
 
+/// How a fuser takes part in a larger model.
+struct FuserOptions {
+  /// A persistent fuser (user-held, or a Sequential's group) locks its ops' channel routing while
+  /// alive; the throw-away fuser of a plain op(x) call does not, and re-routes after a change.
+  bool lock_channels = true;
+  /// Channels fed by name from outside (earlier groups of a Sequential, or the caller).
+  std::set<std::string> external_inputs;
+  /// Hidden named outputs that later groups consume: exported as extra autograd outputs.
+  std::set<std::string> export_channels;
+};
+
 class OperationFuser {
  public:
-  /// Flattens `ops` (composites expand into their basic ops).
-  explicit OperationFuser(std::vector<std::shared_ptr<ops::FusibleOperation>> ops);
+  /// Flattens `ops` (composites expand into their basic ops) and checks channel wiring.
+  explicit OperationFuser(std::vector<std::shared_ptr<ops::FusibleOperation>> ops,
+                          FuserOptions options = {});
+  ~OperationFuser();
+  OperationFuser(const OperationFuser&) = delete;
+  OperationFuser& operator=(const OperationFuser&) = delete;
 
-  /// Runs the ops: returns [y, public extra outputs in (op, slot) order].
+  /// Runs the ops: returns [y, exported extra outputs in (op, slot) order] (see exported()).
+  /// named_inputs feeds the external channels, by name.
   std::vector<at::Tensor> forward(const at::Tensor& input,
-                                  const std::vector<at::Tensor>& extra_inputs);
+                                  const std::vector<at::Tensor>& extra_inputs,
+                                  const std::vector<std::pair<std::string, at::Tensor>>&
+                                      named_inputs = {});
 
-  int64_t num_extra_inputs() const { return num_public_extra_inputs_; }
-  int64_t num_extra_outputs() const { return num_public_extra_outputs_; }
+  int64_t num_extra_inputs() const { return routing_->num_public_inputs; }
+  /// Number of public extra outputs.
+  int64_t num_extra_outputs() const;
+  /// What each exported output is: public (returned to the caller) and/or named.
+  const std::vector<ExportedOutput>& exported() const { return routing_->exported; }
+  /// Names of the channels this fuser takes from outside.
+  const std::vector<std::string>& external_inputs() const { return routing_->external_inputs; }
+  const Routing& routing() const { return *routing_; }
   const std::vector<std::shared_ptr<ops::BasicOperation>>& basic_ops() const { return basic_ops_; }
   const std::vector<std::shared_ptr<ops::FusibleOperation>>& top_level_ops() const { return ops_; }
   /// The plan of the most recent forward (null before the first).
@@ -52,21 +78,23 @@ class OperationFuser {
  private:
   friend struct FuserAutograd;
 
-  int64_t first_backward_index(const at::Tensor& input,
-                               const std::vector<at::Tensor>& extra_inputs) const;
+  int64_t first_backward_index(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+                               const std::vector<at::Tensor>& external) const;
   void refresh_parameter_cache();
   c10::intrusive_ptr<FuserCall> make_call(const at::Tensor& input,
-                                       const std::vector<at::Tensor>& extra_inputs,
-                                       int64_t first_backward);
+                                          const std::vector<at::Tensor>& extra_inputs,
+                                          const std::vector<at::Tensor>& external,
+                                          int64_t first_backward);
+
+  int64_t routing_version_sum() const;
+  void reroute_if_changed();
 
   std::vector<std::shared_ptr<ops::FusibleOperation>> ops_;
   std::vector<std::shared_ptr<ops::BasicOperation>> basic_ops_;
-  // Per basic op: its public extra-input / extra-output positions (one per slot).
-  std::vector<std::vector<int64_t>> extra_input_pos_;
-  std::vector<std::vector<int64_t>> extra_output_pos_;
+  FuserOptions options_;
+  std::shared_ptr<const Routing> routing_;
+  int64_t routing_version_ = 0;
   bool first_forward_done_ = false;
-  int64_t num_public_extra_inputs_ = 0;
-  int64_t num_public_extra_outputs_ = 0;
 
   // Parameter cache: flat list, and per basic op its positions in it.
   std::vector<at::Tensor> params_;

@@ -22,34 +22,61 @@ void Sequential::push_back(TensorFn fn, std::string name) {
   groups_valid_ = false;
 }
 
-void Sequential::build_groups() {
-  groups_.clear();
-  std::vector<std::shared_ptr<ops::FusibleOperation>> run;
-  auto flush = [&] {
-    if (!run.empty()) groups_.push_back({std::make_shared<OperationFuser>(std::move(run)), nullptr});
-    run.clear();
-  };
+void Sequential::build_groups(const std::set<std::string>& named_inputs) {
+  groups_.clear();  // releases the old fusers' channel locks
+  // Consecutive fusible ops form one group; plain steps stand alone.
+  std::vector<std::vector<std::shared_ptr<ops::FusibleOperation>>> runs;
+  std::vector<const Entry*> steps;  // per group: the plain step, or null
+  bool in_run = false;
   for (const auto& e : entries_) {
     if (e.op) {
-      run.push_back(e.op);
+      if (!in_run) {
+        runs.emplace_back();
+        steps.push_back(nullptr);
+      }
+      runs.back().push_back(e.op);
+      in_run = true;
     } else {
-      flush();
-      groups_.push_back({nullptr, &e});
+      runs.emplace_back();
+      steps.push_back(&e);
+      in_run = false;
     }
   }
-  flush();
+  std::vector<std::vector<std::shared_ptr<ops::BasicOperation>>> basic(runs.size());
+  for (size_t g = 0; g < runs.size(); ++g) {
+    for (const auto& op : runs[g]) {
+      for (auto& b : op->basic_ops()) basic[g].push_back(b);
+    }
+  }
+  const auto channels = plan_group_channels(basic, named_inputs);
+  for (size_t g = 0; g < runs.size(); ++g) {
+    if (steps[g]) {
+      groups_.push_back({nullptr, steps[g]});
+      continue;
+    }
+    FuserOptions options;
+    options.external_inputs = channels[g].external_inputs;
+    options.export_channels = channels[g].export_channels;
+    groups_.push_back({std::make_shared<OperationFuser>(runs[g], std::move(options)), nullptr});
+  }
   groups_valid_ = true;
+  groups_named_inputs_ = named_inputs;
 }
 
-std::vector<at::Tensor> Sequential::forward(const at::Tensor& input,
-                                            const std::vector<at::Tensor>& extra_inputs) {
-  if (!groups_valid_) build_groups();
+Sequential::Outputs Sequential::run(const at::Tensor& input,
+                                    const std::vector<at::Tensor>& extra_inputs,
+                                    const NamedTensors& named_inputs) {
+  std::set<std::string> names;
+  for (const auto& [name, t] : named_inputs) names.insert(name);
+  if (!groups_valid_ || names != groups_named_inputs_) build_groups(names);
   int64_t needed = 0;
   for (const auto& g : groups_) needed += g.fuser ? g.fuser->num_extra_inputs() : 0;
   TORCH_CHECK_VALUE(static_cast<int64_t>(extra_inputs.size()) == needed, "Sequential: expected ",
                     needed, " extra inputs, got ", extra_inputs.size());
   at::Tensor x = input;
-  std::vector<at::Tensor> extra_outputs;
+  Outputs result;
+  result.outputs.emplace_back();
+  NamedTensors channels = named_inputs;  // tensors by channel name, as groups produce them
   size_t next_extra = 0;
   for (const auto& g : groups_) {
     if (!g.fuser) {
@@ -60,12 +87,18 @@ std::vector<at::Tensor> Sequential::forward(const at::Tensor& input,
     std::vector<at::Tensor> extras(extra_inputs.begin() + next_extra,
                                    extra_inputs.begin() + next_extra + k);
     next_extra += k;
-    auto out = g.fuser->forward(x, extras);
+    auto out = g.fuser->forward(x, extras, channels);
     x = out[0];
-    extra_outputs.insert(extra_outputs.end(), out.begin() + 1, out.end());
+    const auto& exported = g.fuser->exported();
+    for (size_t i = 0; i < exported.size(); ++i) {
+      if (exported[i].is_public) result.outputs.push_back(out[i + 1]);
+      if (!exported[i].name.empty()) channels.emplace_back(exported[i].name, out[i + 1]);
+      if (exported[i].is_public && !exported[i].name.empty()) {
+        result.named.emplace_back(exported[i].name, out[i + 1]);
+      }
+    }
   }
-  std::vector<at::Tensor> result{x};
-  result.insert(result.end(), extra_outputs.begin(), extra_outputs.end());
+  result.outputs[0] = x;
   return result;
 }
 

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,10 +35,21 @@ class Sequential : public torch::nn::Module {
   void push_back(TensorFn fn, std::string name);
   size_t size() const { return entries_.size(); }
 
-  /// Runs the groups in order. Extra inputs are consumed by the groups in op order; returns
-  /// [y, public extra outputs in op order].
+  using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+  struct Outputs {
+    std::vector<at::Tensor> outputs;  // [y, public extra outputs in op order]
+    NamedTensors named;               // every public named output
+  };
+
+  /// Runs the groups in order. Extra inputs are consumed by the groups in op order; channels
+  /// connect ops across groups; named_inputs feed bound inputs that have no producer inside.
+  Outputs run(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+              const NamedTensors& named_inputs);
+  /// run(...).outputs without named inputs.
   std::vector<at::Tensor> forward(const at::Tensor& input,
-                                  const std::vector<at::Tensor>& extra_inputs = {});
+                                  const std::vector<at::Tensor>& extra_inputs = {}) {
+    return run(input, extra_inputs, {}).outputs;
+  }
   /// The plan of the most recent forward, one entry per group.
   std::vector<GroupPlan> fusion_plan() const;
   /// Re-initializes every op's parameters.
@@ -53,11 +65,12 @@ class Sequential : public torch::nn::Module {
     std::shared_ptr<OperationFuser> fuser;  // null for a plain step
     const Entry* step = nullptr;
   };
-  void build_groups();
+  void build_groups(const std::set<std::string>& named_inputs);
 
   std::vector<Entry> entries_;
   std::vector<Group> groups_;
   bool groups_valid_ = false;
+  std::set<std::string> groups_named_inputs_;  // the named inputs the groups were wired for
 };
 
 }  // namespace fusible::fuser

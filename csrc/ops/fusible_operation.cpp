@@ -12,7 +12,40 @@ BasicOperation::BasicOperation(std::string type_name, int64_t num_extra_inputs,
     : FusibleOperation(type_name),
       type_name_(std::move(type_name)),
       num_extra_inputs_(num_extra_inputs),
-      num_extra_outputs_(num_extra_outputs) {}
+      num_extra_outputs_(num_extra_outputs),
+      input_channels_(num_extra_inputs),
+      output_channels_(num_extra_outputs) {}
+
+void BasicOperation::check_channel_index(const char* what, int64_t index, int64_t size) const {
+  TORCH_CHECK_INDEX(index >= 0 && index < size, type_name_, ": ", what, " index ", index,
+                    " is out of range (the op has ", size, " ", what, "s)");
+}
+
+BasicOperation& BasicOperation::set_extra_output_channel(int64_t index,
+                                                         std::optional<std::string> channel,
+                                                         bool output_to_caller) {
+  check_channel_index("extra output", index, num_extra_outputs_);
+  TORCH_CHECK_VALUE(!channel || !channel->empty(), type_name_,
+                    ": channel must be None or a non-empty string, got ''");
+  TORCH_CHECK(!channels_locked(), type_name_, ": a live Sequential or OperationFuser has already ",
+              "captured its channel routing; drop or change that model first");
+  const bool to_caller = channel ? output_to_caller : true;  // an unbound output is public
+  output_channels_[index] = {std::move(channel), to_caller};
+  ++routing_version_;
+  return *this;
+}
+
+BasicOperation& BasicOperation::set_extra_input_channel(int64_t index,
+                                                        std::optional<std::string> channel) {
+  check_channel_index("extra input", index, num_extra_inputs_);
+  TORCH_CHECK_VALUE(!channel || !channel->empty(), type_name_,
+                    ": channel must be None or a non-empty string, got ''");
+  TORCH_CHECK(!channels_locked(), type_name_, ": a live Sequential or OperationFuser has already ",
+              "captured its channel routing; drop or change that model first");
+  input_channels_[index] = std::move(channel);
+  ++routing_version_;
+  return *this;
+}
 
 std::vector<std::shared_ptr<BasicOperation>> BasicOperation::basic_ops() {
   return {std::static_pointer_cast<BasicOperation>(shared_from_this())};

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -102,14 +103,44 @@ class BasicOperation : public FusibleOperation {
   /// Replaces parameter `name` by another tensor object (a user assigned a new Parameter).
   void replace_parameter(const std::string& name, const at::Tensor& value);
 
+  /// A named extra output: `name` routes it to consumers; `to_caller` keeps it public too.
+  struct OutputChannel {
+    std::optional<std::string> name;
+    bool to_caller = true;
+  };
+  /// Names extra-output slot `index` (nullopt unbinds: the output is public). Throws IndexError
+  /// for a bad index, ValueError for an empty name, RuntimeError while a live fuser holds the
+  /// routing.
+  BasicOperation& set_extra_output_channel(int64_t index, std::optional<std::string> channel,
+                                           bool output_to_caller = true);
+  /// Makes extra-input slot `index` take the output named `channel` (nullopt: public again).
+  BasicOperation& set_extra_input_channel(int64_t index, std::optional<std::string> channel);
+  const std::vector<std::optional<std::string>>& extra_input_channels() const {
+    return input_channels_;
+  }
+  const std::vector<OutputChannel>& extra_output_channels() const { return output_channels_; }
+  /// Whether a live persistent fuser holds this op's routing.
+  bool channels_locked() const { return channel_locks_ > 0; }
+  /// Changes whenever a channel setter succeeds (throw-away fusers re-route on a change).
+  int64_t routing_version() const { return routing_version_; }
+  /// Called by persistent fusers: count holders, since an op may sit in two models.
+  void lock_channels() { ++channel_locks_; }
+  void unlock_channels() { --channel_locks_; }
+
  protected:
   /// Re-reads parameter members (weight_, bias_) after replace_parameter.
   virtual void sync_parameter_members() {}
 
  private:
+  void check_channel_index(const char* what, int64_t index, int64_t size) const;
+
   std::string type_name_;
   int64_t num_extra_inputs_;
   int64_t num_extra_outputs_;
+  std::vector<std::optional<std::string>> input_channels_;
+  std::vector<OutputChannel> output_channels_;
+  std::atomic<int64_t> channel_locks_{0};
+  int64_t routing_version_ = 0;
 };
 
 /// Runs several basic ops as one. Composite ops (Linear) are fused ops that the fuser flattens.

@@ -25,6 +25,17 @@ def unpack_outputs(outputs):
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
+def split_outputs(outputs, exported):
+    """A C++ fuser's [y, exported...] -> ([y, public extra outputs], {name: tensor} of named ones)."""
+    public, named = [outputs[0]], {}
+    for tensor, (is_public, name) in zip(outputs[1:], exported):
+        if is_public:
+            public.append(tensor)
+        if name:
+            named[name] = tensor
+    return public, named
+
+
 class FusibleOperation(torch.nn.Module):
     """Base of every fusible op: wraps a C++ op (`_cpp`) and adopts its parameters."""
 
@@ -81,8 +92,10 @@ class FusibleOperation(torch.nn.Module):
 
     def forward(self, input, *extra_inputs):
         if self._fuser is None:
-            self._fuser = _C.OperationFuser([self._cpp])
-        return unpack_outputs(self._fuser.forward(input, list(extra_inputs)))
+            # A plain op(x) call never locks the op's channels.
+            self._fuser = _C.OperationFuser([self._cpp], lock_channels=False)
+        out = self._fuser.forward(input, list(extra_inputs))
+        return unpack_outputs(split_outputs(out, self._fuser.exported())[0])
 
     def train(self, mode=True):
         super().train(mode)
@@ -101,6 +114,36 @@ class FusibleOperation(torch.nn.Module):
 
 class BasicOperation(FusibleOperation):
     """A single computation with its own parameters."""
+
+    def set_extra_output_channel(self, index, channel, *, output_to_caller=True):
+        """Names extra-output slot `index` (None unbinds); output_to_caller=False hides it."""
+        _check_channel(channel)
+        if not isinstance(output_to_caller, bool):
+            raise TypeError(f"{type(self).__name__}: output_to_caller must be a bool, got "
+                            f"{type(output_to_caller).__name__}")
+        self._cpp.set_extra_output_channel(_check_index(self, index), channel, output_to_caller)
+        return self
+
+    def set_extra_input_channel(self, index, channel):
+        """Makes extra-input slot `index` take the output named `channel` (None unbinds)."""
+        _check_channel(channel)
+        self._cpp.set_extra_input_channel(_check_index(self, index), channel)
+        return self
+
+    @property
+    def channels_locked(self):
+        return self._cpp.channels_locked
+
+
+def _check_channel(channel):
+    if channel is not None and (not isinstance(channel, str) or not channel):
+        raise ValueError(f"channel must be None or a non-empty string, got {channel!r}")
+
+
+def _check_index(op, index):
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise IndexError(f"{type(op).__name__}: channel index {index!r} is out of range")
+    return index
 
 
 class FusedOperation(FusibleOperation):

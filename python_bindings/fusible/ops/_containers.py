@@ -3,7 +3,7 @@ per fuser group."""
 import torch
 
 from .. import _C
-from ._base import FusibleOperation, unpack_outputs
+from ._base import FusibleOperation, split_outputs, unpack_outputs
 
 
 def _basic_wrappers(ops):
@@ -15,16 +15,19 @@ def _basic_wrappers(ops):
 
 
 class OperationFuser:
-    """A callable fuser over a list of fusible ops."""
+    """A callable fuser over a list of fusible ops. While alive it holds its ops' channel routing."""
 
-    def __init__(self, ops):
+    def __init__(self, ops, *, _external_inputs=(), _export_channels=()):
         ops = list(ops)
         for op in ops:
             if not isinstance(op, FusibleOperation):
                 raise TypeError(f"OperationFuser: expected fusible ops, got {type(op).__name__}")
         self._ops = ops
         self._basic = _basic_wrappers(ops)
-        self._cpp = _C.OperationFuser([op._cpp for op in ops])
+        self._cpp = _C.OperationFuser([op._cpp for op in ops], True, set(_external_inputs),
+                                      set(_export_channels))
+        self._exported = self._cpp.exported()
+        self._public_names = {name for is_public, name in self._exported if is_public and name}
 
     @property
     def num_extra_inputs(self):
@@ -35,7 +38,15 @@ class OperationFuser:
         return self._cpp.num_extra_outputs
 
     def __call__(self, input, *extra_inputs):
-        return unpack_outputs(self._cpp.forward(input, list(extra_inputs)))
+        out = self._cpp.forward(input, list(extra_inputs))
+        return unpack_outputs(split_outputs(out, self._exported)[0])
+
+    def _run(self, input, extra_inputs, named_inputs):
+        """-> ([y, public extra outputs], {name: every exported named output})."""
+        return split_outputs(self._cpp.forward(input, extra_inputs, named_inputs), self._exported)
+
+    def extra_input_sources(self):
+        return self._cpp.extra_input_sources()
 
     def _py_op(self, cpp_op, indices):
         if not cpp_op.is_fused and len(indices) == 1:
@@ -131,42 +142,72 @@ class Sequential(torch.nn.Module):
         return self.extend(list(other))
 
     # ---- grouping and running
-    def _build_groups(self):
-        groups, run = [], []
+    def _build_groups(self, named_inputs=frozenset()):
+        self._groups = None  # drop the old fusers first: releases their channel locks
+        runs, run = [], []
         for m in self._entries():
             if isinstance(m, FusibleOperation):
                 run.append(m)
                 continue
             if run:
-                groups.append(OperationFuser(run))
+                runs.append(run)
                 run = []
-            groups.append(m)
+            runs.append(m)
         if run:
-            groups.append(OperationFuser(run))
+            runs.append(run)
+        fusible_runs = [r for r in runs if isinstance(r, list)]
+        channels = iter(_C.plan_group_channels(
+            [[op._cpp for op in _basic_wrappers(r)] for r in fusible_runs], set(named_inputs)))
+        groups = []
+        for r in runs:
+            if isinstance(r, list):
+                external, export = next(channels)
+                groups.append(OperationFuser(r, _external_inputs=external, _export_channels=export))
+            else:
+                groups.append(r)
         self._groups = groups
+        self._groups_named_inputs = frozenset(named_inputs)
 
     def fusers(self):
         if self._groups is None:
             self._build_groups()
         return list(self._groups)
 
-    def forward(self, input, *extra_inputs):
-        if self._groups is None:
-            self._build_groups()
+    def forward(self, input, *extra_inputs, channel_inputs=None, return_dict=False):
+        channel_inputs = dict(channel_inputs or {})
+        names = frozenset(channel_inputs)
+        if self._groups is None or names != self._groups_named_inputs:
+            self._build_groups(names)
         needed = sum(g.num_extra_inputs for g in self._groups if isinstance(g, OperationFuser))
         if len(extra_inputs) != needed:
             raise ValueError(f"Sequential: expected {needed} extra inputs, got {len(extra_inputs)}")
-        x, extra_outputs, k = input, [], 0
+        consumed = set()
+        for g in self._groups:
+            if isinstance(g, OperationFuser):
+                consumed.update(g._cpp.external_inputs())
+        unused = [n for n in channel_inputs if n not in consumed]
+        if unused:
+            raise ValueError(f"Sequential: channel_inputs {unused} feed no bound input that lacks a "
+                             "producer inside the model")
+        channels = list(channel_inputs.items())  # tensors by name, as groups produce them
+        x, public, named, k = input, [], {}, 0
         for g in self._groups:
             if not isinstance(g, OperationFuser):
                 x = g(x)
                 continue
             n = g.num_extra_inputs
-            out = g._cpp.forward(x, list(extra_inputs[k:k + n]))
+            (x, *outs), produced = g._run(x, list(extra_inputs[k:k + n]), channels)
             k += n
-            x = out[0]
-            extra_outputs.extend(out[1:])
-        return unpack_outputs([x, *extra_outputs])
+            public.extend(outs)
+            channels.extend(produced.items())
+            named.update((name, t) for name, t in produced.items()
+                         if name in g._public_names)
+        if return_dict:
+            if len(named) != len(public):
+                raise ValueError("Sequential: return_dict=True needs every public extra output to "
+                                 "be named (set_extra_output_channel)")
+            return x, named
+        return unpack_outputs([x, *public])
 
     def fusion_plan(self):
         plan = []
