@@ -1,8 +1,7 @@
 // pybind11 bindings for OperationFuser and the fusion registry's introspection.
+#include <fusible/fusible.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
-
-#include <fusible/fusible.h>
 
 #include "bindings.h"
 
@@ -48,38 +47,40 @@ void bind_fuser(py::module_& m) {
            py::arg("export_channels") = std::set<std::string>())
       .def("forward", &OperationFuser::forward, py::arg("input"), py::arg("extra_inputs"),
            py::arg("named_inputs") = std::vector<std::pair<std::string, at::Tensor>>())
-      .def("exported", [](const OperationFuser& f) {
-        py::list out;
-        for (const auto& e : f.exported()) out.append(py::make_tuple(e.is_public, e.name));
-        return out;
-      })
+      .def("exported",
+           [](const OperationFuser& f) {
+             py::list out;
+             for (const auto& e : f.exported()) out.append(py::make_tuple(e.is_public, e.name));
+             return out;
+           })
       .def("external_inputs", &OperationFuser::external_inputs)
-      .def("extra_input_sources", [](const OperationFuser& f) {
-        py::list out;
-        for (const auto& slots : f.routing().inputs) {
-          py::list per_op;
-          for (const auto& src : slots) {
-            if (src.kind == fuser::InputSource::Kind::kInternal) {
-              per_op.append(py::make_tuple(src.op, src.slot));
-            } else {
-              per_op.append(py::none());
-            }
-          }
-          out.append(per_op);
-        }
-        return out;
-      })
+      .def("extra_input_sources",
+           [](const OperationFuser& f) {
+             py::list out;
+             for (const auto& slots : f.routing().inputs) {
+               py::list per_op;
+               for (const auto& src : slots) {
+                 if (src.kind == fuser::InputSource::Kind::kInternal) {
+                   per_op.append(py::make_tuple(src.op, src.slot));
+                 } else {
+                   per_op.append(py::none());
+                 }
+               }
+               out.append(per_op);
+             }
+             return out;
+           })
       .def_property_readonly("num_extra_inputs", &OperationFuser::num_extra_inputs)
       .def_property_readonly("num_extra_outputs", &OperationFuser::num_extra_outputs)
       .def("get_basic_ops", &OperationFuser::basic_ops)
       .def("fusion_plan", &OperationFuser::fusion_plan)
-      .def("forward_ops", [](const OperationFuser& f) {
-        return f.plan() ? plan_entries(f.plan()->forward) : py::list();
-      })
+      .def("forward_ops",
+           [](const OperationFuser& f) {
+             return f.plan() ? plan_entries(f.plan()->forward) : py::list();
+           })
       .def("backward_ops", [](const OperationFuser& f) {
         return f.plan() ? plan_entries(f.plan()->backward) : py::list();
       });
 }
 
 }  // namespace fusible::python
-

@@ -1,8 +1,7 @@
 // pybind11 classes for the C++ operations. The Python package wraps each in a torch.nn.Module.
-#include <torch/csrc/utils/pybind.h>
-
 #include <fusible/fusible.h>
 #include <fusible/ops/parameter_utils.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "bindings.h"
 
@@ -29,7 +28,7 @@ std::vector<std::pair<std::string, at::Tensor>> own_parameters(FusibleOperation&
 
 void bind_ops(py::module_& m) {
   py::class_<FusibleOperation, std::shared_ptr<FusibleOperation>>(m, "FusibleOperation",
-                                                                 py::dynamic_attr())
+                                                                  py::dynamic_attr())
       .def_property_readonly("type_name", &FusibleOperation::type_name)
       .def_property_readonly("is_fused", &FusibleOperation::is_fused)
       .def("get_basic_ops", &FusibleOperation::basic_ops)
@@ -54,34 +53,39 @@ void bind_ops(py::module_& m) {
            })
       .def_property_readonly("channels_locked", &BasicOperation::channels_locked)
       .def("extra_input_channels", &BasicOperation::extra_input_channels)
-      .def("extra_output_channels", [](const BasicOperation& op) {
-        py::list out;
-        for (const auto& c : op.extra_output_channels()) out.append(py::make_tuple(c.name, c.to_caller));
-        return out;
-      })
+      .def("extra_output_channels",
+           [](const BasicOperation& op) {
+             py::list out;
+             for (const auto& c : op.extra_output_channels())
+               out.append(py::make_tuple(c.name, c.to_caller));
+             return out;
+           })
       .def_property_readonly("num_extra_inputs", &BasicOperation::num_extra_inputs)
       .def_property_readonly("num_extra_outputs", &BasicOperation::num_extra_outputs);
-  py::class_<FusedOperation, FusibleOperation, std::shared_ptr<FusedOperation>>(m, "FusedOperation");
+  py::class_<FusedOperation, FusibleOperation, std::shared_ptr<FusedOperation>>(m,
+                                                                                "FusedOperation");
 
   py::class_<Identity, BasicOperation, std::shared_ptr<Identity>>(m, "Identity").def(py::init<>());
   py::class_<Reshape, BasicOperation, std::shared_ptr<Reshape>>(m, "Reshape")
       .def(py::init<std::vector<int64_t>>());
   py::class_<ConstantScale, BasicOperation, std::shared_ptr<ConstantScale>>(m, "ConstantScale")
       .def(py::init<double>());
-  py::class_<Bias, BasicOperation, std::shared_ptr<Bias>>(m, "Bias")
-      .def(py::init<int64_t, OptDevice, OptDtype>());
+  py::class_<Bias, BasicOperation, std::shared_ptr<Bias>>(m, "Bias").def(
+      py::init<int64_t, OptDevice, OptDtype>());
   py::class_<BasicLinear, BasicOperation, std::shared_ptr<BasicLinear>>(m, "BasicLinear")
       .def(py::init<int64_t, int64_t, OptDevice, OptDtype>());
   py::class_<LayerNorm, BasicOperation, std::shared_ptr<LayerNorm>>(m, "LayerNorm")
       .def(py::init<std::vector<int64_t>, double, OptDevice, OptDtype, bool>());
   py::class_<RMSNorm, BasicOperation, std::shared_ptr<RMSNorm>>(m, "RMSNorm")
       .def(py::init<std::vector<int64_t>, double, OptDevice, OptDtype, bool>());
-  py::class_<L2Normalization, BasicOperation, std::shared_ptr<L2Normalization>>(m, "L2Normalization")
+  py::class_<L2Normalization, BasicOperation, std::shared_ptr<L2Normalization>>(m,
+                                                                                "L2Normalization")
       .def(py::init<double>());
   py::class_<ElementwiseActivation, BasicOperation, std::shared_ptr<ElementwiseActivation>>(
       m, "ElementwiseActivation")
       .def(py::init<std::string, std::string>());
-  py::class_<GatedActivation, BasicOperation, std::shared_ptr<GatedActivation>>(m, "GatedActivation")
+  py::class_<GatedActivation, BasicOperation, std::shared_ptr<GatedActivation>>(m,
+                                                                                "GatedActivation")
       .def(py::init<std::string, std::string>());
   py::class_<ClampedSwiGLU, BasicOperation, std::shared_ptr<ClampedSwiGLU>>(m, "ClampedSwiGLU")
       .def(py::init<double, double>());
@@ -89,7 +93,8 @@ void bind_ops(py::module_& m) {
       .def(py::init<>());
   py::class_<AddExtraInput, BasicOperation, std::shared_ptr<AddExtraInput>>(m, "AddExtraInput")
       .def(py::init<bool>());
-  py::class_<MakeExtraOutput, BasicOperation, std::shared_ptr<MakeExtraOutput>>(m, "MakeExtraOutput")
+  py::class_<MakeExtraOutput, BasicOperation, std::shared_ptr<MakeExtraOutput>>(m,
+                                                                                "MakeExtraOutput")
       .def(py::init<bool>());
   py::class_<Dropout, BasicOperation, std::shared_ptr<Dropout>>(m, "Dropout")
       .def(py::init<double>());

@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
+bash scripts/format_check.sh
 bash scripts/build.sh
 echo "[test] ctest"
 .venv/bin/ctest --test-dir build/main --output-on-failure -j "$(nproc)" | tee build/ctest.log

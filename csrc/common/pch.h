@@ -1,4 +1,5 @@
-// Precompiled header: the heavy torch headers nearly every translation unit needs, parsed once per target.
+// Precompiled header: the heavy torch headers nearly every translation unit needs, parsed once per
+// target.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -22,9 +22,9 @@ void check_channel_wiring(const std::vector<std::shared_ptr<ops::BasicOperation>
     for (int64_t s = 0; s < static_cast<int64_t>(outs.size()); ++s) {
       if (!outs[s].name) continue;
       const auto [it, fresh] = producers.emplace(*outs[s].name, std::make_pair(i, s));
-      TORCH_CHECK_VALUE(fresh, "channel '", *outs[s].name, "' has multiple producers: ",
-                        describe(ops, it->second.first), " output ", it->second.second, " and ",
-                        describe(ops, i), " output ", s);
+      TORCH_CHECK_VALUE(fresh, "channel '", *outs[s].name,
+                        "' has multiple producers: ", describe(ops, it->second.first), " output ",
+                        it->second.second, " and ", describe(ops, i), " output ", s);
     }
   }
   for (int64_t i = 0; i < static_cast<int64_t>(ops.size()); ++i) {

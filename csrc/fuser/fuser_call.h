@@ -1,4 +1,5 @@
-// State of one fuser call, shared by its forward and its backward (kept alive by the autograd node).
+// State of one fuser call, shared by its forward and its backward (kept alive by the autograd
+// node).
 #pragma once
 
 #include <ATen/core/Tensor.h>

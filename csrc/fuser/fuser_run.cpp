@@ -57,8 +57,12 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
       std::vector<at::Tensor> in;
       for (const auto& src : routing.inputs[i]) {
         switch (src.kind) {
-          case InputSource::Kind::kPublic: in.push_back(extra_inputs[src.index]); break;
-          case InputSource::Kind::kExternal: in.push_back(external[src.index]); break;
+          case InputSource::Kind::kPublic:
+            in.push_back(extra_inputs[src.index]);
+            break;
+          case InputSource::Kind::kExternal:
+            in.push_back(external[src.index]);
+            break;
           case InputSource::Kind::kInternal:
             // A producer inside this fused op wires the tensor itself.
             in.push_back(inside(p, src.op) ? at::Tensor() : produced[src.op][src.slot]);
@@ -76,16 +80,17 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
     for (size_t k = 0; k < p.basic_indices.size(); ++k) {
       const auto i = p.basic_indices[k];
       const auto& sinks = routing.outputs[i];
-      TORCH_CHECK(sub_out[k].size() == sinks.size(), p.op->type_name(), ": expected ",
-                  sinks.size(), " extra outputs for basic op ", i,
-                  " (a fixed-size list per op), got ", sub_out[k].size());
+      TORCH_CHECK(sub_out[k].size() == sinks.size(), p.op->type_name(), ": expected ", sinks.size(),
+                  " extra outputs for basic op ", i, " (a fixed-size list per op), got ",
+                  sub_out[k].size());
       for (size_t s = 0; s < sinks.size(); ++s) {
         if (sub_out[k][s].defined()) {
           produced[i][s] = std::move(sub_out[k][s]);
           continue;
         }
-        TORCH_CHECK(!sinks[s].is_public, p.op->type_name(), ": returned no tensor for extra output ",
-                    s, " of basic op ", i, ", which is public");
+        TORCH_CHECK(!sinks[s].is_public, p.op->type_name(),
+                    ": returned no tensor for extra output ", s, " of basic op ", i,
+                    ", which is public");
         bool outside = sinks[s].position >= 0;
         for (const auto& [c_op, c_slot] : sinks[s].consumers) outside = outside || !inside(p, c_op);
         TORCH_CHECK(!outside, p.op->type_name(), ": returned no tensor for extra output ", s,
@@ -155,7 +160,9 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
         const auto& g = r.grad_extra_inputs[k][s];
         const auto& src = sources[s];
         switch (src.kind) {
-          case InputSource::Kind::kPublic: accumulate(grads[1 + num_params + src.index], g); break;
+          case InputSource::Kind::kPublic:
+            accumulate(grads[1 + num_params + src.index], g);
+            break;
           case InputSource::Kind::kExternal:
             accumulate(grads[1 + num_params + routing.num_public_inputs + src.index], g);
             break;

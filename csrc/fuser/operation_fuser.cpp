@@ -68,7 +68,8 @@ void OperationFuser::refresh_parameter_cache() {
   for (const auto& op : basic_ops_) {
     current.push_back(op->op_parameters());
     for (const auto& p : current.back()) {
-      same = same && k < params_.size() && params_[k].unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
+      same =
+          same && k < params_.size() && params_[k].unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
       ++k;
     }
   }
@@ -97,7 +98,8 @@ int64_t OperationFuser::first_backward_index(const at::Tensor& input,
       if (params_[pos].requires_grad()) return i;
     }
     for (const auto& src : routing_->inputs[i]) {
-      if (src.kind == InputSource::Kind::kPublic && extra_inputs[src.index].requires_grad()) return i;
+      if (src.kind == InputSource::Kind::kPublic && extra_inputs[src.index].requires_grad())
+        return i;
       if (src.kind == InputSource::Kind::kExternal && external[src.index].requires_grad()) return i;
     }
   }
@@ -192,9 +194,15 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
       // Inside the autograd forward tensors are detached: "needs gradient" is passed explicitly.
       bool needs = false;
       switch (src.kind) {
-        case InputSource::Kind::kPublic: needs = extra_inputs[src.index].requires_grad(); break;
-        case InputSource::Kind::kExternal: needs = external[src.index].requires_grad(); break;
-        case InputSource::Kind::kInternal: needs = src.op >= first_backward; break;
+        case InputSource::Kind::kPublic:
+          needs = extra_inputs[src.index].requires_grad();
+          break;
+        case InputSource::Kind::kExternal:
+          needs = external[src.index].requires_grad();
+          break;
+        case InputSource::Kind::kInternal:
+          needs = src.op >= first_backward;
+          break;
       }
       ctx.extra_input_requires_grad.push_back(ctx.requires_grad && needs);
     }
@@ -204,9 +212,8 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
 
 // The one autograd node per fuser call.
 struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
-                               at::TensorList params, at::TensorList extra_inputs,
-                               at::TensorList external_inputs,
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, at::TensorList params,
+                               at::TensorList extra_inputs, at::TensorList external_inputs,
                                const c10::intrusive_ptr<FuserCall>& call) {
     ctx->set_materialize_grads(false);
     ctx->saved_data["call"] = c10::IValue::make_capsule(call);

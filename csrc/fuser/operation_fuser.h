@@ -52,10 +52,9 @@ class OperationFuser {
 
   /// Runs the ops: returns [y, exported extra outputs in (op, slot) order] (see exported()).
   /// named_inputs feeds the external channels, by name.
-  std::vector<at::Tensor> forward(const at::Tensor& input,
-                                  const std::vector<at::Tensor>& extra_inputs,
-                                  const std::vector<std::pair<std::string, at::Tensor>>&
-                                      named_inputs = {});
+  std::vector<at::Tensor> forward(
+      const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+      const std::vector<std::pair<std::string, at::Tensor>>& named_inputs = {});
 
   int64_t num_extra_inputs() const { return routing_->num_public_inputs; }
   /// Number of public extra outputs.

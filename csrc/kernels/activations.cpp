@@ -1,8 +1,8 @@
 // Elementwise activations and gated (GLU-family) activations, forward and backward, through ATen in
 // fp32 (fp64 for fp64). Gated ops split the last dim into halves (a, b) and compute act(a) * b.
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/tanh.h>
-#include <ATen/TensorOperators.h>
 #include <torch/library.h>
 
 #include <string_view>
@@ -45,12 +45,18 @@ constexpr double kQGeluAlpha = 1.702;
 // act(x) for x in the accumulation dtype.
 at::Tensor act_value(Act act, const at::Tensor& x) {
   switch (act) {
-    case Act::kGelu: return 0.5 * x * (1 + at::tanh(kGeluC * (x + kGeluA * x * x * x)));
-    case Act::kQGelu: return x * at::sigmoid(kQGeluAlpha * x);
-    case Act::kRelu: return x.clamp_min(0);
-    case Act::kSRelu: return x.clamp_min(0).pow(2);
-    case Act::kSilu: return x * at::sigmoid(x);
-    case Act::kSigmoid: return at::sigmoid(x);
+    case Act::kGelu:
+      return 0.5 * x * (1 + at::tanh(kGeluC * (x + kGeluA * x * x * x)));
+    case Act::kQGelu:
+      return x * at::sigmoid(kQGeluAlpha * x);
+    case Act::kRelu:
+      return x.clamp_min(0);
+    case Act::kSRelu:
+      return x.clamp_min(0).pow(2);
+    case Act::kSilu:
+      return x * at::sigmoid(x);
+    case Act::kSigmoid:
+      return at::sigmoid(x);
   }
   TORCH_INTERNAL_ASSERT(false);
 }
@@ -66,8 +72,10 @@ at::Tensor act_derivative(Act act, const at::Tensor& x) {
       const auto s = at::sigmoid(kQGeluAlpha * x);
       return s + kQGeluAlpha * x * s * (1 - s);
     }
-    case Act::kRelu: return (x > 0).to(x.scalar_type());
-    case Act::kSRelu: return 2 * x.clamp_min(0);
+    case Act::kRelu:
+      return (x > 0).to(x.scalar_type());
+    case Act::kSRelu:
+      return 2 * x.clamp_min(0);
     case Act::kSilu: {
       const auto s = at::sigmoid(x);
       return s * (1 + x * (1 - s));

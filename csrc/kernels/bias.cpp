@@ -1,9 +1,9 @@
 // bias_fwd / bias_bwd: argument checks, the CPU reference (ATen) and the Meta (shape-only) version.
 #include "kernels/bias.h"
 
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/TensorOperators.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

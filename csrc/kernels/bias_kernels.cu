@@ -63,9 +63,10 @@ constexpr int kRowThreads = 8;
 
 // Block (32 columns x 8 row-threads) sums one chunk of rows for 32 columns into workspace[chunk].
 template <typename T>
-__global__ void bias_bwd_partial_kernel(const T* __restrict__ dy,                  // [rows, cols]
-                                        typename Acc<T>::type* __restrict__ partial,  // [chunks, cols]
-                                        int64_t rows, int64_t cols, int64_t rows_per_chunk) {
+__global__ void bias_bwd_partial_kernel(
+    const T* __restrict__ dy,                     // [rows, cols]
+    typename Acc<T>::type* __restrict__ partial,  // [chunks, cols]
+    int64_t rows, int64_t cols, int64_t rows_per_chunk) {
   using A = typename Acc<T>::type;
   __shared__ A tile[kRowThreads][kColsPerBlock];
   const int64_t col = blockIdx.x * static_cast<int64_t>(kColsPerBlock) + threadIdx.x;
@@ -86,9 +87,10 @@ __global__ void bias_bwd_partial_kernel(const T* __restrict__ dy,               
 }
 
 template <typename T>
-__global__ void bias_bwd_final_kernel(const typename Acc<T>::type* __restrict__ partial,  // [chunks, cols]
-                                      T* __restrict__ dbias,                              // [cols]
-                                      int64_t cols, int64_t chunks) {
+__global__ void bias_bwd_final_kernel(
+    const typename Acc<T>::type* __restrict__ partial,  // [chunks, cols]
+    T* __restrict__ dbias,                              // [cols]
+    int64_t cols, int64_t chunks) {
   const int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (col >= cols) return;
   typename Acc<T>::type sum = 0;
@@ -99,17 +101,22 @@ __global__ void bias_bwd_final_kernel(const typename Acc<T>::type* __restrict__ 
 void check_launch(const char* what) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": CUDA launch failed: " + cudaGetErrorString(err));
+    throw std::runtime_error(std::string(what) +
+                             ": CUDA launch failed: " + cudaGetErrorString(err));
   }
 }
 
 template <typename F>
 void dispatch_dtype(KernelDType dtype, F&& f) {
   switch (dtype) {
-    case KernelDType::kFloat32: return f(float{});
-    case KernelDType::kFloat64: return f(double{});
-    case KernelDType::kFloat16: return f(__half{});
-    case KernelDType::kBFloat16: return f(__nv_bfloat16{});
+    case KernelDType::kFloat32:
+      return f(float{});
+    case KernelDType::kFloat64:
+      return f(double{});
+    case KernelDType::kFloat16:
+      return f(__half{});
+    case KernelDType::kBFloat16:
+      return f(__nv_bfloat16{});
   }
   throw std::runtime_error("fusible: unsupported kernel dtype");
 }
@@ -124,9 +131,8 @@ void launch_bias_fwd(const void* x, const void* bias, void* y, int64_t rows, int
   const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, 132 * 32);
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    bias_fwd_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(x),
-                                                         static_cast<const T*>(bias),
-                                                         static_cast<T*>(y), total, cols);
+    bias_fwd_kernel<T><<<blocks, kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(y), total, cols);
   });
   check_launch("bias_fwd_kernel");
 }
@@ -148,9 +154,9 @@ void launch_bias_bwd(const void* dy, void* workspace, void* dbias, int64_t rows,
     using A = typename Acc<T>::type;
     const dim3 grid((cols + kColsPerBlock - 1) / kColsPerBlock, num_chunks);
     const dim3 block(kColsPerBlock, kRowThreads);
-    bias_bwd_partial_kernel<T><<<grid, block, 0, stream>>>(
-        static_cast<const T*>(dy), static_cast<A*>(workspace), rows, cols,
-        std::max<int64_t>(rows_per_chunk, 1));
+    bias_bwd_partial_kernel<T><<<grid, block, 0, stream>>>(static_cast<const T*>(dy),
+                                                           static_cast<A*>(workspace), rows, cols,
+                                                           std::max<int64_t>(rows_per_chunk, 1));
     check_launch("bias_bwd_partial_kernel");
     constexpr int kThreads = 256;
     bias_bwd_final_kernel<T><<<(cols + kThreads - 1) / kThreads, kThreads, 0, stream>>>(

@@ -10,10 +10,14 @@ namespace fusible::kernels {
 
 inline KernelDType kernel_dtype(const char* op, const at::Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kFloat: return KernelDType::kFloat32;
-    case at::kDouble: return KernelDType::kFloat64;
-    case at::kHalf: return KernelDType::kFloat16;
-    case at::kBFloat16: return KernelDType::kBFloat16;
+    case at::kFloat:
+      return KernelDType::kFloat32;
+    case at::kDouble:
+      return KernelDType::kFloat64;
+    case at::kHalf:
+      return KernelDType::kFloat16;
+    case at::kBFloat16:
+      return KernelDType::kBFloat16;
     default:
       TORCH_CHECK_TYPE(false, op, ": expected float32, float64, float16 or bfloat16, got ",
                        t.scalar_type());

@@ -19,7 +19,7 @@ void launch_bias_fwd(const void* x,     // [rows, cols]
 
 /// Partial column sums of dy over row chunks, then their total: dbias[n] = sum_m dy[m, n].
 /// workspace holds num_chunks * cols accumulator values (float, or double for kFloat64).
-void launch_bias_bwd(const void* dy,  // [rows, cols]
+void launch_bias_bwd(const void* dy,   // [rows, cols]
                      void* workspace,  // [num_chunks, cols], accumulator type
                      void* dbias,      // [cols]
                      int64_t rows, int64_t cols, int64_t num_chunks, KernelDType dtype,

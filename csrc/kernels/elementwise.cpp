@@ -1,8 +1,8 @@
 // Small elementwise ops of the basic operations: constant scale, residual add (out of place and in
 // place), and dropout with its saved keep-mask.
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/bernoulli.h>
 #include <ATen/ops/empty.h>
-#include <ATen/TensorOperators.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

@@ -15,14 +15,23 @@ TORCH_LIBRARY(fusible, m) {
   // dW = dy^T x over all leading dims. dy: [..., N], x: [..., K] -> [N, K].
   m.def("linear_wgrad(Tensor dy, Tensor x) -> Tensor");
 
-  // LayerNorm over the trailing weight.shape dims -> (y, mean, rstd), stats over x's leading dims, stats in fp32/fp64.
-  m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, bool zero_centered_gamma) -> (Tensor, Tensor, Tensor)");
+  // LayerNorm over the trailing weight.shape dims -> (y, mean, rstd), stats over x's leading dims,
+  // stats in fp32/fp64.
+  m.def(
+      "layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, bool zero_centered_gamma) -> "
+      "(Tensor, Tensor, Tensor)");
   // LayerNorm backward from the saved stats -> (dx, dweight, dbias).
-  m.def("layernorm_bwd(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor weight, bool zero_centered_gamma) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "layernorm_bwd(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor weight, bool "
+      "zero_centered_gamma) -> (Tensor, Tensor, Tensor)");
   // RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w -> (y, rstd over x's leading dims).
-  m.def("rmsnorm_fwd(Tensor x, Tensor weight, float eps, bool zero_centered_gamma) -> (Tensor, Tensor)");
+  m.def(
+      "rmsnorm_fwd(Tensor x, Tensor weight, float eps, bool zero_centered_gamma) -> (Tensor, "
+      "Tensor)");
   // RMSNorm backward -> (dx, dweight).
-  m.def("rmsnorm_bwd(Tensor dy, Tensor x, Tensor rstd, Tensor weight, bool zero_centered_gamma) -> (Tensor, Tensor)");
+  m.def(
+      "rmsnorm_bwd(Tensor dy, Tensor x, Tensor rstd, Tensor weight, bool zero_centered_gamma) -> "
+      "(Tensor, Tensor)");
   // L2 normalization over the last dim: y = x * rsqrt(sum(x^2) + eps) -> (y, rstd [...]).
   m.def("l2norm_fwd(Tensor x, float eps) -> (Tensor, Tensor)");
   // L2 normalization backward -> dx.

@@ -34,7 +34,8 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight,
 }
 
 at::Tensor linear_dgrad(const at::Tensor& dy, const at::Tensor& weight) {
-  check_linear_args("linear_dgrad", "dy", dy, weight, weight.size(0), "weight.size(0), out_features");
+  check_linear_args("linear_dgrad", "dy", dy, weight, weight.size(0),
+                    "weight.size(0), out_features");
   return at::matmul(dy, weight).contiguous();
 }
 

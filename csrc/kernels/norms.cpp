@@ -1,7 +1,7 @@
 // layernorm / rmsnorm / l2norm forward and backward through ATen, computed in fp32 (fp64 for fp64)
 // and rounded once. Statistics (mean, rstd) are returned per row for the backward.
-#include <ATen/ops/rsqrt.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/rsqrt.h>
 #include <torch/library.h>
 
 #include "common/checks.h"
@@ -14,7 +14,8 @@ namespace {
 // sizes are used so the ops also trace with dynamic shapes.
 
 // x [..., *normalized_shape] with weight [*normalized_shape]: returns the normalized dims.
-std::vector<int64_t> check_norm_args(const char* op, const at::Tensor& x, const at::Tensor& weight) {
+std::vector<int64_t> check_norm_args(const char* op, const at::Tensor& x,
+                                     const at::Tensor& weight) {
   FUSIBLE_CHECK_FLOATING(op, "x", x);
   FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "weight", weight);
   FUSIBLE_CHECK_SAME_DTYPE(op, "x", x, "weight", weight);

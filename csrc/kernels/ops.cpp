@@ -16,8 +16,7 @@ c10::TypedOperatorHandle<Sig> handle(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
 }
 
-#define FUSIBLE_OP(name, sig) \
-  static const auto op = handle<sig>("fusible::" name)
+#define FUSIBLE_OP(name, sig) static const auto op = handle<sig>("fusible::" name)
 
 }  // namespace
 

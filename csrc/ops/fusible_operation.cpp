@@ -88,8 +88,8 @@ std::pair<at::Tensor, std::vector<at::Tensor>> BasicOperation::op_backward(Opera
 }
 
 at::Tensor BasicOperation::fuser_forward(const std::vector<OperationContext*>& ctxs,
-                                         const at::Tensor& input, const TensorLists&,
-                                         TensorLists&, const ForwardArgs& args) {
+                                         const at::Tensor& input, const TensorLists&, TensorLists&,
+                                         const ForwardArgs& args) {
   TORCH_INTERNAL_ASSERT(ctxs.size() == 1, type_name_, ": expected one context");
   TORCH_CHECK(num_extra_inputs_ == 0 && num_extra_outputs_ == 0, type_name_,
               ": an op with extra inputs or outputs must override fuser_forward");
@@ -105,7 +105,9 @@ BackwardResult BasicOperation::fuser_backward(const std::vector<OperationContext
 
 FusedOperation::FusedOperation(std::string type_name,
                                std::vector<std::shared_ptr<BasicOperation>> basic_ops)
-    : FusibleOperation(type_name), basic_ops_(std::move(basic_ops)), type_name_(std::move(type_name)) {
+    : FusibleOperation(type_name),
+      basic_ops_(std::move(basic_ops)),
+      type_name_(std::move(type_name)) {
   TORCH_CHECK(!basic_ops_.empty(), type_name_, ": expected at least one basic op");
 }
 

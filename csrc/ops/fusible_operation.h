@@ -47,8 +47,8 @@ class FusibleOperation : public torch::nn::Module {
   /// The basic ops this op stands for, in forward order (a basic op: itself).
   virtual std::vector<std::shared_ptr<BasicOperation>> basic_ops() = 0;
 
-  /// Runs the forward of every covered basic op. ctxs, extra_inputs and extra_outputs have one entry
-  /// per basic op; extra_outputs arrives sized and is filled here.
+  /// Runs the forward of every covered basic op. ctxs, extra_inputs and extra_outputs have one
+  /// entry per basic op; extra_outputs arrives sized and is filled here.
   virtual at::Tensor fuser_forward(const std::vector<OperationContext*>& ctxs,
                                    const at::Tensor& input, const TensorLists& extra_inputs,
                                    TensorLists& extra_outputs, const ForwardArgs& args) = 0;
@@ -84,8 +84,8 @@ class BasicOperation : public FusibleOperation {
   virtual at::Tensor op_forward(OperationContext& ctx, const at::Tensor& input,
                                 const ForwardArgs& args);
   /// -> (grad_input, one gradient per parameter in parameters() order).
-  virtual std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(
-      OperationContext& ctx, const at::Tensor& grad_output);
+  virtual std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
+                                                                     const at::Tensor& grad_output);
 
   at::Tensor fuser_forward(const std::vector<OperationContext*>& ctxs, const at::Tensor& input,
                            const TensorLists& extra_inputs, TensorLists& extra_outputs,

@@ -4,8 +4,8 @@
 #include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
-#include <torch/csrc/autograd/variable.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
 
@@ -15,7 +15,8 @@ namespace fusible::ops {
 
 c10::TensorOptions param_options(std::optional<c10::Device> device,
                                  std::optional<at::ScalarType> dtype) {
-  const auto dev = device.value_or(at::hasCUDA() ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU));
+  const auto dev =
+      device.value_or(at::hasCUDA() ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU));
   const auto dt = dtype.value_or(at::kFloat);
   TORCH_CHECK_TYPE(at::isFloatingType(dt), "expected a floating-point parameter dtype, got ", dt);
   return c10::TensorOptions().device(dev).dtype(dt);

@@ -3,13 +3,12 @@
 // MakeExtraOutput hands the residual out of the first fuser; AddExtraInput adds it back.
 // Runs on CUDA when present, else CPU. Usage: train_mlp [steps]
 #include <ATen/ATen.h>
+#include <fusible/fusible.h>
 #include <torch/optim/adamw.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-
-#include <fusible/fusible.h>
 
 int main(int argc, char** argv) {
   using namespace fusible;

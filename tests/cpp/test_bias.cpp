@@ -41,16 +41,22 @@ TEST(BiasCpu, BadArgumentsGiveClearErrors) {
   const auto x = at::randn({2, 3});
   expect_error_contains([&] { kernels::bias_fwd(x, at::randn({4})); },
                         "bias_fwd: expected x.size(-1) == 4, got 3");
-  expect_error_contains([&] { kernels::bias_fwd(x, at::randn({3}, at::kDouble)); },
-                        "same dtype");
-  expect_error_contains([&] { kernels::bias_fwd(x, at::randn({1, 3})); },
-                        "expected bias to have 1 dims");
-  expect_error_contains([&] { kernels::bias_fwd(at::ones({2, 3}, at::kLong), at::ones({3}, at::kLong)); },
-                        "floating-point");
+  expect_error_contains([&] { kernels::bias_fwd(x, at::randn({3}, at::kDouble)); }, "same dtype");
+  expect_error_contains(
+      [&] {
+        kernels::bias_fwd(x, at::randn({1, 3}));
+      },
+      "expected bias to have 1 dims");
+  expect_error_contains(
+      [&] {
+        kernels::bias_fwd(at::ones({2, 3}, at::kLong), at::ones({3}, at::kLong));
+      },
+      "floating-point");
   expect_error_contains([&] { kernels::bias_bwd(at::randn({})); }, "at least 1 dims");
 }
 
-class BiasCuda : public ::testing::TestWithParam<std::tuple<at::ScalarType, std::vector<int64_t>>> {};
+class BiasCuda : public ::testing::TestWithParam<std::tuple<at::ScalarType, std::vector<int64_t>>> {
+};
 
 TEST_P(BiasCuda, MatchesCpuReference) {
   FUSIBLE_SKIP_WITHOUT_CUDA();

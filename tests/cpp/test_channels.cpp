@@ -2,10 +2,9 @@
 // gradient must reach it), fused ops that contain producer and consumer in each pass, and fused
 // producers that omit an output someone outside needs.
 #include <ATen/ATen.h>
+#include <fusible/fusible.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
-
-#include <fusible/fusible.h>
 
 #include "test_utils.h"
 
@@ -99,8 +98,8 @@ TEST_P(ChannelsFusedPass, FusedOpContainingProducerAndConsumer) {
   make->set_extra_output_channel(0, "r", false);
   auto add = std::make_shared<ops::AddExtraInput>();
   add->set_extra_input_channel(0, "r");
-  std::vector<std::shared_ptr<FusibleOperation>> list{make, std::make_shared<ops::ConstantScale>(2.5),
-                                                      add};
+  std::vector<std::shared_ptr<FusibleOperation>> list{
+      make, std::make_shared<ops::ConstantScale>(2.5), add};
   const auto x = at::randn({4, 3}, at::kDouble).requires_grad_();
   const auto dy = at::randn({4, 3}, at::kDouble);
   OperationFuser unfused(list);
@@ -142,8 +141,9 @@ class ForgetfulProducer : public ops::FusedOperation {
 
 ops::OpList fuse_forgetful(ops::OpList list, const ops::FusionContext&) {
   if (list.size() >= 2 && std::dynamic_pointer_cast<ops::MakeExtraOutput>(list[0])) {
-    ops::OpList out{std::make_shared<ForgetfulProducer>(std::vector<std::shared_ptr<ops::BasicOperation>>{
-        list[0]->basic_ops()[0], list[1]->basic_ops()[0]})};
+    ops::OpList out{
+        std::make_shared<ForgetfulProducer>(std::vector<std::shared_ptr<ops::BasicOperation>>{
+            list[0]->basic_ops()[0], list[1]->basic_ops()[0]})};
     out.insert(out.end(), list.begin() + 2, list.end());
     return out;
   }
@@ -155,7 +155,8 @@ TEST(Channels, FusedProducerOmittingANeededOutputFails) {
   ops::FusionRegistry::instance().add("forgetful", ops::FusionPass::kForward, fuse_forgetful);
   const auto x = at::randn({3}, at::kDouble);
   {
-    OperationFuser f({std::make_shared<ops::MakeExtraOutput>(), std::make_shared<ops::ConstantScale>(2.0)});
+    OperationFuser f(
+        {std::make_shared<ops::MakeExtraOutput>(), std::make_shared<ops::ConstantScale>(2.0)});
     expect_error_contains([&] { f.forward(x, {}); }, "is public");
   }
   auto make = std::make_shared<ops::MakeExtraOutput>();

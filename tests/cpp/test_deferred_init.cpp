@@ -1,9 +1,8 @@
 // Deferred initialization from C++: ops built on kMeta materialize in place on the first forward.
 #include <ATen/ATen.h>
+#include <fusible/fusible.h>
 #include <gtest/gtest.h>
 #include <torch/optim/sgd.h>
-
-#include <fusible/fusible.h>
 
 #include "test_utils.h"
 
@@ -41,7 +40,8 @@ TEST(DeferredInit, LinearOnMetaMaterializesInPlaceOnFirstForward) {
 }
 
 TEST(DeferredInit, ResetParametersMaterializesOnDefaultDevice) {
-  auto ln = std::make_shared<ops::LayerNorm>(std::vector<int64_t>{6}, 1e-5, c10::Device(c10::kMeta));
+  auto ln =
+      std::make_shared<ops::LayerNorm>(std::vector<int64_t>{6}, 1e-5, c10::Device(c10::kMeta));
   const auto* impl = ln->weight().unsafeGetTensorImpl();
   ln->reset_parameters();
   EXPECT_EQ(ln->weight().unsafeGetTensorImpl(), impl);

@@ -1,10 +1,9 @@
 // OperationFuser from C++: values and gradients, a custom fusion registered from the test, plan
 // checks, first-backward index, and the C++ Sequential.
 #include <ATen/ATen.h>
+#include <fusible/fusible.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
-
-#include <fusible/fusible.h>
 
 #include "test_utils.h"
 
@@ -39,7 +38,8 @@ ops::OpList fuse_scale_pairs(ops::OpList list, const ops::FusionContext&) {
   ops::OpList out;
   for (size_t i = 0; i < list.size(); ++i) {
     auto a = std::dynamic_pointer_cast<ops::ConstantScale>(list[i]);
-    auto b = i + 1 < list.size() ? std::dynamic_pointer_cast<ops::ConstantScale>(list[i + 1]) : nullptr;
+    auto b =
+        i + 1 < list.size() ? std::dynamic_pointer_cast<ops::ConstantScale>(list[i + 1]) : nullptr;
     if (a && b) {
       out.push_back(std::make_shared<ForwardScaleScale>(a, b));
       ++i;

@@ -17,11 +17,16 @@ struct Tolerance {
 /// DESIGN.md section 7: tolerance against a float64 reference for a result computed in dtype.
 inline Tolerance tolerance_for(at::ScalarType dtype, bool gemm, bool cuda = false) {
   switch (dtype) {
-    case at::kDouble: return {1e-12, 1e-12};
-    case at::kFloat: return gemm ? Tolerance{cuda ? 1e-3 : 1e-4, 1e-5} : Tolerance{1.3e-6, 1e-5};
-    case at::kHalf: return {1e-3, 1e-5};
-    case at::kBFloat16: return {1.6e-2, 1e-5};
-    default: return {0, 0};
+    case at::kDouble:
+      return {1e-12, 1e-12};
+    case at::kFloat:
+      return gemm ? Tolerance{cuda ? 1e-3 : 1e-4, 1e-5} : Tolerance{1.3e-6, 1e-5};
+    case at::kHalf:
+      return {1e-3, 1e-5};
+    case at::kBFloat16:
+      return {1.6e-2, 1e-5};
+    default:
+      return {0, 0};
   }
 }
 
@@ -52,9 +57,9 @@ inline void expect_error_contains(const std::function<void()>& f, const std::str
   }
 }
 
-#define FUSIBLE_SKIP_WITHOUT_CUDA()                                                    \
-  do {                                                                         \
-    if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine";      \
+#define FUSIBLE_SKIP_WITHOUT_CUDA()                                       \
+  do {                                                                    \
+    if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine"; \
   } while (0)
 
 }  // namespace fusible::test

@@ -85,7 +85,8 @@ BackwardResult ScaledSwiGLU::fuser_backward(const std::vector<OperationContext*>
                                             const at::Tensor& grad_output, const TensorLists&) {
   auto& ctx = *ctxs.at(0);
   const auto& s = ctx.saved_tensors;
-  auto [dx, dscales] = kernels::scaled_swiglu_bwd(cast_to(grad_output, ctx.compute_dtype), s.at(0), s.at(1));
+  auto [dx, dscales] =
+      kernels::scaled_swiglu_bwd(cast_to(grad_output, ctx.compute_dtype), s.at(0), s.at(1));
   const bool scales_need_grad =
       !ctx.extra_input_requires_grad.empty() && ctx.extra_input_requires_grad[0];
   return {dx, {{}}, {{scales_need_grad ? dscales : at::Tensor()}}};

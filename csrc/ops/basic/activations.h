@@ -1,5 +1,6 @@
 // Activations: elementwise (GELU, QGELU, ReLU, SReLU, SiLU), gated on halves of the last dim
-// (GLU, GEGLU, QGEGLU, ReGLU, SReGLU, SwiGLU), ClampedSwiGLU and ScaledSwiGLU (scales as extra input).
+// (GLU, GEGLU, QGEGLU, ReGLU, SReGLU, SwiGLU), ClampedSwiGLU and ScaledSwiGLU (scales as extra
+// input).
 #pragma once
 
 #include "ops/fusible_operation.h"
@@ -13,7 +14,8 @@ class ElementwiseActivation : public BasicOperation {
       : BasicOperation(std::move(type_name)), kind_(std::move(kind)) {}
   /// Kernel kind: gelu, qgelu, relu, srelu or silu.
   const std::string& kind() const { return kind_; }
-  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) override;
+  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
+                        const ForwardArgs& args) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
 
@@ -28,7 +30,8 @@ class GatedActivation : public BasicOperation {
       : BasicOperation(std::move(type_name)), kind_(std::move(kind)) {}
   /// Kernel kind: glu, geglu, qgeglu, reglu, sreglu or swiglu.
   const std::string& kind() const { return kind_; }
-  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) override;
+  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
+                        const ForwardArgs& args) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
 
@@ -62,7 +65,8 @@ class ClampedSwiGLU : public BasicOperation {
       : BasicOperation("ClampedSwiGLU"), limit_(limit), alpha_(alpha) {}
   double limit() const { return limit_; }
   double alpha() const { return alpha_; }
-  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) override;
+  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
+                        const ForwardArgs& args) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
 

@@ -16,8 +16,8 @@ BasicLinear::BasicLinear(int64_t in_features, int64_t out_features,
   TORCH_CHECK_VALUE(in_features > 0 && out_features > 0,
                     "BasicLinear: expected positive in_features and out_features, got ",
                     in_features, " and ", out_features);
-  weight_ = register_parameter("weight",
-                               at::empty({out_features, in_features}, param_options(device, dtype)));
+  weight_ = register_parameter(
+      "weight", at::empty({out_features, in_features}, param_options(device, dtype)));
   if (!weight_.is_meta()) reset_parameters();
 }
 
@@ -39,8 +39,8 @@ std::pair<at::Tensor, at::Tensor> BasicLinear::prepare_forward(OperationContext&
   const auto xc = cast_to(x, ctx.compute_dtype);
   const auto w = cast_to(weight_, ctx.compute_dtype);
   if (ctx.requires_grad) {
-    ctx.save_for_backward({weight_.requires_grad() ? xc : at::Tensor(),
-                           ctx.input_requires_grad ? w : at::Tensor()});
+    ctx.save_for_backward(
+        {weight_.requires_grad() ? xc : at::Tensor(), ctx.input_requires_grad ? w : at::Tensor()});
   }
   return {xc, w};
 }

@@ -15,7 +15,8 @@ class BasicLinear : public BasicOperation {
   int64_t out_features() const { return out_features_; }
   at::Tensor& weight() { return weight_; }
   void reset_parameters() override;
-  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) override;
+  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
+                        const ForwardArgs& args) override;
   /// Checks x, fills ctx as the forward does (compute dtype, saved tensors) and returns
   /// (x, weight) cast to the compute dtype; fused forwards call this so the backward stays valid.
   std::pair<at::Tensor, at::Tensor> prepare_forward(OperationContext& ctx, const at::Tensor& x,

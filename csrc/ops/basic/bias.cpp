@@ -32,8 +32,8 @@ at::Tensor Bias::prepare_forward(OperationContext& ctx, const ForwardArgs& args)
 at::Tensor Bias::op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) {
   check_input_against_param("Bias", x, bias_);
   FUSIBLE_CHECK_MIN_DIM("Bias", "input", x, 1);
-  TORCH_CHECK(x.size(-1) == size_, "Bias: expected input.size(-1) == ", size_, ", got ",
-              x.size(-1), " (input shape ", shape_str(x), ")");
+  TORCH_CHECK(x.size(-1) == size_, "Bias: expected input.size(-1) == ", size_, ", got ", x.size(-1),
+              " (input shape ", shape_str(x), ")");
   const auto b = prepare_forward(ctx, args);
   return kernels::bias_fwd(cast_to(x, ctx.compute_dtype), b);
 }
@@ -41,7 +41,8 @@ at::Tensor Bias::op_forward(OperationContext& ctx, const at::Tensor& x, const Fo
 std::pair<at::Tensor, std::vector<at::Tensor>> Bias::op_backward(OperationContext& ctx,
                                                                  const at::Tensor& dy) {
   at::Tensor db;
-  if (bias_.requires_grad()) db = cast_to(kernels::bias_bwd(cast_to(dy, ctx.compute_dtype)), bias_.scalar_type());
+  if (bias_.requires_grad())
+    db = cast_to(kernels::bias_bwd(cast_to(dy, ctx.compute_dtype)), bias_.scalar_type());
   return {dy, {db}};
 }
 

@@ -13,7 +13,8 @@ class Bias : public BasicOperation {
   int64_t size() const { return size_; }
   at::Tensor& bias() { return bias_; }
   void reset_parameters() override;
-  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) override;
+  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
+                        const ForwardArgs& args) override;
   /// Fills ctx as the forward does and returns the bias in the compute dtype.
   at::Tensor prepare_forward(OperationContext& ctx, const ForwardArgs& args);
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,

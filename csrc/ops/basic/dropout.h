@@ -10,7 +10,8 @@ class Dropout : public BasicOperation {
  public:
   explicit Dropout(double p);
   double p() const { return p_; }
-  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) override;
+  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
+                        const ForwardArgs& args) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
 

@@ -20,8 +20,8 @@ void check_normalized_shape(const char* op, const std::vector<int64_t>& shape) {
 void check_trailing_dims(const char* op, const at::Tensor& x, const std::vector<int64_t>& shape) {
   const auto nd = static_cast<int64_t>(shape.size());
   TORCH_CHECK(x.dim() >= nd && x.sizes().slice(x.dim() - nd).equals(shape), op,
-              ": expected input's trailing dims to be ", c10::IntArrayRef(shape), ", got input shape ",
-              shape_str(x));
+              ": expected input's trailing dims to be ", c10::IntArrayRef(shape),
+              ", got input shape ", shape_str(x));
 }
 
 }  // namespace
@@ -83,7 +83,8 @@ RMSNorm::RMSNorm(std::vector<int64_t> normalized_shape, double eps,
       eps_(eps),
       zero_centered_gamma_(zero_centered_gamma) {
   check_normalized_shape("RMSNorm", normalized_shape_);
-  weight_ = register_parameter("weight", at::empty(normalized_shape_, param_options(device, dtype)));
+  weight_ =
+      register_parameter("weight", at::empty(normalized_shape_, param_options(device, dtype)));
   if (!weight_.is_meta()) reset_parameters();
 }
 

@@ -19,7 +19,8 @@ class LayerNorm : public BasicOperation {
   at::Tensor& weight() { return weight_; }
   at::Tensor& bias() { return bias_; }
   void reset_parameters() override;
-  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) override;
+  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
+                        const ForwardArgs& args) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
 
@@ -44,7 +45,8 @@ class RMSNorm : public BasicOperation {
   bool zero_centered_gamma() const { return zero_centered_gamma_; }
   at::Tensor& weight() { return weight_; }
   void reset_parameters() override;
-  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) override;
+  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
+                        const ForwardArgs& args) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
 
@@ -62,7 +64,8 @@ class L2Normalization : public BasicOperation {
  public:
   explicit L2Normalization(double eps = 1e-6) : BasicOperation("L2Normalization"), eps_(eps) {}
   double eps() const { return eps_; }
-  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args) override;
+  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
+                        const ForwardArgs& args) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
 

@@ -12,9 +12,8 @@ ForwardLinearBiasActivation::ForwardLinearBiasActivation(std::shared_ptr<BasicLi
       bias_(std::move(bias)) {}
 
 at::Tensor ForwardLinearBiasActivation::fuser_forward(const std::vector<OperationContext*>& ctxs,
-                                                      const at::Tensor& input,
-                                                      const TensorLists&, TensorLists&,
-                                                      const ForwardArgs& args) {
+                                                      const at::Tensor& input, const TensorLists&,
+                                                      TensorLists&, const ForwardArgs& args) {
   auto& linear_ctx = *ctxs.at(0);
   auto& bias_ctx = *ctxs.at(1);
   const auto [x, w] = linear_->prepare_forward(linear_ctx, input, args);
