@@ -7,5 +7,6 @@ namespace fusible::python {
 
 void bind_ops(pybind11::module_& m);
 void bind_fuser(pybind11::module_& m);
+void bind_python_ops(pybind11::module_& m);
 
 }  // namespace fusible::python

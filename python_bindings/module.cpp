@@ -14,4 +14,5 @@ PYBIND11_MODULE(_C, m) {
 #endif
   fusible::python::bind_ops(m);
   fusible::python::bind_fuser(m);
+  fusible::python::bind_python_ops(m);
 }

@@ -184,6 +184,9 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
   call->param_pos = param_pos_;
   call->param_dtypes.reserve(params_.size());
   for (const auto& p : params_) call->param_dtypes.push_back(p.scalar_type());
+  for (const auto& op : basic_ops_) {
+    if (auto k = op->keep_alive()) call->keep_alive.push_back(std::move(k));
+  }
   const auto n = static_cast<int64_t>(basic_ops_.size());
   call->ctxs.resize(n);
   for (int64_t i = 0; i < n; ++i) {

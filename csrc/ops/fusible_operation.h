@@ -66,6 +66,10 @@ class FusibleOperation : public torch::nn::Module {
   /// ops materialize meta parameters on the input's device and initialize them. A future op with
   /// its own first-use state (FP8 weights, GroupedLinear) hooks in here.
   virtual void pre_first_forward(const at::Tensor& input) = 0;
+
+  /// Something a fuser call must hold until its backward has run (an op written in Python returns
+  /// a reference to its Python object, which the caller may drop right after the forward).
+  virtual std::shared_ptr<void> keep_alive() const { return nullptr; }
 };
 
 /// One computation with its own parameters. Single-tensor ops implement op_forward / op_backward;
@@ -94,8 +98,9 @@ class BasicOperation : public FusibleOperation {
                                 const at::Tensor& grad_output,
                                 const TensorLists& grad_extra_outputs) override;
 
-  /// This op's own parameters, in registration order (gradients follow this order).
-  std::vector<at::Tensor> op_parameters() const { return parameters(/*recurse=*/false); }
+  /// This op's own parameters, in registration order (gradients follow this order). Virtual so
+  /// ops defined in Python can report the parameters Python registered.
+  virtual std::vector<at::Tensor> op_parameters() const { return parameters(/*recurse=*/false); }
 
   void pre_first_forward(const at::Tensor& input) override;
   /// Materializes this op's meta parameters in place on `device`; returns whether any was meta.

@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include <memory>
 #include <vector>
 
 namespace fusible::ops {
@@ -27,8 +28,10 @@ struct OperationContext {
   at::ScalarType compute_dtype = at::kFloat;
   /// Shape of the input as it arrived (Reshape's backward needs it).
   std::vector<int64_t> input_shape;
-  /// Free-form op state that is not a tensor (scalars, Python attributes).
+  /// Free-form op state that is not a tensor (scalars).
   c10::IValue state;
+  /// State owned by a language binding (the Python attributes users set on a context).
+  std::shared_ptr<void> binding_state;
 
   void save_for_backward(std::vector<at::Tensor> tensors) { to_save = std::move(tensors); }
 };

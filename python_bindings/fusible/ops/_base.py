@@ -1,5 +1,7 @@
 """Python faces of the C++ operations: each op is a torch.nn.Module whose parameters are the very
 tensors the C++ op computes with (one autograd leaf, one storage)."""
+import weakref
+
 import torch
 
 from .. import _C
@@ -40,11 +42,16 @@ class FusibleOperation(torch.nn.Module):
     """Base of every fusible op: wraps a C++ op (`_cpp`) and adopts its parameters."""
 
     is_fused_op = False
+    _builtin = True  # a built-in op: its parameters live in the C++ op
 
     def __init__(self, cpp_op):
         super().__init__()
+        self._attach(cpp_op)
+
+    def _attach(self, cpp_op):
         self._cpp = cpp_op
         self._fuser = None  # single-op fuser for plain op(x) calls, made on first use
+        cpp_op._py_module = weakref.ref(self)  # fusion functions see the user's own objects
         for name, tensor in cpp_op.own_parameters():
             # Turn the C++ tensor's own Python object into a Parameter: same TensorImpl, same leaf.
             if not isinstance(tensor, torch.nn.Parameter):
@@ -54,7 +61,8 @@ class FusibleOperation(torch.nn.Module):
     def __setattr__(self, name, value):
         # A new Parameter for one of the C++ op's parameters: the C++ op must compute with it too.
         params = self.__dict__.get("_parameters")
-        if params is not None and name in params and isinstance(value, torch.nn.Parameter):
+        if (self._builtin and params is not None and name in params
+                and isinstance(value, torch.nn.Parameter)):
             if value is not params[name]:
                 self._replace_parameter(name, value)
         super().__setattr__(name, value)
@@ -112,8 +120,37 @@ class FusibleOperation(torch.nn.Module):
         return ""
 
 
+def _defines(cls, base, name):
+    """Whether a subclass of `base` (not base itself) defines method `name`."""
+    return any(name in vars(c) for c in cls.__mro__ if issubclass(c, base) and c is not base)
+
+
 class BasicOperation(FusibleOperation):
-    """A single computation with its own parameters."""
+    """A single computation with its own parameters.
+
+    Subclass it in Python with te.ops' protocol: call super().__init__() with no arguments, size
+    extra tensors with the class attributes num_extra_inputs / num_extra_outputs, register
+    parameters the usual nn.Module way, and implement op_forward / op_backward (or fuser_forward /
+    fuser_backward for ops with extra tensors)."""
+
+    def __init__(self, cpp_op=None):
+        if cpp_op is not None:  # a built-in op
+            super().__init__(cpp_op)
+            return
+        torch.nn.Module.__init__(self)
+        self._builtin = False
+        cls = type(self)
+        n_in, n_out = vars_int(cls, "num_extra_inputs"), vars_int(cls, "num_extra_outputs")
+        self._attach(_C.PyBasicOperation(self, cls.__name__, n_in, n_out,
+                                         _defines(cls, BasicOperation, "fuser_forward"),
+                                         _defines(cls, BasicOperation, "fuser_backward")))
+
+    # Built-in ops' own forward/backward, callable from Python fused ops.
+    def op_forward(self, ctx, input_, **unused):
+        return _C.basic_op_forward(self._cpp, ctx, input_)
+
+    def op_backward(self, ctx, grad_output):
+        return _C.basic_op_backward(self._cpp, ctx, grad_output)
 
     def set_extra_output_channel(self, index, channel, *, output_to_caller=True):
         """Names extra-output slot `index` (None unbinds); output_to_caller=False hides it."""
@@ -135,6 +172,12 @@ class BasicOperation(FusibleOperation):
         return self._cpp.channels_locked
 
 
+def vars_int(cls, name):
+    """A class attribute that sizes channel slots (0 when not an int: the built-ins' property)."""
+    value = getattr(cls, name, 0)
+    return value if isinstance(value, int) else 0
+
+
 def _check_channel(channel):
     if channel is not None and (not isinstance(channel, str) or not channel):
         raise ValueError(f"channel must be None or a non-empty string, got {channel!r}")
@@ -148,13 +191,26 @@ def _check_index(op, index):
 
 class FusedOperation(FusibleOperation):
     """Several basic ops run as one; `basic_ops` lists them (not registered as submodules, so the
-    state dict keeps the fused op's own keys)."""
+    state dict keeps the fused op's own keys).
+
+    Subclass it in Python with te.ops' protocol: FusedOperation(basic_ops) and fuser_forward and/or
+    fuser_backward; a direction left out runs the basic ops unfused."""
 
     is_fused_op = True
 
-    def __init__(self, cpp_op, basic_ops):
-        super().__init__(cpp_op)
-        object.__setattr__(self, "basic_ops", list(basic_ops))
+    def __init__(self, basic_ops, *, _cpp=None):
+        basic_ops = list(basic_ops)
+        if _cpp is None:  # a Python fused op
+            torch.nn.Module.__init__(self)
+            self._builtin = False
+            cls = type(self)
+            _cpp = _C.PyFusedOperation(self, cls.__name__, [op._cpp for op in basic_ops],
+                                       _defines(cls, FusedOperation, "fuser_forward"),
+                                       _defines(cls, FusedOperation, "fuser_backward"))
+            self._attach(_cpp)
+        else:
+            super().__init__(_cpp)
+        object.__setattr__(self, "basic_ops", basic_ops)
 
     def _basic_op_list(self):
         return self.basic_ops

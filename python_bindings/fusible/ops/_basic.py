@@ -177,7 +177,7 @@ class Linear(FusedOperation):
         basic = [_wrap_basic(BasicLinear, cpp.get_basic_ops()[0])]
         if bias:
             basic.append(_wrap_basic(Bias, cpp.get_basic_ops()[1]))
-        super().__init__(cpp, basic)
+        super().__init__(basic, _cpp=cpp)
         if not bias:
             self.register_parameter("bias", None)
 

@@ -51,7 +51,9 @@ class OperationFuser:
     def _py_op(self, cpp_op, indices):
         if not cpp_op.is_fused and len(indices) == 1:
             return self._basic[indices[0]]
-        # A fused op made by a fusion: its basic ops as the user's own Python objects.
+        if isinstance(cpp_op, _C.PyFusedOperation):
+            return cpp_op.python_object
+        # A built-in fused op made by a fusion: its basic ops as the user's own Python objects.
         cpp_op.basic_ops = [self._basic[i] for i in indices]
         return cpp_op
 

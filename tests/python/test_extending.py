@@ -1,0 +1,319 @@
+"""Extending fusible from Python with te.ops' protocol: custom basic ops, fused ops and fusion
+functions, mixed with built-in ops. Every case checks values and gradients against plain PyTorch."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusible import ops
+
+D = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def isolated_registry():
+    snap = ops.snapshot_fusions()
+    yield
+    ops.restore_fusions(snap)
+
+
+class LearnableScale(ops.BasicOperation):
+    """y = w * x with a learnable scalar w."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.tensor(1.5, dtype=D))
+
+    def op_forward(self, ctx, input_, *, prev_op_grad_output_quantizer, next_op_input_quantizer,
+                   **unused):
+        ctx.save_for_backward(input_)
+        return self.weight * input_
+
+    def op_backward(self, ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        return self.weight * grad_output, [(grad_output * x).sum()]
+
+
+class FreshScales(ops.BasicOperation):
+    """y = x; extra output 0 = a fresh tensor exp(log_s) computed from its own parameter."""
+
+    num_extra_outputs = 1
+
+    def __init__(self, rows):
+        super().__init__()
+        self.log_s = torch.nn.Parameter(torch.randn(rows, dtype=D) * 0.1)
+
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, basic_op_kwargs,
+                      **unused):
+        s = self.log_s.detach().exp()
+        basic_op_ctxs[0].save_for_backward(s)
+        return input_, [[s]]
+
+    def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        (s,) = basic_op_ctxs[0].saved_tensors
+        ds = basic_op_grad_extra_outputs[0][0]
+        return grad_output, [[None if ds is None else ds * s]], [[]]
+
+
+def _x(*shape, grad=True):
+    return torch.randn(*shape, dtype=D, requires_grad=grad)
+
+
+class TestCustomBasicOps:
+    def test_learnable_scale_gradient_flows_through_the_fuser(self):
+        scale = LearnableScale()
+        bias = ops.Bias(4, device="cpu", dtype=D)
+        seq = ops.Sequential(scale, bias, ops.GELU())
+        assert [n for n, _ in seq.named_parameters()] == ["0.weight", "1.bias"]
+        x = _x(3, 4)
+        y = seq(x)
+        xr = x.detach().requires_grad_()
+        w = scale.weight.detach().clone().requires_grad_()
+        ref = F.gelu(w * xr + bias.bias, approximate="tanh")
+        torch.testing.assert_close(y, ref)
+        dy = torch.randn_like(y)
+        g = torch.autograd.grad(y, [x, scale.weight, bias.bias], dy)
+        r = torch.autograd.grad(ref, [xr, w, bias.bias], dy)
+        for a, b in zip(g, r):
+            torch.testing.assert_close(a, b)
+        assert seq.fusion_plan()[0]["forward"] == ["LearnableScale", "Bias", "GELU"]
+
+    def test_fresh_tensor_producer_feeds_scaled_swiglu(self):
+        prod = FreshScales(3).set_extra_output_channel(0, "scales", output_to_caller=False)
+        swiglu = ops.ScaledSwiGLU().set_extra_input_channel(0, "scales")
+        fuser = ops.OperationFuser([prod, swiglu])
+        x = _x(3, 8, grad=False)  # only the producer's parameter needs a gradient
+        y = fuser(x)
+        log_s = prod.log_s.detach().clone().requires_grad_()
+        a, b = x.chunk(2, -1)
+        ref = log_s.exp().unsqueeze(-1) * F.silu(a) * b
+        torch.testing.assert_close(y, ref)
+        dy = torch.randn_like(y)
+        (g,) = torch.autograd.grad(y, [prod.log_s], dy)
+        (r,) = torch.autograd.grad(ref, [log_s], dy)
+        torch.testing.assert_close(g, r)
+
+
+class Axpy(ops.FusedOperation):
+    """Forward-only fusion of ConstantScale + AddExtraInput: y = a * x + extra."""
+
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, **unused):
+        a = self.basic_ops[0].scale
+        return a * input_ + basic_op_extra_inputs[1][0], [[], []]
+
+
+def fuse_axpy(ops_list, *, recipe):
+    out, i = [], 0
+    while i < len(ops_list):
+        if (i + 1 < len(ops_list) and isinstance(ops_list[i], ops.ConstantScale)
+                and isinstance(ops_list[i + 1], ops.AddExtraInput)):
+            out.append(Axpy(ops_list[i:i + 2]))
+            i += 2
+        else:
+            out.append(ops_list[i])
+            i += 1
+    return out
+
+
+class LinearSiLU(ops.FusedOperation):
+    """Forward-only BasicLinear + SiLU; fills both contexts as the unfused forwards would."""
+
+    def fuser_forward(self, basic_op_ctxs, input_, **unused):
+        linear, _ = self.basic_ops
+        w = linear.weight
+        h = input_ @ w.detach().T
+        lin_ctx, act_ctx = basic_op_ctxs
+        lin_ctx.save_for_backward(input_, w.detach())
+        lin_ctx.compute_dtype = w.dtype
+        act_ctx.save_for_backward(h)
+        act_ctx.compute_dtype = h.dtype
+        act_ctx.input_dtype = h.dtype
+        return F.silu(h), [[], []]
+
+
+class ScaleThenLinearBackward(ops.FusedOperation):
+    """Backward-only [ConstantScale, BasicLinear]: reads what BasicLinear's forward saved."""
+
+    def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        scale, _ = self.basic_ops
+        x, w = basic_op_ctxs[1].saved_tensors
+        dw = grad_output.reshape(-1, grad_output.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+        dx = scale.scale * (grad_output @ w)
+        return dx, [[], [dw]], [[], []]
+
+
+class JointScales(ops.FusedOperation):
+    """Joint fusion of two ConstantScale ops."""
+
+    def fuser_forward(self, basic_op_ctxs, input_, **unused):
+        return self._k() * input_, [[], []]
+
+    def fuser_backward(self, basic_op_ctxs, grad_output, **unused):
+        return self._k() * grad_output, [[], []], [[], []]
+
+    def _k(self):
+        return self.basic_ops[0].scale * self.basic_ops[1].scale
+
+
+def _pairwise(cls, first, second):
+    def fusion(ops_list, *, recipe):
+        out, i = [], 0
+        while i < len(ops_list):
+            if (i + 1 < len(ops_list) and isinstance(ops_list[i], first)
+                    and isinstance(ops_list[i + 1], second)):
+                out.append(cls(ops_list[i:i + 2]))
+                i += 2
+            else:
+                out.append(ops_list[i])
+                i += 1
+        return out
+    fusion.__name__ = f"fuse_{cls.__name__}"
+    return fusion
+
+
+class TestFusedOpsAndFusions:
+    def test_forward_only_axpy(self):
+        ops.register_forward_fusion(fuse_axpy)
+        scale, add = ops.ConstantScale(0.25), ops.AddExtraInput()
+        fuser = ops.OperationFuser([ops.Identity(), scale, add])
+        x, r = _x(5), _x(5)
+        y = fuser(x, r)
+        plan = fuser.forward_ops()
+        assert isinstance(plan[1][0], Axpy) and plan[1][1] == [1, 2]
+        assert plan[1][0].basic_ops == [scale, add]
+        assert fuser.fusion_plan()[0] == {"forward": ["Identity", "Axpy"],
+                                          "backward": ["Identity", "ConstantScale", "AddExtraInput"]}
+        torch.testing.assert_close(y, 0.25 * x + r)
+        gx, gr = torch.autograd.grad(y, [x, r], torch.ones(5, dtype=D))
+        torch.testing.assert_close(gx, torch.full((5,), 0.25, dtype=D))
+        torch.testing.assert_close(gr, torch.ones(5, dtype=D))
+
+    def test_forward_only_linear_silu_backward_unfused(self):
+        ops.register_forward_fusion(_pairwise(LinearSiLU, ops.BasicLinear, ops.SiLU))
+        lin = ops.BasicLinear(4, 6, device="cpu", dtype=D)
+        seq = ops.Sequential(lin, ops.SiLU())
+        x = _x(3, 4)
+        y = seq(x)
+        assert seq.fusion_plan()[0] == {"forward": ["LinearSiLU"], "backward": ["BasicLinear", "SiLU"]}
+        xr = x.detach().requires_grad_()
+        ref = F.silu(xr @ lin.weight.T)
+        torch.testing.assert_close(y, ref)
+        dy = torch.randn_like(y)
+        for a, b in zip(torch.autograd.grad(y, [x, lin.weight], dy),
+                        torch.autograd.grad(ref, [xr, lin.weight], dy)):
+            torch.testing.assert_close(a, b)
+
+    def test_backward_only_reads_what_basic_linear_saved(self):
+        ops.register_backward_fusion(
+            _pairwise(ScaleThenLinearBackward, ops.ConstantScale, ops.BasicLinear))
+        lin = ops.BasicLinear(4, 3, device="cpu", dtype=D)
+        fuser = ops.OperationFuser([ops.ConstantScale(-2.0), lin])
+        x = _x(2, 4)
+        y = fuser(x)
+        assert fuser.fusion_plan()[0] == {"forward": ["ConstantScale", "BasicLinear"],
+                                          "backward": ["ScaleThenLinearBackward"]}
+        xr = x.detach().requires_grad_()
+        ref = (-2.0 * xr) @ lin.weight.T
+        dy = torch.randn_like(y)
+        for a, b in zip(torch.autograd.grad(y, [x, lin.weight], dy),
+                        torch.autograd.grad(ref, [xr, lin.weight], dy)):
+            torch.testing.assert_close(a, b)
+
+    def test_joint_fused_op_is_the_same_object_in_both_plans(self):
+        ops.register_forward_backward_fusion(_pairwise(JointScales, ops.ConstantScale,
+                                                       ops.ConstantScale))
+        fuser = ops.OperationFuser([ops.ConstantScale(2.0), ops.ConstantScale(3.0)])
+        x = _x(4)
+        y = fuser(x)
+        f, b = fuser.forward_ops()[0][0], fuser.backward_ops()[0][0]
+        assert isinstance(f, JointScales) and f is b
+        torch.testing.assert_close(y, 6 * x)
+        (g,) = torch.autograd.grad(y, [x], torch.ones(4, dtype=D))
+        torch.testing.assert_close(g, torch.full((4,), 6.0, dtype=D))
+
+    def test_python_fused_op_wires_producer_to_consumer(self):
+        class ResidualScale(ops.FusedOperation):
+            def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, **unused):
+                assert basic_op_extra_inputs[2] == [None]  # wired inside: the fuser passes none
+                return 3.0 * input_, [[None], [], []]
+
+            def fuser_backward(self, basic_op_ctxs, grad_output, **unused):
+                return 3.0 * grad_output, [[], [], []], [[], [], [None]]
+
+        def fuse(ops_list, *, recipe):
+            if len(ops_list) == 3 and isinstance(ops_list[0], ops.MakeExtraOutput):
+                return [ResidualScale(ops_list)]
+            return ops_list
+
+        ops.register_forward_backward_fusion(fuse)
+        make = ops.MakeExtraOutput().set_extra_output_channel(0, "r", output_to_caller=False)
+        add = ops.AddExtraInput().set_extra_input_channel(0, "r")
+        fuser = ops.OperationFuser([make, ops.ConstantScale(2.0), add])
+        x = _x(4)
+        y = fuser(x)
+        torch.testing.assert_close(y, 3 * x)
+        (g,) = torch.autograd.grad(y, [x], torch.ones(4, dtype=D))
+        torch.testing.assert_close(g, torch.full((4,), 3.0, dtype=D))
+
+    def test_unregister(self):
+        ops.register_forward_fusion(fuse_axpy)
+        assert ops.unregister_fusion(fuse_axpy)
+        assert not ops.unregister_fusion(fuse_axpy)
+        fuser = ops.OperationFuser([ops.ConstantScale(2.0), ops.AddExtraInput()])
+        fuser(_x(2), _x(2))
+        assert fuser.fusion_plan()[0]["forward"] == ["ConstantScale", "AddExtraInput"]
+
+
+class TestUserCodeErrors:
+    def test_wrong_returns_give_clear_errors(self):
+        class NoTensor(ops.BasicOperation):
+            def op_forward(self, ctx, input_, **unused):
+                return 3
+
+        class BadGrads(ops.BasicOperation):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.ones(()))
+
+            def op_forward(self, ctx, input_, **unused):
+                return input_ * self.w
+
+            def op_backward(self, ctx, grad_output):
+                return grad_output, []  # one parameter, no gradient listed
+
+        class GeneratorOutputs(ops.BasicOperation):
+            num_extra_outputs = 1
+
+            def fuser_forward(self, basic_op_ctxs, input_, **unused):
+                return input_, (t for t in [[input_]])
+
+        class WrongCount(ops.BasicOperation):
+            num_extra_outputs = 1
+
+            def fuser_forward(self, basic_op_ctxs, input_, **unused):
+                return input_, [[input_, input_]]
+
+        x = _x(3)
+        with pytest.raises(TypeError, match="NoTensor.op_forward.*expected a tensor"):
+            NoTensor()(x)
+        with pytest.raises(ValueError, match="BadGrads.op_backward parameter grads: expected 1"):
+            BadGrads()(x).sum().backward()
+        with pytest.raises(TypeError, match="GeneratorOutputs.fuser_forward extra outputs: expected a list"):
+            GeneratorOutputs()(x)
+        with pytest.raises(ValueError, match=r"WrongCount.fuser_forward extra outputs\[0\]: expected 1"):
+            WrongCount()(x)
+
+    def test_fusion_returning_other_ops_is_rejected(self):
+        def bad(ops_list, *, recipe):
+            return [ops.Identity()]
+
+        ops.register_forward_fusion(bad)
+        with pytest.raises(RuntimeError, match="do not expand back to the basic ops"):
+            ops.OperationFuser([ops.Identity()])(_x(2))
+
+    def test_fusion_returning_non_ops_is_rejected(self):
+        def bad(ops_list, *, recipe):
+            return [object()]
+
+        ops.register_forward_fusion(bad)
+        with pytest.raises(TypeError, match="expected fusible operations"):
+            ops.OperationFuser([ops.Identity()])(_x(2))
