@@ -13,7 +13,7 @@ import torch
 from fusible import ops
 
 
-def per_call_us(fn, iters, repeats=7, sync=lambda: None):
+def per_call_us(fn, iters, repeats=7, sync=lambda: None, stat=statistics.median):
     for _ in range(20):
         fn()
     sync()
@@ -24,13 +24,15 @@ def per_call_us(fn, iters, repeats=7, sync=lambda: None):
             fn()
         sync()
         times.append((time.perf_counter() - t) / iters * 1e6)
-    return statistics.median(times)
+    return stat(times)
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cpu")
     p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--stat", choices=["median", "min"], default="median",
+                   help="min over repeats is steadier on a busy machine")
     args = p.parse_args()
     dev = args.device
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
@@ -49,9 +51,10 @@ def main():
     def fwd_bwd():
         model(xg).sum().backward()
 
-    print(f"6-op Sequential on {dev}, [2, {h}] input (median us per call)")
-    print(f"  forward (no_grad)  {per_call_us(fwd, args.iters, sync=sync):8.1f}")
-    print(f"  forward+backward   {per_call_us(fwd_bwd, args.iters // 2, sync=sync):8.1f}")
+    stat = min if args.stat == "min" else statistics.median
+    print(f"6-op Sequential on {dev}, [2, {h}] input ({args.stat} us per call)")
+    print(f"  forward (no_grad)  {per_call_us(fwd, args.iters, 15, sync, stat):8.1f}")
+    print(f"  forward+backward   {per_call_us(fwd_bwd, args.iters // 2, 15, sync, stat):8.1f}")
 
 
 if __name__ == "__main__":

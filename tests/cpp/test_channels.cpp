@@ -14,11 +14,6 @@ namespace {
 using fuser::OperationFuser;
 using ops::FusibleOperation;
 
-struct RegistryGuard {
-  std::vector<ops::FusionEntry> saved = ops::FusionRegistry::instance().snapshot();
-  ~RegistryGuard() { ops::FusionRegistry::instance().restore(saved); }
-};
-
 // y = x; extra output 0 = 2 * w (a fresh tensor computed from the op's own parameter).
 class ScaleProducer : public ops::BasicOperation {
  public:

@@ -13,12 +13,6 @@ namespace {
 using fuser::OperationFuser;
 using ops::FusibleOperation;
 
-// Restores the fusion registry when a test ends, so registrations do not leak between tests.
-struct RegistryGuard {
-  std::vector<ops::FusionEntry> saved = ops::FusionRegistry::instance().snapshot();
-  ~RegistryGuard() { ops::FusionRegistry::instance().restore(saved); }
-};
-
 // Fused forward of two consecutive ConstantScale ops: one multiply by the product.
 class ForwardScaleScale : public ops::FusedOperation {
  public:

@@ -6,6 +6,9 @@
 
 #include <functional>
 #include <string>
+#include <vector>
+
+#include "ops/fusion_registry.h"
 
 namespace fusible::test {
 
@@ -56,6 +59,12 @@ inline void expect_error_contains(const std::function<void()>& f, const std::str
         << "message was: " << e.what_without_backtrace();
   }
 }
+
+// Restores the fusion registry when a test ends, so registrations do not leak between tests.
+struct RegistryGuard {
+  std::vector<ops::FusionEntry> saved = ops::FusionRegistry::instance().snapshot();
+  ~RegistryGuard() { ops::FusionRegistry::instance().restore(saved); }
+};
 
 #define FUSIBLE_SKIP_WITHOUT_CUDA()                                       \
   do {                                                                    \
