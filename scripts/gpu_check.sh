@@ -30,6 +30,7 @@ ctest --test-dir build/gpu -j 8 --output-on-failure >"$OUT/ctest.log" 2>&1
 build/gpu/train_mlp 200 >"$OUT/demo_cpp.log" 2>&1
 BENCH_OUT="$OUT" "$PY" bench/bench_mlp.py >"$OUT/bench.log" 2>&1
 BENCH_OUT="$OUT" "$PY" bench/bench_init.py >>"$OUT/bench.log" 2>&1
+"$PY" bench/bench_host_overhead.py --device cuda --stat min >>"$OUT/bench.log" 2>&1
 
 echo "== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
 echo "build: rc=$build_rc in ${build_s}s (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST)"
@@ -40,4 +41,4 @@ echo "pytest: $(tail -1 "$OUT/pytest.log")"
 grep -E "^FAILED" "$OUT/pytest.log" | head -10
 echo "demo: $(tail -1 "$OUT/demo.log")"
 echo "demo (C++): $(tail -1 "$OUT/demo_cpp.log")"
-echo "bench:"; tail -20 "$OUT/bench.log"
+echo "bench:"; tail -23 "$OUT/bench.log"
