@@ -16,12 +16,25 @@ using namespace fusible::ops;
 
 namespace {
 
+// Drops a Python reference from C++ code that may run without the GIL (autograd threads) or after
+// the interpreter has shut down (then the reference is leaked rather than touched).
+void release_with_gil(py::object obj) {
+  if (!obj) return;
+  if (!Py_IsInitialized()) {
+    obj.release();
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  obj = py::object();
+}
+
 // Python attributes of a context live in a dict owned by the C++ context (freed with the GIL).
 py::dict& context_dict(OperationContext& ctx) {
   if (!ctx.binding_state) {
     ctx.binding_state = std::shared_ptr<void>(new py::dict(), [](void* p) {
-      py::gil_scoped_acquire gil;
-      delete static_cast<py::dict*>(p);
+      auto* d = static_cast<py::dict*>(p);
+      release_with_gil(std::move(*d));
+      delete d;
     });
   }
   return *static_cast<py::dict*>(ctx.binding_state.get());
@@ -90,18 +103,6 @@ std::vector<std::vector<at::Tensor>> nested_lists(const py::handle& obj,
     out.push_back(fixed_list(seq[i], sizes[i], what + "[" + std::to_string(i) + "]"));
   }
   return out;
-}
-
-// Drops a Python reference from C++ code that may run without the GIL (autograd threads) or after
-// the interpreter has shut down (then the reference is leaked rather than touched).
-void release_with_gil(py::object obj) {
-  if (!obj) return;
-  if (!Py_IsInitialized()) {
-    obj.release();
-    return;
-  }
-  py::gil_scoped_acquire gil;
-  obj = py::object();
 }
 
 // Calls the Python protocol of a (basic or fused) op.
@@ -226,7 +227,9 @@ class PyFusedOperation : public FusedOperation {
       : FusedOperation(std::move(name), std::move(ops)),
         self_(std::move(self)),
         has_forward_(has_forward),
-        has_backward_(has_backward) {}
+        has_backward_(has_backward) {
+    set_fused_directions(has_forward, has_backward);
+  }
   ~PyFusedOperation() override { release_with_gil(std::move(self_)); }
   py::object python_object() const { return self_; }
 
@@ -266,7 +269,7 @@ FusionFunction python_fusion(py::function f) {
   auto fn = std::make_shared<py::function>(std::move(f));
   // The registry may outlive the interpreter's tidy-up; drop the function with the GIL held.
   std::shared_ptr<py::function> holder(fn.get(), [fn](py::function*) mutable {
-    py::gil_scoped_acquire gil;
+    release_with_gil(std::move(*fn));
     fn.reset();
   });
   return [holder](OpList ops, const FusionContext& ctx) -> OpList {
@@ -349,7 +352,7 @@ void bind_python_ops(py::module_& m) {
         [](std::vector<FusionEntry> s) { FusionRegistry::instance().restore(std::move(s)); });
   // Built-in ops from Python fused ops: run a basic op's own forward/backward on a context.
   m.def("basic_op_forward", [](BasicOperation& op, OperationContext& ctx, const at::Tensor& x) {
-    return op.op_forward(ctx, x, ForwardArgs{});
+    return op.op_forward(ctx, x, forward_args_for(x));
   });
   m.def("basic_op_backward", [](BasicOperation& op, OperationContext& ctx, const at::Tensor& dy) {
     return op.op_backward(ctx, dy);

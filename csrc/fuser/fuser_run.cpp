@@ -1,6 +1,5 @@
 // The forward and backward walks over a plan, shared by the autograd path and the no-grad path,
 // including channel routing between ops.
-#include <ATen/autocast_mode.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
@@ -8,15 +7,6 @@
 
 namespace fusible::fuser {
 namespace {
-
-ops::ForwardArgs forward_args(const at::Tensor& input) {
-  ops::ForwardArgs args;
-  const auto dev = input.device().type();
-  if (at::autocast::is_autocast_enabled(dev)) {
-    args.autocast_dtype = at::autocast::get_autocast_dtype(dev);
-  }
-  return args;
-}
 
 std::vector<ops::OperationContext*> contexts_of(FuserCall& call, const PlannedOp& p) {
   std::vector<ops::OperationContext*> out;
@@ -39,7 +29,7 @@ void accumulate(at::Tensor& slot, const at::Tensor& g) {
 std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
                                     const std::vector<at::Tensor>& extra_inputs,
                                     const std::vector<at::Tensor>& external) {
-  const auto args = forward_args(input);
+  const auto args = ops::forward_args_for(input);
   const auto& routing = *call.routing;
   const size_t n = call.ctxs.size();
   ops::TensorLists produced(n);

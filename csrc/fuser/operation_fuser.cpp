@@ -26,10 +26,11 @@ OperationFuser::OperationFuser(std::vector<std::shared_ptr<FusibleOperation>> op
   }
   routing_ = build_routing(basic_ops_, options_.external_inputs, options_.export_channels);
   routing_version_ = routing_version_sum();
+  refresh_parameter_cache();
+  // Last: a constructor that throws runs no destructor, so it must not have locked anything.
   if (options_.lock_channels) {
     for (auto& op : basic_ops_) op->lock_channels();
   }
-  refresh_parameter_cache();
 }
 
 OperationFuser::~OperationFuser() {
@@ -57,6 +58,7 @@ void OperationFuser::reroute_if_changed() {
   if (v == routing_version_) return;
   routing_ = build_routing(basic_ops_, options_.external_inputs, options_.export_channels);
   routing_version_ = v;
+  plan_.reset();  // a plan's fused ops may depend on the routing
 }
 
 void OperationFuser::refresh_parameter_cache() {
@@ -108,10 +110,14 @@ int64_t OperationFuser::first_backward_index(const at::Tensor& input,
 
 namespace {
 
+enum class Direction { kAny, kForward, kBackward };
+
 // Checks that a plan expands back to exactly the fuser's basic ops, in order; returns its entries.
+// A fused op that does not implement `direction` is split into its basic ops.
 std::vector<PlannedOp> expand_plan(const ops::OpList& planned,
                                    const std::vector<std::shared_ptr<BasicOperation>>& basic,
-                                   const std::string& stage) {
+                                   const std::string& stage,
+                                   Direction direction = Direction::kAny) {
   std::vector<PlannedOp> out;
   int64_t next = 0;
   for (const auto& op : planned) {
@@ -125,6 +131,12 @@ std::vector<PlannedOp> expand_plan(const ops::OpList& planned,
     }
     TORCH_CHECK(!p.basic_indices.empty(), "OperationFuser: fusion ", stage, " returned ",
                 op->type_name(), ", which covers no basic op");
+    const bool split = (direction == Direction::kForward && !op->fuses_forward()) ||
+                       (direction == Direction::kBackward && !op->fuses_backward());
+    if (split) {
+      for (auto i : p.basic_indices) out.push_back({basic[i], {i}});
+      continue;
+    }
     out.push_back(std::move(p));
   }
   TORCH_CHECK(next == static_cast<int64_t>(basic.size()), "OperationFuser: fusion ", stage,
@@ -150,13 +162,14 @@ std::shared_ptr<const Plan> OperationFuser::plan_for(int64_t first_backward) {
     return plan_;
   }
   ops::OpList list(basic_ops_.begin(), basic_ops_.end());
-  const ops::FusionContext fctx;
+  ops::FusionContext fctx;
+  fctx.first_backward = first_backward;
   list = run_fusions(std::move(list), ops::FusionPass::kForwardBackward, fctx, basic_ops_);
   auto plan = std::make_shared<Plan>();
   plan->forward = expand_plan(run_fusions(list, ops::FusionPass::kForward, fctx, basic_ops_),
-                              basic_ops_, "(forward)");
+                              basic_ops_, "(forward)", Direction::kForward);
   plan->backward = expand_plan(run_fusions(list, ops::FusionPass::kBackward, fctx, basic_ops_),
-                               basic_ops_, "(backward)");
+                               basic_ops_, "(backward)", Direction::kBackward);
   plan_ = std::move(plan);
   plan_first_backward_ = first_backward;
   plan_registry_version_ = version;
@@ -208,6 +221,7 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
           break;
       }
       ctx.extra_input_requires_grad.push_back(ctx.requires_grad && needs);
+      ctx.extra_input_from_caller.push_back(src.kind != InputSource::Kind::kInternal);
     }
   }
   return call;
@@ -275,7 +289,8 @@ std::vector<at::Tensor> OperationFuser::forward(
   reroute_if_changed();
   TORCH_CHECK_VALUE(input.defined(), "OperationFuser: expected an input tensor, got None");
   TORCH_CHECK_TYPE(input.is_floating_point(),
-                   "OperationFuser: expected a floating-point input, got ", input.scalar_type());
+                   basic_ops_.empty() ? std::string("OperationFuser") : basic_ops_[0]->type_name(),
+                   ": expected a floating-point input, got ", input.scalar_type());
   TORCH_CHECK_VALUE(static_cast<int64_t>(extra_inputs.size()) == routing_->num_public_inputs,
                     "OperationFuser: expected ", routing_->num_public_inputs, " extra inputs, got ",
                     extra_inputs.size());

@@ -13,17 +13,22 @@ void Sequential::push_back(std::shared_ptr<ops::FusibleOperation> op) {
   TORCH_CHECK_VALUE(op != nullptr, "Sequential: expected an op, got null");
   register_module(std::to_string(entries_.size()), op);
   entries_.push_back({std::move(op), nullptr, ""});
-  groups_valid_ = false;
+  invalidate_groups();
 }
 
 void Sequential::push_back(TensorFn fn, std::string name) {
   TORCH_CHECK_VALUE(fn != nullptr, "Sequential: expected a function, got null");
   entries_.push_back({nullptr, std::move(fn), std::move(name)});
+  invalidate_groups();
+}
+
+void Sequential::invalidate_groups() {
+  groups_.clear();  // drops the fusers: releases their channel locks now
   groups_valid_ = false;
 }
 
 void Sequential::build_groups(const std::set<std::string>& named_inputs) {
-  groups_.clear();  // releases the old fusers' channel locks
+  invalidate_groups();  // also when building fails below: never run stale groups
   // Consecutive fusible ops form one group; plain steps stand alone.
   std::vector<std::vector<std::shared_ptr<ops::FusibleOperation>>> runs;
   std::vector<const Entry*> steps;  // per group: the plain step, or null
@@ -49,16 +54,18 @@ void Sequential::build_groups(const std::set<std::string>& named_inputs) {
     }
   }
   const auto channels = plan_group_channels(basic, named_inputs);
+  std::vector<Group> groups;
   for (size_t g = 0; g < runs.size(); ++g) {
     if (steps[g]) {
-      groups_.push_back({nullptr, steps[g]});
+      groups.push_back({nullptr, steps[g]});
       continue;
     }
     FuserOptions options;
     options.external_inputs = channels[g].external_inputs;
     options.export_channels = channels[g].export_channels;
-    groups_.push_back({std::make_shared<OperationFuser>(runs[g], std::move(options)), nullptr});
+    groups.push_back({std::make_shared<OperationFuser>(runs[g], std::move(options)), nullptr});
   }
+  groups_ = std::move(groups);
   groups_valid_ = true;
   groups_named_inputs_ = named_inputs;
 }

@@ -66,6 +66,7 @@ class Sequential : public torch::nn::Module {
     const Entry* step = nullptr;
   };
   void build_groups(const std::set<std::string>& named_inputs);
+  void invalidate_groups();
 
   std::vector<Entry> entries_;
   std::vector<Group> groups_;

@@ -1,11 +1,21 @@
 // Default forward/backward plumbing of BasicOperation and FusedOperation.
 #include "ops/fusible_operation.h"
 
+#include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 
 #include "ops/parameter_utils.h"
 
 namespace fusible::ops {
+
+ForwardArgs forward_args_for(const at::Tensor& input) {
+  ForwardArgs args;
+  const auto dev = input.device().type();
+  if (at::autocast::is_autocast_enabled(dev)) {
+    args.autocast_dtype = at::autocast::get_autocast_dtype(dev);
+  }
+  return args;
+}
 
 BasicOperation::BasicOperation(std::string type_name, int64_t num_extra_inputs,
                                int64_t num_extra_outputs)

@@ -70,6 +70,12 @@ class FusibleOperation : public torch::nn::Module {
   /// Something a fuser call must hold until its backward has run (an op written in Python returns
   /// a reference to its Python object, which the caller may drop right after the forward).
   virtual std::shared_ptr<void> keep_alive() const { return nullptr; }
+
+  /// Whether this op implements the forward / backward of its basic ops as one. A fused op that
+  /// leaves a direction out is split into its basic ops in that direction's plan, so channels
+  /// between them are still routed by the fuser.
+  virtual bool fuses_forward() const { return true; }
+  virtual bool fuses_backward() const { return true; }
 };
 
 /// One computation with its own parameters. Single-tensor ops implement op_forward / op_backward;
@@ -169,13 +175,26 @@ class FusedOperation : public FusibleOperation {
   void reset_parameters() override;
   void pre_first_forward(const at::Tensor& input) override;
   void train(bool on = true) override;
+  bool fuses_forward() const override { return fuses_forward_; }
+  bool fuses_backward() const override { return fuses_backward_; }
 
  protected:
+  /// For fused ops that implement only one direction (forward-only or backward-only fusions).
+  void set_fused_directions(bool forward, bool backward) {
+    fuses_forward_ = forward;
+    fuses_backward_ = backward;
+  }
+
   std::vector<std::shared_ptr<BasicOperation>> basic_ops_;
+  bool fuses_forward_ = true;
+  bool fuses_backward_ = true;
 
  private:
   std::string type_name_;
 };
+
+/// ForwardArgs for a call whose input is `input` (torch.autocast state of its device).
+ForwardArgs forward_args_for(const at::Tensor& input);
 
 /// The dtype an op with parameters computes in: autocast's when on, else the parameter's.
 inline at::ScalarType compute_dtype(const ForwardArgs& args, at::ScalarType param_dtype) {

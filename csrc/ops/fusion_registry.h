@@ -19,6 +19,8 @@ using OpList = std::vector<std::shared_ptr<FusibleOperation>>;
 struct FusionContext {
   /// Name of the active quantization recipe, empty when none.
   std::string recipe;
+  /// First basic op whose backward runs (ops before it need no backward fusion).
+  int64_t first_backward = 0;
 };
 
 using FusionFunction = std::function<OpList(OpList, const FusionContext&)>;

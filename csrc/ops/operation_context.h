@@ -22,6 +22,8 @@ struct OperationContext {
   bool input_requires_grad = false;
   /// Whether each extra input (in slot order) needs a gradient.
   std::vector<bool> extra_input_requires_grad;
+  /// Whether each extra input (in slot order) came from the caller (not from another op).
+  std::vector<bool> extra_input_from_caller;
   /// Dtype of the input as it arrived (its gradient goes back in this dtype).
   at::ScalarType input_dtype = at::kFloat;
   /// Dtype the op computed in (parameter dtype, or autocast's).

@@ -32,7 +32,9 @@ class LearnableScale : public ops::BasicOperation {
 class ForwardScaleBias : public ops::FusedOperation {
  public:
   ForwardScaleBias(std::shared_ptr<LearnableScale> scale, std::shared_ptr<ops::Bias> bias)
-      : FusedOperation("ForwardScaleBias", {scale, bias}), scale_(scale), bias_(bias) {}
+      : FusedOperation("ForwardScaleBias", {scale, bias}), scale_(scale), bias_(bias) {
+    set_fused_directions(true, false);
+  }
   at::Tensor fuser_forward(const std::vector<ops::OperationContext*>& ctxs, const at::Tensor& x,
                            const ops::TensorLists&, ops::TensorLists&,
                            const ops::ForwardArgs&) override {

@@ -126,7 +126,9 @@ INSTANTIATE_TEST_SUITE_P(Passes, ChannelsFusedPass,
 class ForgetfulProducer : public ops::FusedOperation {
  public:
   explicit ForgetfulProducer(std::vector<std::shared_ptr<ops::BasicOperation>> ops)
-      : FusedOperation("ForgetfulProducer", std::move(ops)) {}
+      : FusedOperation("ForgetfulProducer", std::move(ops)) {
+    set_fused_directions(true, false);
+  }
   at::Tensor fuser_forward(const std::vector<ops::OperationContext*>&, const at::Tensor& x,
                            const ops::TensorLists&, ops::TensorLists&,
                            const ops::ForwardArgs&) override {
@@ -177,6 +179,28 @@ TEST(Channels, LockCountsHolders) {
   throwaway.lock_channels = false;
   OperationFuser c({make}, throwaway);
   EXPECT_FALSE(make->channels_locked());
+}
+
+}  // namespace
+}  // namespace fusible::test
+
+namespace fusible::test {
+namespace {
+
+TEST(Channels, SequentialNeverRunsStaleGroupsAfterAFailedBuild) {
+  fuser::Sequential seq;
+  auto add = std::make_shared<ops::AddExtraInput>();
+  add->set_extra_input_channel(0, "r");
+  seq.push_back(add);
+  const auto x = at::randn({3}, at::kDouble);
+  const auto r = at::randn({3}, at::kDouble);
+  EXPECT_TRUE(at::equal(seq.run(x, {}, {{"r", r}}).outputs[0], x + r));
+  expect_error_contains([&] { seq.run(x, {}, {}); }, "has no producer");
+  EXPECT_FALSE(add->channels_locked());
+  EXPECT_TRUE(at::equal(seq.run(x, {}, {{"r", r}}).outputs[0], x + r));
+  EXPECT_TRUE(add->channels_locked());
+  seq.push_back(std::make_shared<ops::Identity>());  // a structure change releases the lock
+  EXPECT_FALSE(add->channels_locked());
 }
 
 }  // namespace

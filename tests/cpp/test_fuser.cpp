@@ -17,7 +17,9 @@ using ops::FusibleOperation;
 class ForwardScaleScale : public ops::FusedOperation {
  public:
   ForwardScaleScale(std::shared_ptr<ops::ConstantScale> a, std::shared_ptr<ops::ConstantScale> b)
-      : FusedOperation("ForwardScaleScale", {a, b}), product_(a->scale() * b->scale()) {}
+      : FusedOperation("ForwardScaleScale", {a, b}), product_(a->scale() * b->scale()) {
+    set_fused_directions(true, false);
+  }
   at::Tensor fuser_forward(const std::vector<ops::OperationContext*>&, const at::Tensor& x,
                            const ops::TensorLists&, ops::TensorLists&,
                            const ops::ForwardArgs&) override {

@@ -317,3 +317,57 @@ class TestUserCodeErrors:
         ops.register_forward_fusion(bad)
         with pytest.raises(TypeError, match="expected fusible operations"):
             ops.OperationFuser([ops.Identity()])(_x(2))
+
+
+class TestReviewRegressions:
+    def test_one_direction_fused_op_keeps_channel_routing(self):
+        class ForwardOnly(ops.FusedOperation):
+            def fuser_forward(self, basic_op_ctxs, input_, **unused):
+                return 3.0 * input_, [[None], [], []]
+
+        class BackwardOnly(ops.FusedOperation):
+            def fuser_backward(self, basic_op_ctxs, grad_output, **unused):
+                return 3.0 * grad_output, [[], [], []], [[], [], [None]]
+
+        for cls in (ForwardOnly, BackwardOnly):
+            def fuse(ops_list, *, recipe, cls=cls):
+                if len(ops_list) == 3 and isinstance(ops_list[0], ops.MakeExtraOutput):
+                    return [cls(ops_list)]
+                return ops_list
+
+            snap = ops.snapshot_fusions()
+            ops.register_forward_backward_fusion(fuse)
+            make = ops.MakeExtraOutput().set_extra_output_channel(0, "r", output_to_caller=False)
+            add = ops.AddExtraInput().set_extra_input_channel(0, "r")
+            fuser = ops.OperationFuser([make, ops.ConstantScale(2.0), add])
+            x = _x(4)
+            y = fuser(x)
+            torch.testing.assert_close(y, 3 * x)
+            (g,) = torch.autograd.grad(y, [x], torch.ones(4, dtype=D))
+            torch.testing.assert_close(g, torch.full((4,), 3.0, dtype=D))
+            ops.restore_fusions(snap)
+
+    def test_reset_parameters_with_custom_ops_does_not_recurse(self):
+        seq = ops.Sequential(LearnableScale(), ops.Identity(), ops.Bias(4, device="cpu", dtype=D))
+        seq.reset_parameters()
+        assert torch.equal(seq[2].bias.detach(), torch.zeros(4, dtype=D))
+
+    def test_non_tensor_extra_input_names_the_op(self):
+        with pytest.raises(ValueError, match="AddExtraInput: expected extra input 0 to be a tensor"):
+            ops.AddExtraInput()(_x(3), None)
+
+    def test_in_place_add_from_a_channel_does_not_corrupt_saved_tensors(self):
+        make = ops.MakeExtraOutput().set_extra_output_channel(0, "res", output_to_caller=False)
+        ln = ops.LayerNorm(4, device="cpu", dtype=D)
+        add = ops.AddExtraInput(in_place=True).set_extra_input_channel(0, "res")
+        fuser = ops.OperationFuser([make, ln, add])
+        x = _x(3, 4)
+        x0 = x.detach().clone()
+        y = fuser(x)
+        assert torch.equal(x.detach(), x0)
+        xr = x0.clone().requires_grad_()
+        ref = F.layer_norm(xr, (4,), ln.weight, ln.bias, 1e-5) + xr
+        torch.testing.assert_close(y, ref)
+        dy = torch.randn_like(y)
+        torch.testing.assert_close(torch.autograd.grad(y, [x], dy)[0],
+                                   torch.autograd.grad(ref, [xr], dy)[0])

@@ -6,7 +6,7 @@
 
 namespace fusible::ops {
 
-at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>&,
+at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ctxs,
                                         const at::Tensor& input, const TensorLists& extra_inputs,
                                         TensorLists&, const ForwardArgs&) {
   const auto& extra = extra_inputs.at(0).at(0);
@@ -15,7 +15,13 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>&,
               input.sizes(), " (the input's), got ", extra.sizes());
   TORCH_CHECK(extra.device() == input.device(), "AddExtraInput: expected extra input on ",
               input.device(), ", got ", extra.device());
-  if (!in_place_) return kernels::add_fwd(input, extra);
+  // In place only into a tensor the caller supplied: a tensor from a channel may be another op's
+  // input or saved tensor (MakeExtraOutput hands out its input itself).
+  const bool from_caller =
+      ctxs.at(0)->extra_input_from_caller.empty() || ctxs.at(0)->extra_input_from_caller.at(0);
+  if (!in_place_ || !from_caller || extra.unsafeGetTensorImpl() == input.unsafeGetTensorImpl()) {
+    return kernels::add_fwd(input, extra);
+  }
   kernels::add_(extra, input);
   return extra;
 }
@@ -38,12 +44,9 @@ BackwardResult MakeExtraOutput::fuser_backward(const std::vector<OperationContex
   const auto& dextra = grad_extra_outputs.at(0).at(0);
   if (!dextra.defined()) return {grad_output, {{}}, {{}}};
   if (!grad_output.defined()) return {dextra, {{}}, {{}}};
-  // In place only where dy owns distinct memory per element (an expanded gradient does not).
-  const bool can_write = in_place_ && grad_output.is_non_overlapping_and_dense() &&
-                         grad_output.scalar_type() == dextra.scalar_type();
-  if (!can_write) return {kernels::add_fwd(grad_output, dextra), {{}}, {{}}};
-  kernels::add_(grad_output, dextra);
-  return {grad_output, {{}}, {{}}};
+  // Always out of place: dy may be the caller's tensor or a buffer autograd also hands to other
+  // nodes (AddExtraInput returns one tensor as two gradients), so writing into it is unsafe.
+  return {kernels::add_fwd(grad_output, dextra), {{}}, {{}}};
 }
 
 }  // namespace fusible::ops

@@ -30,6 +30,13 @@ at::Tensor Reshape::op_forward(OperationContext& ctx, const at::Tensor& x, const
 
 std::pair<at::Tensor, std::vector<at::Tensor>> Reshape::op_backward(OperationContext& ctx,
                                                                     const at::Tensor& dy) {
+  int64_t numel = 1;
+  for (auto s : ctx.input_shape) numel *= s;
+  TORCH_CHECK(!ctx.input_shape.empty() || dy.numel() == 1,
+              "Reshape: its context holds no input shape (a fused forward that replaced it must ",
+              "set ctx.input_shape)");
+  TORCH_CHECK(numel == dy.numel(), "Reshape: expected a gradient with ", numel,
+              " elements (input shape ", c10::IntArrayRef(ctx.input_shape), "), got ", dy.numel());
   return {dy.reshape(ctx.input_shape), {}};
 }
 

@@ -9,7 +9,9 @@ ForwardLinearBiasActivation::ForwardLinearBiasActivation(std::shared_ptr<BasicLi
                                                          std::shared_ptr<Bias> bias)
     : FusedOperation("ForwardLinearBiasActivation", {linear, bias}),
       linear_(std::move(linear)),
-      bias_(std::move(bias)) {}
+      bias_(std::move(bias)) {
+  set_fused_directions(/*forward=*/true, /*backward=*/false);
+}
 
 at::Tensor ForwardLinearBiasActivation::fuser_forward(const std::vector<OperationContext*>& ctxs,
                                                       const at::Tensor& input, const TensorLists&,

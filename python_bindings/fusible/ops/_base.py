@@ -27,6 +27,15 @@ def unpack_outputs(outputs):
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
+def check_tensors(name, input, extra_inputs):
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"{name}: expected a tensor input, got {type(input).__name__}")
+    for i, t in enumerate(extra_inputs):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected extra input {i} to be a tensor, got "
+                             f"{type(t).__name__}")
+
+
 def split_outputs(outputs, exported):
     """A C++ fuser's [y, exported...] -> ([y, public extra outputs], {name: tensor} of named ones)."""
     public, named = [outputs[0]], {}
@@ -76,15 +85,21 @@ class FusibleOperation(torch.nn.Module):
     def _apply(self, fn, recurse=True):
         # In place, so the Parameter objects (shared with C++) keep their identity; torch's own
         # _apply would swap in new Parameters for conversions such as meta -> cuda (to_empty).
+        if recurse:
+            for module in self.children():
+                module._apply(fn)
         for param in self._parameters.values():
             if param is None:
                 continue
             with torch.no_grad():
                 new = fn(param)
+                new_grad = fn(param.grad) if param.grad is not None else None
             _C.assign_in_place_(param, new)
-            if param.grad is not None:
-                with torch.no_grad():
-                    _C.assign_in_place_(param.grad, fn(param.grad))
+            if new_grad is not None:
+                param.grad = new_grad
+        for key, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[key] = fn(buf)
         return self
 
     @property
@@ -99,6 +114,7 @@ class FusibleOperation(torch.nn.Module):
         return [self]
 
     def forward(self, input, *extra_inputs):
+        check_tensors(type(self).__name__, input, extra_inputs)
         if self._fuser is None:
             # A plain op(x) call never locks the op's channels.
             self._fuser = _C.OperationFuser([self._cpp], lock_channels=False)
@@ -114,7 +130,10 @@ class FusibleOperation(torch.nn.Module):
         return self
 
     def reset_parameters(self):
-        self._cpp.reset_parameters()
+        # Built-in ops re-initialize in C++; a Python op defines its own (the C++ trampoline calls
+        # back here, so this must not call it again).
+        if self._builtin:
+            self._cpp.reset_parameters()
 
     def extra_repr(self):
         return ""

@@ -3,7 +3,7 @@ per fuser group."""
 import torch
 
 from .. import _C
-from ._base import FusibleOperation, split_outputs, unpack_outputs
+from ._base import FusibleOperation, check_tensors, split_outputs, unpack_outputs
 
 
 def _basic_wrappers(ops):
@@ -38,6 +38,7 @@ class OperationFuser:
         return self._cpp.num_extra_outputs
 
     def __call__(self, input, *extra_inputs):
+        check_tensors("OperationFuser", input, extra_inputs)
         out = self._cpp.forward(input, list(extra_inputs))
         return unpack_outputs(split_outputs(out, self._exported)[0])
 
@@ -176,6 +177,7 @@ class Sequential(torch.nn.Module):
         return list(self._groups)
 
     def forward(self, input, *extra_inputs, channel_inputs=None, return_dict=False):
+        check_tensors("Sequential", input, extra_inputs)
         channel_inputs = dict(channel_inputs or {})
         names = frozenset(channel_inputs)
         if self._groups is None or names != self._groups_named_inputs:
@@ -221,6 +223,7 @@ class Sequential(torch.nn.Module):
         return plan
 
     def reset_parameters(self):
+        # Every child that has parameters (API.md).
         for m in self._entries():
-            if hasattr(m, "reset_parameters"):
+            if hasattr(m, "reset_parameters") and any(True for _ in m.parameters()):
                 m.reset_parameters()

@@ -1,9 +1,11 @@
 """Fusion functions from Python: f(ops, *, recipe) -> ops, registered in the C++ registry and read
 when a fuser builds a plan. f sees the user's own op objects (a Linear appears as its basic ops)."""
+import atexit
+
 from .. import _C
 from ._base import FusibleOperation
 
-_ids = {}  # registered function -> registry id
+_ids = {}  # registered function -> its registry ids (a function may be registered twice)
 
 
 def _to_python(cpp_op):
@@ -34,7 +36,7 @@ def _register(f, pass_, prepend):
             raise TypeError(f"fusion {name}: expected a list of ops, got {type(result).__name__}")
         return [_to_cpp(o, name) for o in result]
 
-    _ids[f] = _C.register_fusion(call, pass_, bool(prepend), name)
+    _ids.setdefault(f, []).append(_C.register_fusion(call, pass_, bool(prepend), name))
     return f
 
 
@@ -54,18 +56,25 @@ def register_forward_backward_fusion(f, prepend=False):
 
 
 def unregister_fusion(f):
-    """Removes a fusion registered from Python; returns whether it was registered."""
-    fid = _ids.pop(f, None)
-    return fid is not None and _C.unregister_fusion(fid)
+    """Removes every registration of a Python fusion; returns whether it was registered."""
+    ids = _ids.pop(f, [])
+    return any([_C.unregister_fusion(i) for i in ids])
 
 
 def snapshot_fusions():
     """The whole registry (built-in fusions included), for restore_fusions."""
-    return _C.snapshot_fusions(), dict(_ids)
+    return _C.snapshot_fusions(), {f: list(v) for f, v in _ids.items()}
 
 
 def restore_fusions(snapshot):
     entries, ids = snapshot
     _C.restore_fusions(entries)
     _ids.clear()
-    _ids.update(ids)
+    _ids.update({f: list(v) for f, v in ids.items()})
+
+
+@atexit.register
+def _drop_python_fusions():
+    # The C++ registry outlives the interpreter: drop Python callables while Python still runs.
+    for f in list(_ids):
+        unregister_fusion(f)
