@@ -4,12 +4,12 @@ CUDA with --device cuda. Median of repeats of a timed loop.
 
 usage: python bench/bench_host_overhead.py [--device cpu|cuda] [--iters N]
 """
+
 import argparse
 import statistics
 import time
 
 import torch
-
 from fusible import ops
 
 
@@ -31,16 +31,25 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cpu")
     p.add_argument("--iters", type=int, default=2000)
-    p.add_argument("--stat", choices=["median", "min"], default="median",
-                   help="min over repeats is steadier on a busy machine")
+    p.add_argument(
+        "--stat",
+        choices=["median", "min"],
+        default="median",
+        help="min over repeats is steadier on a busy machine",
+    )
     args = p.parse_args()
     dev = args.device
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     torch.manual_seed(0)
     h = 8
-    model = ops.Sequential(ops.LayerNorm(h, device=dev), ops.BasicLinear(h, h, device=dev),
-                           ops.Bias(h, device=dev), ops.GELU(), ops.BasicLinear(h, h, device=dev),
-                           ops.ConstantScale(0.5))
+    model = ops.Sequential(
+        ops.LayerNorm(h, device=dev),
+        ops.BasicLinear(h, h, device=dev),
+        ops.Bias(h, device=dev),
+        ops.GELU(),
+        ops.BasicLinear(h, h, device=dev),
+        ops.ConstantScale(0.5),
+    )
     x = torch.randn(2, h, device=dev)
     xg = x.clone().requires_grad_()
 

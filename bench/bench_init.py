@@ -4,6 +4,7 @@ $BENCH_OUT (default build/bench).
 
 usage: python bench/bench_init.py [--reps N] [--size N]
 """
+
 import argparse
 import json
 import os
@@ -11,7 +12,6 @@ import statistics
 import time
 
 import torch
-
 from fusible import ops
 
 
@@ -54,11 +54,19 @@ def main():
 
     for fn in (direct, deferred, deferred_first_forward, torch_direct):  # warm-up
         fn()
-    res = {k: timed(f, args.reps) for k, f in [("direct_cuda", direct), ("meta_then_reset", deferred),
-                                               ("meta_then_first_forward", deferred_first_forward),
-                                               ("torch_nn_linear_cuda", torch_direct)]}
+    res = {
+        k: timed(f, args.reps)
+        for k, f in [
+            ("direct_cuda", direct),
+            ("meta_then_reset", deferred),
+            ("meta_then_first_forward", deferred_first_forward),
+            ("torch_nn_linear_cuda", torch_direct),
+        ]
+    }
     os.makedirs(os.environ.get("BENCH_OUT", "build/bench"), exist_ok=True)
-    with open(os.path.join(os.environ.get("BENCH_OUT", "build/bench"), "bench_init.json"), "w") as f:
+    with open(
+        os.path.join(os.environ.get("BENCH_OUT", "build/bench"), "bench_init.json"), "w"
+    ) as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "size": n, **res}, f, indent=1)
     print(f"Linear({n}, {n}) fp32 init on {torch.cuda.get_device_name()} (median ms)")
     for k, v in res.items():

@@ -5,6 +5,7 @@ JSON to $BENCH_OUT (default build/bench).
 
 usage: python bench/bench_mlp.py [--parts small,large] [--reps N]
 """
+
 import argparse
 import json
 import os
@@ -13,7 +14,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-
 from fusible import ops
 
 SHAPES = {"small": dict(T=16, H=1024, F=4096), "large": dict(T=8192, H=4096, F=16384)}
@@ -36,8 +36,13 @@ def median_ms(fn, reps, warmup=5):
 
 def make_models(T, H, F_, dev):
     dt = torch.bfloat16
-    seq = ops.Sequential(ops.LayerNorm(H, device=dev, dtype=dt), ops.Linear(H, F_, device=dev, dtype=dt),
-                         ops.GELU(), ops.Linear(F_, H, device=dev, dtype=dt), ops.AddExtraInput())
+    seq = ops.Sequential(
+        ops.LayerNorm(H, device=dev, dtype=dt),
+        ops.Linear(H, F_, device=dev, dtype=dt),
+        ops.GELU(),
+        ops.Linear(F_, H, device=dev, dtype=dt),
+        ops.AddExtraInput(),
+    )
     ln, fc1, _, fc2, _ = list(seq)
 
     def fusible_fn(x):
@@ -79,19 +84,27 @@ def main():
     args = p.parse_args()
     out_dir = os.environ.get("BENCH_OUT", "build/bench")
     os.makedirs(out_dir, exist_ok=True)
-    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "date": time.strftime("%Y-%m-%d")}
+    results = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     for part in args.parts.split(","):
         results[part] = run_part(part, args.reps)
     with open(os.path.join(out_dir, "bench_mlp.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(f"MLP bf16 on {results['gpu']} (median ms, CUDA events)")
-    print(f"{'part':6} {'impl':8} {'forward':>9} {'fwd+bwd':>9} {'fwd vs eager':>13} {'f+b vs eager':>13}")
+    header = ("part", "impl", "forward", "fwd+bwd", "fwd vs eager", "f+b vs eager")
+    print("{:6} {:8} {:>9} {:>9} {:>13} {:>13}".format(*header))
     for part in args.parts.split(","):
         eager = results[part]["eager"]
         for impl, r in results[part].items():
-            print(f"{part:6} {impl:8} {r['forward_ms']:9.3f} {r['fwd_bwd_ms']:9.3f} "
-                  f"{eager['forward_ms'] / r['forward_ms']:12.2f}x {eager['fwd_bwd_ms'] / r['fwd_bwd_ms']:12.2f}x")
+            fwd_ratio = eager["forward_ms"] / r["forward_ms"]
+            fb_ratio = eager["fwd_bwd_ms"] / r["fwd_bwd_ms"]
+            print(
+                f"{part:6} {impl:8} {r['forward_ms']:9.3f} {r['fwd_bwd_ms']:9.3f} "
+                f"{fwd_ratio:12.2f}x {fb_ratio:12.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
-"""Trains a residual MLP block built from fusible ops on synthetic data (CUDA when present, else CPU):
+"""Trains a residual MLP block built from fusible ops on synthetic data (CUDA if present, else CPU):
     y = x + fc2(gelu(fc1(layernorm(x))))
 MakeExtraOutput hands the residual out of the first fuser; AddExtraInput adds it back.
 
 usage: python examples/python/train_mlp.py [--steps N] [--tokens T] [--hidden H] [--ffn F]
 """
+
 import argparse
 import time
 
 import torch
-from tqdm import tqdm
-
 from fusible import ops
+from tqdm import tqdm
 
 
 def build(hidden, ffn, device, dtype):
@@ -55,8 +55,10 @@ def main():
             first = last if first is None else first
             bar.set_postfix(loss=f"{last:.5f}")
     elapsed = time.perf_counter() - start
-    print(f"device {device}: loss {first:.5f} -> {last:.5f}, "
-          f"{args.steps * args.tokens / elapsed:,.0f} tokens/s")
+    print(
+        f"device {device}: loss {first:.5f} -> {last:.5f}, "
+        f"{args.steps * args.tokens / elapsed:,.0f} tokens/s"
+    )
     if not last < first:
         raise SystemExit("loss did not fall")
 

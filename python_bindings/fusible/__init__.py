@@ -2,6 +2,7 @@
 
 Importing the package loads libfusible, which registers the kernel-level ops as torch.ops.fusible.*.
 """
+
 import ctypes
 
 import torch  # noqa: F401  (libtorch must be loaded before libfusible)
@@ -12,8 +13,7 @@ import torch  # noqa: F401  (libtorch must be loaded before libfusible)
 # (every error message) crashes. Making libstdc++ global first binds them to the one runtime copy.
 ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
 
-from . import _C  # noqa: E402
-from . import ops
+from . import _C, ops  # noqa: E402  (after the libstdc++ line above)
 
 cuda_built: bool = _C.cuda_built
 

@@ -1,8 +1,8 @@
 """Shared pytest fixtures and helpers: devices (CUDA skipped, never faked), DESIGN.md tolerances."""
-import pytest
-import torch
 
 import fusible  # noqa: F401  (registers torch.ops.fusible)
+import pytest
+import torch
 
 HAS_CUDA = torch.cuda.is_available()
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this machine")
@@ -33,5 +33,8 @@ def assert_close_to_ref(actual, ref64, dtype, gemm=False):
     """actual (computed in dtype) against a float64 reference rounded to dtype."""
     rtol, atol = tols(dtype, gemm, actual.device)
     torch.testing.assert_close(
-        actual.detach().double().cpu(), ref64.detach().to(dtype).double().cpu(), rtol=rtol, atol=atol
+        actual.detach().double().cpu(),
+        ref64.detach().to(dtype).double().cpu(),
+        rtol=rtol,
+        atol=atol,
     )

@@ -1,9 +1,9 @@
 """One spec per basic op: how to build it, an input shape, and a float64 PyTorch reference."""
+
 import math
 
 import torch
 import torch.nn.functional as F
-
 from fusible import ops
 
 
@@ -43,28 +43,50 @@ class Spec:
 
 
 def _gated(cls, act):
-    return Spec(cls.__name__, lambda d, t: cls(), lambda x, p, e: act(_halves(x)[0]) * _halves(x)[1])
+    return Spec(
+        cls.__name__, lambda d, t: cls(), lambda x, p, e: act(_halves(x)[0]) * _halves(x)[1]
+    )
 
 
 SPECS = [
     Spec("Identity", lambda d, t: ops.Identity(), lambda x, p, e: x, exact=True),
-    Spec("Reshape", lambda d, t: ops.Reshape((12, -1)), lambda x, p, e: x.reshape(12, -1),
-         exact=True),
+    Spec(
+        "Reshape", lambda d, t: ops.Reshape((12, -1)), lambda x, p, e: x.reshape(12, -1), exact=True
+    ),
     Spec("ConstantScale", lambda d, t: ops.ConstantScale(0.37), lambda x, p, e: 0.37 * x),
     Spec("Bias", lambda d, t: ops.Bias(16, device=d, dtype=t), lambda x, p, e: x + p["bias"]),
-    Spec("BasicLinear", lambda d, t: ops.BasicLinear(16, 24, device=d, dtype=t),
-         lambda x, p, e: x @ p["weight"].T, gemm=True),
-    Spec("Linear", lambda d, t: ops.Linear(16, 24, device=d, dtype=t),
-         lambda x, p, e: x @ p["weight"].T + p["bias"], gemm=True),
-    Spec("LayerNorm", lambda d, t: ops.LayerNorm(16, device=d, dtype=t),
-         lambda x, p, e: F.layer_norm(x, (16,), p["weight"], p["bias"], 1e-5)),
-    Spec("LayerNorm2d", lambda d, t: ops.LayerNorm((4, 16), device=d, dtype=t,
-                                                   zero_centered_gamma=True),
-         lambda x, p, e: F.layer_norm(x, (4, 16), p["weight"] + 1, p["bias"], 1e-5)),
-    Spec("RMSNorm", lambda d, t: ops.RMSNorm(16, device=d, dtype=t),
-         lambda x, p, e: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * p["weight"]),
-    Spec("L2Normalization", lambda d, t: ops.L2Normalization(),
-         lambda x, p, e: x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)),
+    Spec(
+        "BasicLinear",
+        lambda d, t: ops.BasicLinear(16, 24, device=d, dtype=t),
+        lambda x, p, e: x @ p["weight"].T,
+        gemm=True,
+    ),
+    Spec(
+        "Linear",
+        lambda d, t: ops.Linear(16, 24, device=d, dtype=t),
+        lambda x, p, e: x @ p["weight"].T + p["bias"],
+        gemm=True,
+    ),
+    Spec(
+        "LayerNorm",
+        lambda d, t: ops.LayerNorm(16, device=d, dtype=t),
+        lambda x, p, e: F.layer_norm(x, (16,), p["weight"], p["bias"], 1e-5),
+    ),
+    Spec(
+        "LayerNorm2d",
+        lambda d, t: ops.LayerNorm((4, 16), device=d, dtype=t, zero_centered_gamma=True),
+        lambda x, p, e: F.layer_norm(x, (4, 16), p["weight"] + 1, p["bias"], 1e-5),
+    ),
+    Spec(
+        "RMSNorm",
+        lambda d, t: ops.RMSNorm(16, device=d, dtype=t),
+        lambda x, p, e: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * p["weight"],
+    ),
+    Spec(
+        "L2Normalization",
+        lambda d, t: ops.L2Normalization(),
+        lambda x, p, e: x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6),
+    ),
     Spec("GELU", lambda d, t: ops.GELU(), lambda x, p, e: _gelu(x)),
     Spec("QGELU", lambda d, t: ops.QGELU(), lambda x, p, e: _qgelu(x)),
     Spec("ReLU", lambda d, t: ops.ReLU(), lambda x, p, e: F.relu(x)),
@@ -76,13 +98,24 @@ SPECS = [
     _gated(ops.ReGLU, F.relu),
     _gated(ops.SReGLU, _srelu),
     _gated(ops.SwiGLU, F.silu),
-    Spec("ClampedSwiGLU", lambda d, t: ops.ClampedSwiGLU(limit=1.5, alpha=1.3),
-         lambda x, p, e: _clamped_swiglu(x, 1.5, 1.3)),
-    Spec("ScaledSwiGLU", lambda d, t: ops.ScaledSwiGLU(),
-         lambda x, p, e: e[0].unsqueeze(-1) * F.silu(_halves(x)[0]) * _halves(x)[1],
-         extra_shapes=((3, 4),)),
-    Spec("AddExtraInput", lambda d, t: ops.AddExtraInput(), lambda x, p, e: x + e[0],
-         extra_shapes=((3, 4, 16),), exact=True),
+    Spec(
+        "ClampedSwiGLU",
+        lambda d, t: ops.ClampedSwiGLU(limit=1.5, alpha=1.3),
+        lambda x, p, e: _clamped_swiglu(x, 1.5, 1.3),
+    ),
+    Spec(
+        "ScaledSwiGLU",
+        lambda d, t: ops.ScaledSwiGLU(),
+        lambda x, p, e: e[0].unsqueeze(-1) * F.silu(_halves(x)[0]) * _halves(x)[1],
+        extra_shapes=((3, 4),),
+    ),
+    Spec(
+        "AddExtraInput",
+        lambda d, t: ops.AddExtraInput(),
+        lambda x, p, e: x + e[0],
+        extra_shapes=((3, 4, 16),),
+        exact=True,
+    ),
     Spec("MakeExtraOutput", lambda d, t: ops.MakeExtraOutput(), lambda x, p, e: (x, x), exact=True),
     Spec("DropoutEval", lambda d, t: ops.Dropout(0.3).eval(), lambda x, p, e: x, exact=True),
 ]

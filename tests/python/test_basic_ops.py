@@ -1,9 +1,9 @@
 """Every basic op against a float64 PyTorch reference (forward and backward, random data), plus
 gradcheck in float64 on CPU."""
+
 import pytest
 import torch
-
-from conftest import DEVICES, HAS_CUDA, assert_close_to_ref, tols
+from conftest import HAS_CUDA, assert_close_to_ref, tols
 from op_specs import SPECS
 
 CPU_DTYPES = [torch.float64, torch.float32]
@@ -13,10 +13,17 @@ CUDA_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 def _cases():
     for spec in SPECS:
         for dtype in CPU_DTYPES:
-            yield pytest.param(spec, "cpu", dtype, id=f"{spec.name}-cpu-{dtype}".replace("torch.", ""))
+            yield pytest.param(
+                spec, "cpu", dtype, id=f"{spec.name}-cpu-{dtype}".replace("torch.", "")
+            )
         for dtype in CUDA_DTYPES:
-            yield pytest.param(spec, "cuda", dtype, id=f"{spec.name}-cuda-{dtype}".replace("torch.", ""),
-                               marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))
+            yield pytest.param(
+                spec,
+                "cuda",
+                dtype,
+                id=f"{spec.name}-cuda-{dtype}".replace("torch.", ""),
+                marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"),
+            )
 
 
 def _randomize(op):
@@ -69,8 +76,12 @@ class TestBasicOpsAgainstFloat64:
             else:
                 # Gradients go through more roundings than the forward: compare at the gemm level.
                 r2, a2 = tols(dtype, True, device)
-                torch.testing.assert_close(got.double().cpu(), want.to(dtype).double(),
-                                           rtol=max(r2, rtol) * 4, atol=max(a2, atol) * 4)
+                torch.testing.assert_close(
+                    got.double().cpu(),
+                    want.to(dtype).double(),
+                    rtol=max(r2, rtol) * 4,
+                    atol=max(a2, atol) * 4,
+                )
 
     def test_a_wrong_answer_fails(self):
         spec = next(s for s in SPECS if s.name == "Identity")
@@ -92,6 +103,6 @@ class TestGradcheck:
         params = list(op.parameters())
 
         def f(x, *rest):
-            return op(x, *rest[:len(extras)])
+            return op(x, *rest[: len(extras)])
 
         assert torch.autograd.gradcheck(f, (x, *extras, *params), eps=1e-6, atol=1e-5)

@@ -1,11 +1,11 @@
 """Named extra-tensor channels (DESIGN.md section 5, API.md "Channels"): routing, gradients,
 validation, wiring errors, locking, cross-group routing and named inputs/outputs. Every case checks
 values and gradients against plain PyTorch."""
+
 import gc
 
 import pytest
 import torch
-
 from fusible import ops
 
 D = torch.float64
@@ -23,8 +23,9 @@ def _bias(n=4):
 
 
 def _grads(y, inputs, dy=None):
-    return torch.autograd.grad(y, inputs, dy if dy is not None else torch.ones_like(y),
-                               allow_unused=True)
+    return torch.autograd.grad(
+        y, inputs, dy if dy is not None else torch.ones_like(y), allow_unused=True
+    )
 
 
 class TestRouting:
@@ -84,7 +85,9 @@ class TestRouting:
 
     @pytest.mark.parametrize("to_caller", [True, False])
     def test_unconsumed_named_output(self, to_caller):
-        make = ops.MakeExtraOutput().set_extra_output_channel(0, "lonely", output_to_caller=to_caller)
+        make = ops.MakeExtraOutput().set_extra_output_channel(
+            0, "lonely", output_to_caller=to_caller
+        )
         fuser = ops.OperationFuser([make, ops.ConstantScale(2.0)])
         x = _x(3)
         out = fuser(x)
@@ -122,8 +125,9 @@ class TestRouting:
         ref = sr.unsqueeze(-1) * torch.nn.functional.silu(a) * b
         torch.testing.assert_close(y, ref)
         dy = torch.randn_like(y)
-        for g, r in zip(torch.autograd.grad(y, [x, scales], dy),
-                        torch.autograd.grad(ref, [xr, sr], dy)):
+        for g, r in zip(
+            torch.autograd.grad(y, [x, scales], dy), torch.autograd.grad(ref, [xr, sr], dy)
+        ):
             torch.testing.assert_close(g, r)
 
 
@@ -152,7 +156,9 @@ class TestValidation:
 
     def test_wiring_errors(self):
         def m(name, to_caller=True):
-            return ops.MakeExtraOutput().set_extra_output_channel(0, name, output_to_caller=to_caller)
+            return ops.MakeExtraOutput().set_extra_output_channel(
+                0, name, output_to_caller=to_caller
+            )
 
         def a(name):
             return ops.AddExtraInput().set_extra_input_channel(0, name)
@@ -161,7 +167,9 @@ class TestValidation:
             ops.OperationFuser([m("r"), m("r")])
         with pytest.raises(ValueError, match="'r'.*AddExtraInput \\(op 0\\).*has no producer"):
             ops.OperationFuser([a("r")])
-        with pytest.raises(ValueError, match="'r'.*AddExtraInput \\(op 0\\).*has no earlier producer"):
+        with pytest.raises(
+            ValueError, match="'r'.*AddExtraInput \\(op 0\\).*has no earlier producer"
+        ):
             ops.OperationFuser([a("r"), m("r")])
         seq = ops.Sequential(a("q"), ops.Identity())
         with pytest.raises(ValueError, match="has no producer"):
@@ -174,7 +182,11 @@ class TestValidation:
     def test_rebinding_before_capture_keeps_last_binding(self):
         make = ops.MakeExtraOutput().set_extra_output_channel(0, "first", output_to_caller=False)
         make.set_extra_output_channel(0, "second", output_to_caller=False)
-        add = ops.AddExtraInput().set_extra_input_channel(0, "first").set_extra_input_channel(0, "second")
+        add = (
+            ops.AddExtraInput()
+            .set_extra_input_channel(0, "first")
+            .set_extra_input_channel(0, "second")
+        )
         x = _x(3)
         y = ops.OperationFuser([make, add])(x)
         torch.testing.assert_close(y, 2 * x, rtol=0, atol=0)
@@ -230,8 +242,9 @@ class TestSequentialChannels:
         ref = torch.tanh(torch.nn.functional.linear(xr, lin.weight, lin.bias)) + xr
         torch.testing.assert_close(y, ref)
         dy = torch.randn_like(y)
-        for g, r in zip(_grads(y, [x, lin.weight, lin.bias], dy),
-                        _grads(ref, [xr, lin.weight, lin.bias], dy)):
+        for g, r in zip(
+            _grads(y, [x, lin.weight, lin.bias], dy), _grads(ref, [xr, lin.weight, lin.bias], dy)
+        ):
             torch.testing.assert_close(g, r)
 
     def test_named_inputs_and_outputs(self):

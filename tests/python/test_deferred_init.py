@@ -1,7 +1,7 @@
-"""Deferred initialization: build on meta, materialize in place on first use (DESIGN.md section 4)."""
+"""Deferred initialization: build on meta, materialize in place on first use (DESIGN.md sec. 4)."""
+
 import pytest
 import torch
-
 from conftest import HAS_CUDA
 from fusible import ops
 
@@ -11,8 +11,9 @@ MODELS = {
     "LayerNorm": lambda d, t: ops.LayerNorm(8, device=d, dtype=t),
     "RMSNorm": lambda d, t: ops.RMSNorm(8, device=d, dtype=t),
     "Linear": lambda d, t: ops.Linear(8, 6, device=d, dtype=t),
-    "Sequential": lambda d, t: ops.Sequential(ops.LayerNorm(8, device=d, dtype=t),
-                                              ops.Linear(8, 6, device=d, dtype=t)),
+    "Sequential": lambda d, t: ops.Sequential(
+        ops.LayerNorm(8, device=d, dtype=t), ops.Linear(8, 6, device=d, dtype=t)
+    ),
 }
 
 
@@ -21,13 +22,21 @@ def _cases():
         for dtype in (torch.float32, torch.float64):
             yield pytest.param(name, "cpu", dtype, id=f"{name}-cpu-{dtype}".replace("torch.", ""))
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            yield pytest.param(name, "cuda", dtype, id=f"{name}-cuda-{dtype}".replace("torch.", ""),
-                               marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))
+            yield pytest.param(
+                name,
+                "cuda",
+                dtype,
+                id=f"{name}-cuda-{dtype}".replace("torch.", ""),
+                marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"),
+            )
 
 
 def _linears(model):
-    return [m for m in (model if isinstance(model, ops.Sequential) else [model])
-            if isinstance(m, ops.Linear)]
+    return [
+        m
+        for m in (model if isinstance(model, ops.Sequential) else [model])
+        if isinstance(m, ops.Linear)
+    ]
 
 
 class TestDeferredInit:
@@ -41,8 +50,12 @@ class TestDeferredInit:
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
 
         x = torch.randn(3, 8, device=device, dtype=dtype, requires_grad=input_grad)
-        dy = torch.randn(3, 6 if name in ("BasicLinear", "Linear", "Sequential") else 8,
-                         device=device, dtype=dtype)
+        dy = torch.randn(
+            3,
+            6 if name in ("BasicLinear", "Linear", "Sequential") else 8,
+            device=device,
+            dtype=dtype,
+        )
         y = model(x)
         y.backward(dy)
 

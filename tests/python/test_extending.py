@@ -1,9 +1,9 @@
 """Extending fusible from Python with te.ops' protocol: custom basic ops, fused ops and fusion
 functions, mixed with built-in ops. Every case checks values and gradients against plain PyTorch."""
+
 import pytest
 import torch
 import torch.nn.functional as F
-
 from fusible import ops
 
 D = torch.float64
@@ -23,8 +23,9 @@ class LearnableScale(ops.BasicOperation):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.tensor(1.5, dtype=D))
 
-    def op_forward(self, ctx, input_, *, prev_op_grad_output_quantizer, next_op_input_quantizer,
-                   **unused):
+    def op_forward(
+        self, ctx, input_, *, prev_op_grad_output_quantizer, next_op_input_quantizer, **unused
+    ):
         ctx.save_for_backward(input_)
         return self.weight * input_
 
@@ -42,8 +43,9 @@ class FreshScales(ops.BasicOperation):
         super().__init__()
         self.log_s = torch.nn.Parameter(torch.randn(rows, dtype=D) * 0.1)
 
-    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, basic_op_kwargs,
-                      **unused):
+    def fuser_forward(
+        self, basic_op_ctxs, input_, *, basic_op_extra_inputs, basic_op_kwargs, **unused
+    ):
         s = self.log_s.detach().exp()
         basic_op_ctxs[0].save_for_backward(s)
         return input_, [[s]]
@@ -104,9 +106,12 @@ class Axpy(ops.FusedOperation):
 def fuse_axpy(ops_list, *, recipe):
     out, i = [], 0
     while i < len(ops_list):
-        if (i + 1 < len(ops_list) and isinstance(ops_list[i], ops.ConstantScale)
-                and isinstance(ops_list[i + 1], ops.AddExtraInput)):
-            out.append(Axpy(ops_list[i:i + 2]))
+        if (
+            i + 1 < len(ops_list)
+            and isinstance(ops_list[i], ops.ConstantScale)
+            and isinstance(ops_list[i + 1], ops.AddExtraInput)
+        ):
+            out.append(Axpy(ops_list[i : i + 2]))
             i += 2
         else:
             out.append(ops_list[i])
@@ -158,14 +163,18 @@ def _pairwise(cls, first, second):
     def fusion(ops_list, *, recipe):
         out, i = [], 0
         while i < len(ops_list):
-            if (i + 1 < len(ops_list) and isinstance(ops_list[i], first)
-                    and isinstance(ops_list[i + 1], second)):
-                out.append(cls(ops_list[i:i + 2]))
+            if (
+                i + 1 < len(ops_list)
+                and isinstance(ops_list[i], first)
+                and isinstance(ops_list[i + 1], second)
+            ):
+                out.append(cls(ops_list[i : i + 2]))
                 i += 2
             else:
                 out.append(ops_list[i])
                 i += 1
         return out
+
     fusion.__name__ = f"fuse_{cls.__name__}"
     return fusion
 
@@ -180,8 +189,10 @@ class TestFusedOpsAndFusions:
         plan = fuser.forward_ops()
         assert isinstance(plan[1][0], Axpy) and plan[1][1] == [1, 2]
         assert plan[1][0].basic_ops == [scale, add]
-        assert fuser.fusion_plan()[0] == {"forward": ["Identity", "Axpy"],
-                                          "backward": ["Identity", "ConstantScale", "AddExtraInput"]}
+        assert fuser.fusion_plan()[0] == {
+            "forward": ["Identity", "Axpy"],
+            "backward": ["Identity", "ConstantScale", "AddExtraInput"],
+        }
         torch.testing.assert_close(y, 0.25 * x + r)
         gx, gr = torch.autograd.grad(y, [x, r], torch.ones(5, dtype=D))
         torch.testing.assert_close(gx, torch.full((5,), 0.25, dtype=D))
@@ -193,34 +204,45 @@ class TestFusedOpsAndFusions:
         seq = ops.Sequential(lin, ops.SiLU())
         x = _x(3, 4)
         y = seq(x)
-        assert seq.fusion_plan()[0] == {"forward": ["LinearSiLU"], "backward": ["BasicLinear", "SiLU"]}
+        assert seq.fusion_plan()[0] == {
+            "forward": ["LinearSiLU"],
+            "backward": ["BasicLinear", "SiLU"],
+        }
         xr = x.detach().requires_grad_()
         ref = F.silu(xr @ lin.weight.T)
         torch.testing.assert_close(y, ref)
         dy = torch.randn_like(y)
-        for a, b in zip(torch.autograd.grad(y, [x, lin.weight], dy),
-                        torch.autograd.grad(ref, [xr, lin.weight], dy)):
+        for a, b in zip(
+            torch.autograd.grad(y, [x, lin.weight], dy),
+            torch.autograd.grad(ref, [xr, lin.weight], dy),
+        ):
             torch.testing.assert_close(a, b)
 
     def test_backward_only_reads_what_basic_linear_saved(self):
         ops.register_backward_fusion(
-            _pairwise(ScaleThenLinearBackward, ops.ConstantScale, ops.BasicLinear))
+            _pairwise(ScaleThenLinearBackward, ops.ConstantScale, ops.BasicLinear)
+        )
         lin = ops.BasicLinear(4, 3, device="cpu", dtype=D)
         fuser = ops.OperationFuser([ops.ConstantScale(-2.0), lin])
         x = _x(2, 4)
         y = fuser(x)
-        assert fuser.fusion_plan()[0] == {"forward": ["ConstantScale", "BasicLinear"],
-                                          "backward": ["ScaleThenLinearBackward"]}
+        assert fuser.fusion_plan()[0] == {
+            "forward": ["ConstantScale", "BasicLinear"],
+            "backward": ["ScaleThenLinearBackward"],
+        }
         xr = x.detach().requires_grad_()
         ref = (-2.0 * xr) @ lin.weight.T
         dy = torch.randn_like(y)
-        for a, b in zip(torch.autograd.grad(y, [x, lin.weight], dy),
-                        torch.autograd.grad(ref, [xr, lin.weight], dy)):
+        for a, b in zip(
+            torch.autograd.grad(y, [x, lin.weight], dy),
+            torch.autograd.grad(ref, [xr, lin.weight], dy),
+        ):
             torch.testing.assert_close(a, b)
 
     def test_joint_fused_op_is_the_same_object_in_both_plans(self):
-        ops.register_forward_backward_fusion(_pairwise(JointScales, ops.ConstantScale,
-                                                       ops.ConstantScale))
+        ops.register_forward_backward_fusion(
+            _pairwise(JointScales, ops.ConstantScale, ops.ConstantScale)
+        )
         fuser = ops.OperationFuser([ops.ConstantScale(2.0), ops.ConstantScale(3.0)])
         x = _x(4)
         y = fuser(x)
@@ -297,9 +319,13 @@ class TestUserCodeErrors:
             NoTensor()(x)
         with pytest.raises(ValueError, match="BadGrads.op_backward parameter grads: expected 1"):
             BadGrads()(x).sum().backward()
-        with pytest.raises(TypeError, match="GeneratorOutputs.fuser_forward extra outputs: expected a list"):
+        with pytest.raises(
+            TypeError, match="GeneratorOutputs.fuser_forward extra outputs: expected a list"
+        ):
             GeneratorOutputs()(x)
-        with pytest.raises(ValueError, match=r"WrongCount.fuser_forward extra outputs\[0\]: expected 1"):
+        with pytest.raises(
+            ValueError, match=r"WrongCount.fuser_forward extra outputs\[0\]: expected 1"
+        ):
             WrongCount()(x)
 
     def test_fusion_returning_other_ops_is_rejected(self):
@@ -330,6 +356,7 @@ class TestReviewRegressions:
                 return 3.0 * grad_output, [[], [], []], [[], [], [None]]
 
         for cls in (ForwardOnly, BackwardOnly):
+
             def fuse(ops_list, *, recipe, cls=cls):
                 if len(ops_list) == 3 and isinstance(ops_list[0], ops.MakeExtraOutput):
                     return [cls(ops_list)]
@@ -353,7 +380,9 @@ class TestReviewRegressions:
         assert torch.equal(seq[2].bias.detach(), torch.zeros(4, dtype=D))
 
     def test_non_tensor_extra_input_names_the_op(self):
-        with pytest.raises(ValueError, match="AddExtraInput: expected extra input 0 to be a tensor"):
+        with pytest.raises(
+            ValueError, match="AddExtraInput: expected extra input 0 to be a tensor"
+        ):
             ops.AddExtraInput()(_x(3), None)
 
     def test_in_place_add_from_a_channel_does_not_corrupt_saved_tensors(self):
@@ -369,5 +398,6 @@ class TestReviewRegressions:
         ref = F.layer_norm(xr, (4,), ln.weight, ln.bias, 1e-5) + xr
         torch.testing.assert_close(y, ref)
         dy = torch.randn_like(y)
-        torch.testing.assert_close(torch.autograd.grad(y, [x], dy)[0],
-                                   torch.autograd.grad(ref, [xr], dy)[0])
+        torch.testing.assert_close(
+            torch.autograd.grad(y, [x], dy)[0], torch.autograd.grad(ref, [xr], dy)[0]
+        )

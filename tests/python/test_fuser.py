@@ -1,22 +1,27 @@
 """OperationFuser and Sequential: plans, first-backward index, no-grad path, call convention,
 errors, parameters and state dicts, dtype handling."""
+
 import pytest
 import torch
 import torch.nn.functional as F
-
 from fusible import ops
 
 
 def _mlp(device="cpu", dtype=torch.float64):
-    return [ops.LayerNorm(8, device=device, dtype=dtype), ops.Linear(8, 16, device=device, dtype=dtype),
-            ops.GELU(), ops.Linear(16, 8, device=device, dtype=dtype)]
+    return [
+        ops.LayerNorm(8, device=device, dtype=dtype),
+        ops.Linear(8, 16, device=device, dtype=dtype),
+        ops.GELU(),
+        ops.Linear(16, 8, device=device, dtype=dtype),
+    ]
 
 
 def _ref_mlp(mods, x):
     ln, fc1, _, fc2 = mods
     h = F.layer_norm(x, (8,), ln.weight, ln.bias, 1e-5)
-    return F.linear(F.gelu(F.linear(h, fc1.weight, fc1.bias), approximate="tanh"), fc2.weight,
-                    fc2.bias)
+    return F.linear(
+        F.gelu(F.linear(h, fc1.weight, fc1.bias), approximate="tanh"), fc2.weight, fc2.bias
+    )
 
 
 class TestOperationFuser:
@@ -33,7 +38,11 @@ class TestOperationFuser:
         assert isinstance(fused, ops.fused.ForwardLinearBiasActivation)
         assert fused.basic_ops == mods[1].basic_ops
         assert fuser.fusion_plan()[0]["forward"] == [
-            "LayerNorm", "ForwardLinearBiasActivation", "GELU", "ForwardLinearBiasActivation"]
+            "LayerNorm",
+            "ForwardLinearBiasActivation",
+            "GELU",
+            "ForwardLinearBiasActivation",
+        ]
         backward = fuser.backward_ops()
         assert [idx for _, idx in backward] == [[0], [1], [2], [3], [4], [5]]
         assert backward[1][0] is mods[1].basic_ops[0]
@@ -79,7 +88,9 @@ class TestOperationFuser:
         assert y.grad_fn is None
 
     def test_extra_inputs_and_outputs(self):
-        fuser = ops.OperationFuser([ops.MakeExtraOutput(), ops.ConstantScale(2.0), ops.AddExtraInput()])
+        fuser = ops.OperationFuser(
+            [ops.MakeExtraOutput(), ops.ConstantScale(2.0), ops.AddExtraInput()]
+        )
         assert fuser.num_extra_inputs == 1
         x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
         r = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
@@ -117,7 +128,10 @@ class TestOperationFuser:
     def test_bad_inputs_give_clear_errors_and_change_nothing(self):
         lin = ops.Linear(4, 3, device="cpu")
         before = lin.weight.detach().clone()
-        with pytest.raises(RuntimeError, match=r"BasicLinear: expected input.size\(-1\) == in_features \(4\), got 5"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"BasicLinear: expected input.size\(-1\) == in_features \(4\), got 5",
+        ):
             lin(torch.randn(2, 5))
         with pytest.raises(TypeError, match="floating-point input"):
             lin(torch.ones(2, 4, dtype=torch.long))
@@ -216,16 +230,24 @@ class TestParametersAndStateDict:
 
 class TestSequential:
     def test_groups_and_plan(self):
-        seq = ops.Sequential(ops.Linear(4, 4, device="cpu"), ops.GELU(), torch.nn.Tanh(),
-                             ops.Bias(4, device="cpu"))
+        seq = ops.Sequential(
+            ops.Linear(4, 4, device="cpu"), ops.GELU(), torch.nn.Tanh(), ops.Bias(4, device="cpu")
+        )
         x = torch.randn(3, 4, requires_grad=True)
         y = seq(x)
         plan = seq.fusion_plan()
-        assert plan == [{"forward": ["ForwardLinearBiasActivation", "GELU"],
-                         "backward": ["BasicLinear", "Bias", "GELU"]},
-                        {"module": "Tanh"},
-                        {"forward": ["Bias"], "backward": ["Bias"]}]
-        ref = torch.tanh(F.gelu(F.linear(x, seq[0].weight, seq[0].bias), approximate="tanh")) + seq[3].bias
+        assert plan == [
+            {
+                "forward": ["ForwardLinearBiasActivation", "GELU"],
+                "backward": ["BasicLinear", "Bias", "GELU"],
+            },
+            {"module": "Tanh"},
+            {"forward": ["Bias"], "backward": ["Bias"]},
+        ]
+        ref = (
+            torch.tanh(F.gelu(F.linear(x, seq[0].weight, seq[0].bias), approximate="tanh"))
+            + seq[3].bias
+        )
         torch.testing.assert_close(y, ref)
         assert len(seq.fusers()) == 3
 

@@ -1,7 +1,7 @@
-"""torch.ops.fusible.bias_fwd / bias_bwd: values against float64, errors, opcheck on CPU and CUDA."""
+"""torch.ops.fusible.bias_fwd / bias_bwd: values vs float64, errors, opcheck on CPU and CUDA."""
+
 import pytest
 import torch
-
 from conftest import DEVICES, assert_close_to_ref
 
 

@@ -1,5 +1,6 @@
 """Python faces of the C++ operations: each op is a torch.nn.Module whose parameters are the very
 tensors the C++ op computes with (one autograd leaf, one storage)."""
+
 import weakref
 
 import torch
@@ -32,12 +33,13 @@ def check_tensors(name, input, extra_inputs):
         raise TypeError(f"{name}: expected a tensor input, got {type(input).__name__}")
     for i, t in enumerate(extra_inputs):
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name}: expected extra input {i} to be a tensor, got "
-                             f"{type(t).__name__}")
+            raise ValueError(
+                f"{name}: expected extra input {i} to be a tensor, got " f"{type(t).__name__}"
+            )
 
 
 def split_outputs(outputs, exported):
-    """A C++ fuser's [y, exported...] -> ([y, public extra outputs], {name: tensor} of named ones)."""
+    """A C++ fuser's [y, exported...] -> ([y, public extra outputs], {name: named outputs})."""
     public, named = [outputs[0]], {}
     for tensor, (is_public, name) in zip(outputs[1:], exported):
         if is_public:
@@ -70,8 +72,12 @@ class FusibleOperation(torch.nn.Module):
     def __setattr__(self, name, value):
         # A new Parameter for one of the C++ op's parameters: the C++ op must compute with it too.
         params = self.__dict__.get("_parameters")
-        if (self._builtin and params is not None and name in params
-                and isinstance(value, torch.nn.Parameter)):
+        if (
+            self._builtin
+            and params is not None
+            and name in params
+            and isinstance(value, torch.nn.Parameter)
+        ):
             if value is not params[name]:
                 self._replace_parameter(name, value)
         super().__setattr__(name, value)
@@ -160,9 +166,16 @@ class BasicOperation(FusibleOperation):
         self._builtin = False
         cls = type(self)
         n_in, n_out = vars_int(cls, "num_extra_inputs"), vars_int(cls, "num_extra_outputs")
-        self._attach(_C.PyBasicOperation(self, cls.__name__, n_in, n_out,
-                                         _defines(cls, BasicOperation, "fuser_forward"),
-                                         _defines(cls, BasicOperation, "fuser_backward")))
+        self._attach(
+            _C.PyBasicOperation(
+                self,
+                cls.__name__,
+                n_in,
+                n_out,
+                _defines(cls, BasicOperation, "fuser_forward"),
+                _defines(cls, BasicOperation, "fuser_backward"),
+            )
+        )
 
     # Built-in ops' own forward/backward, callable from Python fused ops.
     def op_forward(self, ctx, input_, **unused):
@@ -175,8 +188,10 @@ class BasicOperation(FusibleOperation):
         """Names extra-output slot `index` (None unbinds); output_to_caller=False hides it."""
         _check_channel(channel)
         if not isinstance(output_to_caller, bool):
-            raise TypeError(f"{type(self).__name__}: output_to_caller must be a bool, got "
-                            f"{type(output_to_caller).__name__}")
+            raise TypeError(
+                f"{type(self).__name__}: output_to_caller must be a bool, got "
+                f"{type(output_to_caller).__name__}"
+            )
         self._cpp.set_extra_output_channel(_check_index(self, index), channel, output_to_caller)
         return self
 
@@ -223,9 +238,13 @@ class FusedOperation(FusibleOperation):
             torch.nn.Module.__init__(self)
             self._builtin = False
             cls = type(self)
-            _cpp = _C.PyFusedOperation(self, cls.__name__, [op._cpp for op in basic_ops],
-                                       _defines(cls, FusedOperation, "fuser_forward"),
-                                       _defines(cls, FusedOperation, "fuser_backward"))
+            _cpp = _C.PyFusedOperation(
+                self,
+                cls.__name__,
+                [op._cpp for op in basic_ops],
+                _defines(cls, FusedOperation, "fuser_forward"),
+                _defines(cls, FusedOperation, "fuser_backward"),
+            )
             self._attach(_cpp)
         else:
             super().__init__(_cpp)

@@ -1,5 +1,4 @@
 """The built-in basic operations (API.md's table) and the composite Linear."""
-import torch
 
 from .. import _C
 from ._base import BasicOperation, FusedOperation, _device, _dtype, reject_unsupported
@@ -35,63 +34,114 @@ class ConstantScale(BasicOperation):
 class Bias(BasicOperation):
     """y = x + bias over the last dim; parameter `bias`, zeros."""
 
-    def __init__(self, size, *, device=None, dtype=None, tensor_parallel=False,
-                 tensor_parallel_group=None):
-        reject_unsupported("Bias", tensor_parallel=(tensor_parallel, False),
-                           tensor_parallel_group=(tensor_parallel_group, None))
+    def __init__(
+        self, size, *, device=None, dtype=None, tensor_parallel=False, tensor_parallel_group=None
+    ):
+        reject_unsupported(
+            "Bias",
+            tensor_parallel=(tensor_parallel, False),
+            tensor_parallel_group=(tensor_parallel_group, None),
+        )
         super().__init__(_C.Bias(int(size), _device(device), _dtype(dtype)))
 
 
 class BasicLinear(BasicOperation):
     """y = x W^T; parameter `weight` [out_features, in_features]."""
 
-    def __init__(self, in_features, out_features, *, device=None, dtype=None,
-                 tensor_parallel_mode=None, tensor_parallel_group=None, sequence_parallel=False,
-                 rng_state_tracker_function=None, accumulate_into_main_grad=False,
-                 userbuffers_options=None):
-        reject_unsupported("BasicLinear", tensor_parallel_mode=(tensor_parallel_mode, None),
-                           tensor_parallel_group=(tensor_parallel_group, None),
-                           sequence_parallel=(sequence_parallel, False),
-                           rng_state_tracker_function=(rng_state_tracker_function, None),
-                           accumulate_into_main_grad=(accumulate_into_main_grad, False),
-                           userbuffers_options=(userbuffers_options, None))
+    def __init__(
+        self,
+        in_features,
+        out_features,
+        *,
+        device=None,
+        dtype=None,
+        tensor_parallel_mode=None,
+        tensor_parallel_group=None,
+        sequence_parallel=False,
+        rng_state_tracker_function=None,
+        accumulate_into_main_grad=False,
+        userbuffers_options=None,
+    ):
+        reject_unsupported(
+            "BasicLinear",
+            tensor_parallel_mode=(tensor_parallel_mode, None),
+            tensor_parallel_group=(tensor_parallel_group, None),
+            sequence_parallel=(sequence_parallel, False),
+            rng_state_tracker_function=(rng_state_tracker_function, None),
+            accumulate_into_main_grad=(accumulate_into_main_grad, False),
+            userbuffers_options=(userbuffers_options, None),
+        )
         self.in_features, self.out_features = int(in_features), int(out_features)
-        super().__init__(_C.BasicLinear(self.in_features, self.out_features, _device(device),
-                                        _dtype(dtype)))
+        super().__init__(
+            _C.BasicLinear(self.in_features, self.out_features, _device(device), _dtype(dtype))
+        )
 
 
 class LayerNorm(BasicOperation):
     """Layer norm over the trailing `normalized_shape` dims; parameters `weight`, `bias`."""
 
-    def __init__(self, normalized_shape, *, eps=1e-5, device=None, dtype=None,
-                 zero_centered_gamma=False, sm_margin=0):
+    def __init__(
+        self,
+        normalized_shape,
+        *,
+        eps=1e-5,
+        device=None,
+        dtype=None,
+        zero_centered_gamma=False,
+        sm_margin=0,
+    ):
         reject_unsupported("LayerNorm", sm_margin=(sm_margin, 0))
         self.normalized_shape = tuple(_normalized_shape(normalized_shape))
         self.eps = float(eps)
         self.zero_centered_gamma = bool(zero_centered_gamma)
-        super().__init__(_C.LayerNorm(list(self.normalized_shape), self.eps, _device(device),
-                                      _dtype(dtype), self.zero_centered_gamma))
+        super().__init__(
+            _C.LayerNorm(
+                list(self.normalized_shape),
+                self.eps,
+                _device(device),
+                _dtype(dtype),
+                self.zero_centered_gamma,
+            )
+        )
 
 
 class RMSNorm(BasicOperation):
     """x * rsqrt(mean(x^2) + eps) * weight over the trailing `normalized_shape` dims."""
 
-    def __init__(self, normalized_shape, *, eps=1e-5, device=None, dtype=None,
-                 zero_centered_gamma=False, sm_margin=0):
+    def __init__(
+        self,
+        normalized_shape,
+        *,
+        eps=1e-5,
+        device=None,
+        dtype=None,
+        zero_centered_gamma=False,
+        sm_margin=0,
+    ):
         reject_unsupported("RMSNorm", sm_margin=(sm_margin, 0))
         self.normalized_shape = tuple(_normalized_shape(normalized_shape))
         self.eps = float(eps)
         self.zero_centered_gamma = bool(zero_centered_gamma)
-        super().__init__(_C.RMSNorm(list(self.normalized_shape), self.eps, _device(device),
-                                    _dtype(dtype), self.zero_centered_gamma))
+        super().__init__(
+            _C.RMSNorm(
+                list(self.normalized_shape),
+                self.eps,
+                _device(device),
+                _dtype(dtype),
+                self.zero_centered_gamma,
+            )
+        )
 
 
 class L2Normalization(BasicOperation):
     """x * rsqrt(sum(x^2) + eps) over the last dim."""
 
     def __init__(self, *, eps=1e-6, seq_length=None, micro_batch_size=None):
-        reject_unsupported("L2Normalization", seq_length=(seq_length, None),
-                           micro_batch_size=(micro_batch_size, None))
+        reject_unsupported(
+            "L2Normalization",
+            seq_length=(seq_length, None),
+            micro_batch_size=(micro_batch_size, None),
+        )
         self.eps = float(eps)
         super().__init__(_C.L2Normalization(self.eps))
 
@@ -103,7 +153,9 @@ def _activation(name, kind, gated):
         reject_unsupported(name, cache_quantized_input=(cache_quantized_input, False))
         BasicOperation.__init__(self, cpp_cls(name, kind))
 
-    doc = f"y = {kind}(x)" if not gated else f"[a, b] = x halves; y = {kind[:-2] or 'sigmoid'}(a) * b"
+    doc = (
+        f"y = {kind}(x)" if not gated else f"[a, b] = x halves; y = {kind[:-2] or 'sigmoid'}(a) * b"
+    )
     return type(name, (BasicOperation,), {"__init__": __init__, "__doc__": doc})
 
 
@@ -163,17 +215,32 @@ class Dropout(BasicOperation):
 class Linear(FusedOperation):
     """Composite BasicLinear + Bias; `weight`/`bias` are the basic ops' own Parameters."""
 
-    def __init__(self, in_features, out_features, *, bias=True, device=None, dtype=None,
-                 tensor_parallel_mode=None, tensor_parallel_group=None, sequence_parallel=False,
-                 rng_state_tracker_function=None, accumulate_into_main_grad=False):
-        reject_unsupported("Linear", tensor_parallel_mode=(tensor_parallel_mode, None),
-                           tensor_parallel_group=(tensor_parallel_group, None),
-                           sequence_parallel=(sequence_parallel, False),
-                           rng_state_tracker_function=(rng_state_tracker_function, None),
-                           accumulate_into_main_grad=(accumulate_into_main_grad, False))
+    def __init__(
+        self,
+        in_features,
+        out_features,
+        *,
+        bias=True,
+        device=None,
+        dtype=None,
+        tensor_parallel_mode=None,
+        tensor_parallel_group=None,
+        sequence_parallel=False,
+        rng_state_tracker_function=None,
+        accumulate_into_main_grad=False,
+    ):
+        reject_unsupported(
+            "Linear",
+            tensor_parallel_mode=(tensor_parallel_mode, None),
+            tensor_parallel_group=(tensor_parallel_group, None),
+            sequence_parallel=(sequence_parallel, False),
+            rng_state_tracker_function=(rng_state_tracker_function, None),
+            accumulate_into_main_grad=(accumulate_into_main_grad, False),
+        )
         self.in_features, self.out_features = int(in_features), int(out_features)
-        cpp = _C.Linear(self.in_features, self.out_features, bool(bias), _device(device),
-                        _dtype(dtype))
+        cpp = _C.Linear(
+            self.in_features, self.out_features, bool(bias), _device(device), _dtype(dtype)
+        )
         basic = [_wrap_basic(BasicLinear, cpp.get_basic_ops()[0])]
         if bias:
             basic.append(_wrap_basic(Bias, cpp.get_basic_ops()[1]))

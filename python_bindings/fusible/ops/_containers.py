@@ -1,5 +1,6 @@
 """OperationFuser and Sequential: Python faces of the C++ fuser. The per-call path is one C++ call
 per fuser group."""
+
 import torch
 
 from .. import _C
@@ -15,7 +16,7 @@ def _basic_wrappers(ops):
 
 
 class OperationFuser:
-    """A callable fuser over a list of fusible ops. While alive it holds its ops' channel routing."""
+    """A callable fuser over a list of fusible ops; while alive it holds its ops' routing."""
 
     def __init__(self, ops, *, _external_inputs=(), _export_channels=()):
         ops = list(ops)
@@ -24,8 +25,9 @@ class OperationFuser:
                 raise TypeError(f"OperationFuser: expected fusible ops, got {type(op).__name__}")
         self._ops = ops
         self._basic = _basic_wrappers(ops)
-        self._cpp = _C.OperationFuser([op._cpp for op in ops], True, set(_external_inputs),
-                                      set(_export_channels))
+        self._cpp = _C.OperationFuser(
+            [op._cpp for op in ops], True, set(_external_inputs), set(_export_channels)
+        )
         self._exported = self._cpp.exported()
         self._public_names = {name for is_public, name in self._exported if is_public and name}
 
@@ -159,8 +161,11 @@ class Sequential(torch.nn.Module):
         if run:
             runs.append(run)
         fusible_runs = [r for r in runs if isinstance(r, list)]
-        channels = iter(_C.plan_group_channels(
-            [[op._cpp for op in _basic_wrappers(r)] for r in fusible_runs], set(named_inputs)))
+        channels = iter(
+            _C.plan_group_channels(
+                [[op._cpp for op in _basic_wrappers(r)] for r in fusible_runs], set(named_inputs)
+            )
+        )
         groups = []
         for r in runs:
             if isinstance(r, list):
@@ -191,8 +196,10 @@ class Sequential(torch.nn.Module):
                 consumed.update(g._cpp.external_inputs())
         unused = [n for n in channel_inputs if n not in consumed]
         if unused:
-            raise ValueError(f"Sequential: channel_inputs {unused} feed no bound input that lacks a "
-                             "producer inside the model")
+            raise ValueError(
+                f"Sequential: channel_inputs {unused} feed no bound input that lacks a "
+                "producer inside the model"
+            )
         channels = list(channel_inputs.items())  # tensors by name, as groups produce them
         x, public, named, k = input, [], {}, 0
         for g in self._groups:
@@ -200,16 +207,17 @@ class Sequential(torch.nn.Module):
                 x = g(x)
                 continue
             n = g.num_extra_inputs
-            (x, *outs), produced = g._run(x, list(extra_inputs[k:k + n]), channels)
+            (x, *outs), produced = g._run(x, list(extra_inputs[k : k + n]), channels)
             k += n
             public.extend(outs)
             channels.extend(produced.items())
-            named.update((name, t) for name, t in produced.items()
-                         if name in g._public_names)
+            named.update((name, t) for name, t in produced.items() if name in g._public_names)
         if return_dict:
             if len(named) != len(public):
-                raise ValueError("Sequential: return_dict=True needs every public extra output to "
-                                 "be named (set_extra_output_channel)")
+                raise ValueError(
+                    "Sequential: return_dict=True needs every public extra output to "
+                    "be named (set_extra_output_channel)"
+                )
             return x, named
         return unpack_outputs([x, *public])
 

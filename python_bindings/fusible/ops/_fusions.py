@@ -1,5 +1,6 @@
 """Fusion functions from Python: f(ops, *, recipe) -> ops, registered in the C++ registry and read
 when a fuser builds a plan. f sees the user's own op objects (a Linear appears as its basic ops)."""
+
 import atexit
 
 from .. import _C
@@ -21,8 +22,10 @@ def _to_cpp(op, name):
         return op._cpp
     if isinstance(op, _C.FusibleOperation):
         return op
-    raise TypeError(f"fusion {name}: expected fusible operations in the returned list, got "
-                    f"{type(op).__name__}")
+    raise TypeError(
+        f"fusion {name}: expected fusible operations in the returned list, got "
+        f"{type(op).__name__}"
+    )
 
 
 def _register(f, pass_, prepend):
