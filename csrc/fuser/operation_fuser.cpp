@@ -62,7 +62,8 @@ void OperationFuser::reroute_if_changed() {
 }
 
 void OperationFuser::refresh_parameter_cache() {
-  // Cheap identity check: a user may have assigned a new parameter object to an op.
+  // Cheap identity check: a user may have assigned a new parameter object to an op, or moved one
+  // to another dtype or device in place (fusion preconditions may depend on both).
   size_t k = 0;
   bool same = !param_pos_.empty() || basic_ops_.empty();
   std::vector<std::vector<at::Tensor>> current;
@@ -70,18 +71,21 @@ void OperationFuser::refresh_parameter_cache() {
   for (const auto& op : basic_ops_) {
     current.push_back(op->op_parameters());
     for (const auto& p : current.back()) {
-      same =
-          same && k < params_.size() && params_[k].unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
+      same = same && k < params_.size() &&
+             params_[k].unsafeGetTensorImpl() == p.unsafeGetTensorImpl() &&
+             param_layouts_[k] == std::make_pair(p.scalar_type(), p.device());
       ++k;
     }
   }
   if (same && k == params_.size() && param_pos_.size() == basic_ops_.size()) return;
   params_.clear();
   param_pos_.clear();
+  param_layouts_.clear();
   for (auto& ps : current) {
     std::vector<int64_t> pos;
     for (auto& p : ps) {
       pos.push_back(static_cast<int64_t>(params_.size()));
+      param_layouts_.emplace_back(p.scalar_type(), p.device());
       params_.push_back(std::move(p));
     }
     param_pos_.push_back(std::move(pos));

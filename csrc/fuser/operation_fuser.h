@@ -98,6 +98,7 @@ class OperationFuser {
   // Parameter cache: flat list, and per basic op its positions in it.
   std::vector<at::Tensor> params_;
   std::vector<std::vector<int64_t>> param_pos_;
+  std::vector<std::pair<at::ScalarType, c10::Device>> param_layouts_;  // dtype, device per param
   int64_t param_generation_ = 0;
 
   // Plan cache key and plan.

@@ -274,3 +274,15 @@ class TestSequential:
     def test_state_dict_keys(self):
         seq = ops.Sequential(ops.LayerNorm(4, device="cpu"), ops.Linear(4, 2, device="cpu"))
         assert list(seq.state_dict().keys()) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+
+
+class TestPlanCache:
+    def test_in_place_dtype_change_re_plans(self):
+        lin = ops.Linear(4, 3, device="cpu", dtype=torch.float32)
+        fuser = ops.OperationFuser([lin])
+        fuser(torch.randn(2, 4))
+        assert fuser.fusion_plan()[0]["forward"] == ["ForwardLinearBiasActivation"]
+        lin.basic_ops[1].to(torch.float64)  # the bias alone: the fusion's precondition fails
+        y = fuser(torch.randn(2, 4))
+        assert fuser.fusion_plan()[0]["forward"] == ["BasicLinear", "Bias"]
+        assert y.dtype == torch.float64
