@@ -21,8 +21,7 @@ struct FuserCall : torch::CustomClassHolder {
   std::vector<ops::OperationContext> ctxs;  // one per basic op
   int64_t first_backward = 0;               // first basic op whose backward runs
   bool input_requires_grad = false;
-  std::vector<std::vector<int64_t>> param_pos;    // per basic op: positions in the flat parameters
-  std::vector<at::ScalarType> param_dtypes;       // per flat parameter
+  std::shared_ptr<const ParamLayout> params;      // parameter positions and dtypes
   std::vector<std::shared_ptr<void>> keep_alive;  // see FusibleOperation::keep_alive
   // y's metadata, to make a zero gradient when only extra outputs were used.
   std::vector<int64_t> output_shape;

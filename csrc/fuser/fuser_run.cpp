@@ -105,7 +105,7 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
 std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tensor>& grad_outputs) {
   const auto& routing = *call.routing;
   const size_t n = call.ctxs.size();
-  const auto num_params = static_cast<int64_t>(call.param_dtypes.size());
+  const auto num_params = static_cast<int64_t>(call.params->dtypes.size());
   // Gradient of every extra output: the caller's, plus each consumer's as its backward runs.
   ops::TensorLists grad_extra_out(n);
   for (size_t i = 0; i < n; ++i) {
@@ -133,13 +133,13 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
                 " basic ops, got ", r.grad_params.size(), " and ", r.grad_extra_inputs.size());
     for (size_t k = 0; k < m; ++k) {
       const auto i = p.basic_indices[k];
-      const auto& pp = call.param_pos[i];
+      const auto& pp = call.params->pos[i];
       TORCH_CHECK(r.grad_params[k].empty() || r.grad_params[k].size() == pp.size(),
                   p.op->type_name(), ": expected ", pp.size(), " parameter gradients for basic op ",
                   i, ", got ", r.grad_params[k].size());
       for (size_t s = 0; s < r.grad_params[k].size(); ++s) {
         const auto& g = r.grad_params[k][s];
-        if (g.defined()) grads[1 + pp[s]] = ops::cast_to(g, call.param_dtypes[pp[s]]);
+        if (g.defined()) grads[1 + pp[s]] = ops::cast_to(g, call.params->dtypes[pp[s]]);
       }
       const auto& sources = routing.inputs[i];
       TORCH_CHECK(r.grad_extra_inputs[k].empty() || r.grad_extra_inputs[k].size() == sources.size(),

@@ -64,32 +64,33 @@ void OperationFuser::reroute_if_changed() {
 void OperationFuser::refresh_parameter_cache() {
   // Cheap identity check: a user may have assigned a new parameter object to an op, or moved one
   // to another dtype or device in place (fusion preconditions may depend on both).
-  size_t k = 0;
-  bool same = !param_pos_.empty() || basic_ops_.empty();
-  std::vector<std::vector<at::Tensor>> current;
-  current.reserve(basic_ops_.size());
-  for (const auto& op : basic_ops_) {
-    current.push_back(op->op_parameters());
-    for (const auto& p : current.back()) {
-      same = same && k < params_.size() &&
-             params_[k].unsafeGetTensorImpl() == p.unsafeGetTensorImpl() &&
-             param_layouts_[k] == std::make_pair(p.scalar_type(), p.device());
-      ++k;
+  if (param_layout_) {
+    size_t k = 0;
+    bool same = true;
+    for (const auto& op : basic_ops_) {
+      for (const auto& p : op->op_parameters()) {
+        same = same && k < params_.size() &&
+               params_[k].unsafeGetTensorImpl() == p.unsafeGetTensorImpl() &&
+               param_layout_->dtypes[k] == p.scalar_type() &&
+               param_layout_->devices[k] == p.device();
+        ++k;
+      }
     }
+    if (same && k == params_.size()) return;
   }
-  if (same && k == params_.size() && param_pos_.size() == basic_ops_.size()) return;
+  auto layout = std::make_shared<ParamLayout>();
   params_.clear();
-  param_pos_.clear();
-  param_layouts_.clear();
-  for (auto& ps : current) {
+  for (const auto& op : basic_ops_) {
     std::vector<int64_t> pos;
-    for (auto& p : ps) {
+    for (auto& p : op->op_parameters()) {
       pos.push_back(static_cast<int64_t>(params_.size()));
-      param_layouts_.emplace_back(p.scalar_type(), p.device());
+      layout->dtypes.push_back(p.scalar_type());
+      layout->devices.push_back(p.device());
       params_.push_back(std::move(p));
     }
-    param_pos_.push_back(std::move(pos));
+    layout->pos.push_back(std::move(pos));
   }
+  param_layout_ = std::move(layout);
   ++param_generation_;
 }
 
@@ -100,7 +101,7 @@ int64_t OperationFuser::first_backward_index(const at::Tensor& input,
   if (!at::GradMode::is_enabled()) return n;
   if (input.requires_grad()) return 0;
   for (int64_t i = 0; i < n; ++i) {
-    for (auto pos : param_pos_[i]) {
+    for (auto pos : param_layout_->pos[i]) {
       if (params_[pos].requires_grad()) return i;
     }
     for (const auto& src : routing_->inputs[i]) {
@@ -198,9 +199,7 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
   call->first_backward = first_backward;
   call->input_requires_grad = at::GradMode::is_enabled() && input.requires_grad();
   call->routing = routing_;
-  call->param_pos = param_pos_;
-  call->param_dtypes.reserve(params_.size());
-  for (const auto& p : params_) call->param_dtypes.push_back(p.scalar_type());
+  call->params = param_layout_;
   for (const auto& op : basic_ops_) {
     if (auto k = op->keep_alive()) call->keep_alive.push_back(std::move(k));
   }

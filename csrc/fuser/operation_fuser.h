@@ -30,6 +30,14 @@ struct Plan {
 
 struct FuserCall;
 
+/// Where each basic op's parameters sit in the fuser's flat parameter list, and what they were
+/// when cached. Immutable and shared by every call made with it (no per-call copies).
+struct ParamLayout {
+  std::vector<std::vector<int64_t>> pos;  // per basic op: positions in the flat list
+  std::vector<at::ScalarType> dtypes;     // per flat parameter
+  std::vector<c10::Device> devices;       // per flat parameter
+};
+
 /// How a fuser takes part in a larger model.
 struct FuserOptions {
   /// A persistent fuser (user-held, or a Sequential's group) locks its ops' channel routing while
@@ -97,8 +105,7 @@ class OperationFuser {
 
   // Parameter cache: flat list, and per basic op its positions in it.
   std::vector<at::Tensor> params_;
-  std::vector<std::vector<int64_t>> param_pos_;
-  std::vector<std::pair<at::ScalarType, c10::Device>> param_layouts_;  // dtype, device per param
+  std::shared_ptr<const ParamLayout> param_layout_;
   int64_t param_generation_ = 0;
 
   // Plan cache key and plan.

@@ -175,6 +175,9 @@ class Sequential(torch.nn.Module):
                 groups.append(r)
         self._groups = groups
         self._groups_named_inputs = frozenset(named_inputs)
+        self._consumed_names = {
+            n for g in groups if isinstance(g, OperationFuser) for n in g._cpp.external_inputs()
+        }
 
     def fusers(self):
         if self._groups is None:
@@ -190,11 +193,7 @@ class Sequential(torch.nn.Module):
         needed = sum(g.num_extra_inputs for g in self._groups if isinstance(g, OperationFuser))
         if len(extra_inputs) != needed:
             raise ValueError(f"Sequential: expected {needed} extra inputs, got {len(extra_inputs)}")
-        consumed = set()
-        for g in self._groups:
-            if isinstance(g, OperationFuser):
-                consumed.update(g._cpp.external_inputs())
-        unused = [n for n in channel_inputs if n not in consumed]
+        unused = [n for n in channel_inputs if n not in self._consumed_names]
         if unused:
             raise ValueError(
                 f"Sequential: channel_inputs {unused} feed no bound input that lacks a "
