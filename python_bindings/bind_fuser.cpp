@@ -46,7 +46,15 @@ void bind_fuser(py::module_& m) {
            py::arg("external_inputs") = std::set<std::string>(),
            py::arg("export_channels") = std::set<std::string>())
       .def("forward", &OperationFuser::forward, py::arg("input"), py::arg("extra_inputs"),
-           py::arg("named_inputs") = std::vector<std::pair<std::string, at::Tensor>>())
+           py::arg("named_inputs") = std::vector<std::pair<std::string, at::Tensor>>(),
+           py::arg("params") = std::nullopt)
+      .def_property_readonly("parameter_counts",
+                             [](const OperationFuser& f) {
+                               std::vector<size_t> counts;
+                               for (const auto& p : f.parameter_layout().pos)
+                                 counts.push_back(p.size());
+                               return counts;
+                             })
       .def("exported",
            [](const OperationFuser& f) {
              py::list out;

@@ -42,6 +42,14 @@ void bind_ops(py::module_& m) {
 
   py::class_<BasicOperation, FusibleOperation, std::shared_ptr<BasicOperation>>(m, "BasicOperation")
       .def("replace_parameter", &BasicOperation::replace_parameter)
+      .def("adopt_parameters", &BasicOperation::adopt_parameters)
+      .def("parameter_names",
+           [](const BasicOperation& op) {
+             std::vector<std::string> names;
+             for (const auto& item : op.named_parameters(/*recurse=*/false))
+               names.push_back(item.key());
+             return names;
+           })
       .def("set_extra_output_channel",
            [](BasicOperation& op, int64_t index, std::optional<std::string> channel,
               bool output_to_caller) {
@@ -87,6 +95,21 @@ void bind_ops(py::module_& m) {
   py::class_<GatedActivation, BasicOperation, std::shared_ptr<GatedActivation>>(m,
                                                                                 "GatedActivation")
       .def(py::init<std::string, std::string>());
+  // The concrete classes, so that a fusion matching e.g. GELU by type sees Python-built ones.
+#define FUSIBLE_BIND_ACTIVATION(Name, Base) \
+  py::class_<Name, Base, std::shared_ptr<Name>>(m, #Name).def(py::init<>());
+  FUSIBLE_BIND_ACTIVATION(GELU, ElementwiseActivation)
+  FUSIBLE_BIND_ACTIVATION(QGELU, ElementwiseActivation)
+  FUSIBLE_BIND_ACTIVATION(ReLU, ElementwiseActivation)
+  FUSIBLE_BIND_ACTIVATION(SReLU, ElementwiseActivation)
+  FUSIBLE_BIND_ACTIVATION(SiLU, ElementwiseActivation)
+  FUSIBLE_BIND_ACTIVATION(GLU, GatedActivation)
+  FUSIBLE_BIND_ACTIVATION(GEGLU, GatedActivation)
+  FUSIBLE_BIND_ACTIVATION(QGEGLU, GatedActivation)
+  FUSIBLE_BIND_ACTIVATION(ReGLU, GatedActivation)
+  FUSIBLE_BIND_ACTIVATION(SReGLU, GatedActivation)
+  FUSIBLE_BIND_ACTIVATION(SwiGLU, GatedActivation)
+#undef FUSIBLE_BIND_ACTIVATION
   py::class_<ClampedSwiGLU, BasicOperation, std::shared_ptr<ClampedSwiGLU>>(m, "ClampedSwiGLU")
       .def(py::init<double, double>());
   py::class_<ScaledSwiGLU, BasicOperation, std::shared_ptr<ScaledSwiGLU>>(m, "ScaledSwiGLU")
@@ -102,6 +125,8 @@ void bind_ops(py::module_& m) {
              std::shared_ptr<ForwardLinearBiasActivation>>(m, "ForwardLinearBiasActivation");
   py::class_<Linear, FusedOperation, std::shared_ptr<Linear>>(m, "Linear")
       .def(py::init<int64_t, int64_t, bool, OptDevice, OptDtype>())
+      .def(py::init<std::shared_ptr<BasicLinear>, std::shared_ptr<Bias>>(), py::arg("linear"),
+           py::arg("bias") = nullptr)
       .def("replace_parameter", &Linear::replace_parameter);
 }
 

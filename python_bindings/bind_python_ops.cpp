@@ -284,7 +284,11 @@ FusionFunction python_fusion(py::function f) {
 }  // namespace
 
 void bind_python_ops(py::module_& m) {
-  py::class_<OperationContext>(m, "OperationContext", py::dynamic_attr())
+  py::class_<OperationContext>(m, "OperationContext", py::dynamic_attr(),
+                               "Per-call state of one basic op, from its forward to its backward: "
+                               "save_for_backward(*tensors), saved_tensors, requires_grad, "
+                               "input_requires_grad, extra_input_requires_grad, compute_dtype, "
+                               "input_dtype, and any attribute the op sets.")
       .def("save_for_backward",
            [](OperationContext& ctx, py::args tensors) {
              std::vector<at::Tensor> ts;

@@ -21,7 +21,8 @@ struct FuserCall : torch::CustomClassHolder {
   std::vector<ops::OperationContext> ctxs;  // one per basic op
   int64_t first_backward = 0;               // first basic op whose backward runs
   bool input_requires_grad = false;
-  std::shared_ptr<const ParamLayout> params;      // parameter positions and dtypes
+  std::shared_ptr<const ParamLayout> params;      // parameter positions
+  std::vector<at::ScalarType> param_dtypes;       // the call's, per flat parameter (grads match)
   std::vector<std::shared_ptr<void>> keep_alive;  // see FusibleOperation::keep_alive
   // y's metadata, to make a zero gradient when only extra outputs were used.
   std::vector<int64_t> output_shape;

@@ -97,6 +97,7 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
       if (pos >= 0) outputs[pos + 1] = produced[i][s];
     }
   }
+  for (auto& c : call.ctxs) c.params.clear();  // the backward needs only what was saved
   call.output_shape = x.sizes().vec();
   call.output_options = x.options();
   return outputs;
@@ -105,7 +106,7 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
 std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tensor>& grad_outputs) {
   const auto& routing = *call.routing;
   const size_t n = call.ctxs.size();
-  const auto num_params = static_cast<int64_t>(call.params->dtypes.size());
+  const auto num_params = call.params->size;
   // Gradient of every extra output: the caller's, plus each consumer's as its backward runs.
   ops::TensorLists grad_extra_out(n);
   for (size_t i = 0; i < n; ++i) {
@@ -139,7 +140,7 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
                   i, ", got ", r.grad_params[k].size());
       for (size_t s = 0; s < r.grad_params[k].size(); ++s) {
         const auto& g = r.grad_params[k][s];
-        if (g.defined()) grads[1 + pp[s]] = ops::cast_to(g, call.params->dtypes[pp[s]]);
+        if (g.defined()) grads[1 + pp[s]] = ops::cast_to(g, call.param_dtypes[pp[s]]);
       }
       const auto& sources = routing.inputs[i];
       TORCH_CHECK(r.grad_extra_inputs[k].empty() || r.grad_extra_inputs[k].size() == sources.size(),

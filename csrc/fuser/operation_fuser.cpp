@@ -17,6 +17,21 @@ using ops::FusibleOperation;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+namespace {
+
+std::shared_ptr<const ParamLayout> make_param_layout(
+    const std::vector<std::shared_ptr<BasicOperation>>& basic_ops) {
+  auto layout = std::make_shared<ParamLayout>();
+  for (const auto& op : basic_ops) {
+    std::vector<int64_t> pos;
+    for (size_t k = op->op_parameters().size(); k-- > 0;) pos.push_back(layout->size++);
+    layout->pos.push_back(std::move(pos));
+  }
+  return layout;
+}
+
+}  // namespace
+
 OperationFuser::OperationFuser(std::vector<std::shared_ptr<FusibleOperation>> ops,
                                FuserOptions options)
     : ops_(std::move(ops)), options_(std::move(options)) {
@@ -26,7 +41,7 @@ OperationFuser::OperationFuser(std::vector<std::shared_ptr<FusibleOperation>> op
   }
   routing_ = build_routing(basic_ops_, options_.external_inputs, options_.export_channels);
   routing_version_ = routing_version_sum();
-  refresh_parameter_cache();
+  param_layout_ = make_param_layout(basic_ops_);
   // Last: a constructor that throws runs no destructor, so it must not have locked anything.
   if (options_.lock_channels) {
     for (auto& op : basic_ops_) op->lock_channels();
@@ -61,40 +76,42 @@ void OperationFuser::reroute_if_changed() {
   plan_.reset();  // a plan's fused ops may depend on the routing
 }
 
-void OperationFuser::refresh_parameter_cache() {
-  // Cheap identity check: a user may have assigned a new parameter object to an op, or moved one
-  // to another dtype or device in place (fusion preconditions may depend on both).
-  if (param_layout_) {
-    size_t k = 0;
-    bool same = true;
-    for (const auto& op : basic_ops_) {
-      for (const auto& p : op->op_parameters()) {
-        same = same && k < params_.size() &&
-               params_[k].unsafeGetTensorImpl() == p.unsafeGetTensorImpl() &&
-               param_layout_->dtypes[k] == p.scalar_type() &&
-               param_layout_->devices[k] == p.device();
-        ++k;
-      }
-    }
-    if (same && k == params_.size()) return;
+std::vector<at::Tensor> OperationFuser::registered_parameters() {
+  std::vector<at::Tensor> params;
+  params.reserve(param_layout_->size);
+  bool layout_matches = true;
+  for (size_t i = 0; i < basic_ops_.size(); ++i) {
+    auto own = basic_ops_[i]->op_parameters();
+    layout_matches = layout_matches && own.size() == param_layout_->pos[i].size();
+    for (auto& p : own) params.push_back(std::move(p));
   }
-  auto layout = std::make_shared<ParamLayout>();
-  params_.clear();
-  for (const auto& op : basic_ops_) {
-    std::vector<int64_t> pos;
-    for (auto& p : op->op_parameters()) {
-      pos.push_back(static_cast<int64_t>(params_.size()));
-      layout->dtypes.push_back(p.scalar_type());
-      layout->devices.push_back(p.device());
-      params_.push_back(std::move(p));
+  // An op written in Python may register a parameter after the fuser was made.
+  if (!layout_matches) param_layout_ = make_param_layout(basic_ops_);
+  return params;
+}
+
+void OperationFuser::prepare_parameters(const at::Tensor& input,
+                                        const std::vector<at::Tensor>& params, bool from_caller) {
+  bool any_meta = false;
+  for (const auto& p : params) any_meta = any_meta || p.is_meta();
+  // Meta in, meta out: a meta input computes shapes and materializes nothing.
+  if ((first_forward_done_ && !any_meta) || input.is_meta()) return;
+  if (from_caller) {
+    // Materialization and reset act on the ops' registered parameters: make those the caller's.
+    for (size_t i = 0; i < basic_ops_.size(); ++i) {
+      std::vector<at::Tensor> own;
+      for (auto pos : param_layout_->pos[i]) own.push_back(params[pos]);
+      basic_ops_[i]->adopt_parameters(own);
     }
-    layout->pos.push_back(std::move(pos));
   }
-  param_layout_ = std::move(layout);
-  ++param_generation_;
+  // First-forward hooks, on the top-level ops in order (a composite can act), before the
+  // parameters decide anything: meta parameters become real on the input's device here, in place.
+  for (const auto& op : ops_) op->pre_first_forward(input);
+  first_forward_done_ = true;
 }
 
 int64_t OperationFuser::first_backward_index(const at::Tensor& input,
+                                             const std::vector<at::Tensor>& params,
                                              const std::vector<at::Tensor>& extra_inputs,
                                              const std::vector<at::Tensor>& external) const {
   const auto n = static_cast<int64_t>(basic_ops_.size());
@@ -102,7 +119,7 @@ int64_t OperationFuser::first_backward_index(const at::Tensor& input,
   if (input.requires_grad()) return 0;
   for (int64_t i = 0; i < n; ++i) {
     for (auto pos : param_layout_->pos[i]) {
-      if (params_[pos].requires_grad()) return i;
+      if (params[pos].requires_grad()) return i;
     }
     for (const auto& src : routing_->inputs[i]) {
       if (src.kind == InputSource::Kind::kPublic && extra_inputs[src.index].requires_grad())
@@ -160,15 +177,20 @@ ops::OpList run_fusions(ops::OpList list, ops::FusionPass pass, const ops::Fusio
 
 }  // namespace
 
-std::shared_ptr<const Plan> OperationFuser::plan_for(int64_t first_backward) {
+std::shared_ptr<const Plan> OperationFuser::plan_for(
+    int64_t first_backward, const std::vector<at::ScalarType>& param_dtypes) {
   const auto version = ops::FusionRegistry::instance().version();
   if (plan_ && plan_first_backward_ == first_backward && plan_registry_version_ == version &&
-      plan_param_generation_ == param_generation_) {
+      plan_param_dtypes_ == param_dtypes) {
     return plan_;
   }
   ops::OpList list(basic_ops_.begin(), basic_ops_.end());
   ops::FusionContext fctx;
   fctx.first_backward = first_backward;
+  for (size_t i = 0; i < basic_ops_.size(); ++i) {
+    auto& dtypes = fctx.param_dtypes[basic_ops_[i].get()];
+    for (auto pos : param_layout_->pos[i]) dtypes.push_back(param_dtypes[pos]);
+  }
   list = run_fusions(std::move(list), ops::FusionPass::kForwardBackward, fctx, basic_ops_);
   auto plan = std::make_shared<Plan>();
   plan->forward = expand_plan(run_fusions(list, ops::FusionPass::kForward, fctx, basic_ops_),
@@ -178,7 +200,7 @@ std::shared_ptr<const Plan> OperationFuser::plan_for(int64_t first_backward) {
   plan_ = std::move(plan);
   plan_first_backward_ = first_backward;
   plan_registry_version_ = version;
-  plan_param_generation_ = param_generation_;
+  plan_param_dtypes_ = param_dtypes;
   return plan_;
 }
 
@@ -191,11 +213,14 @@ std::pair<std::vector<std::string>, std::vector<std::string>> OperationFuser::fu
 }
 
 c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
+                                                        const std::vector<at::Tensor>& params,
                                                         const std::vector<at::Tensor>& extra_inputs,
                                                         const std::vector<at::Tensor>& external,
                                                         int64_t first_backward) {
   auto call = c10::make_intrusive<FuserCall>();
-  call->plan = plan_for(first_backward);
+  call->param_dtypes.reserve(params.size());
+  for (const auto& p : params) call->param_dtypes.push_back(p.scalar_type());
+  call->plan = plan_for(first_backward, call->param_dtypes);
   call->first_backward = first_backward;
   call->input_requires_grad = at::GradMode::is_enabled() && input.requires_grad();
   call->routing = routing_;
@@ -209,6 +234,10 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
     auto& ctx = call->ctxs[i];
     ctx.requires_grad = i >= first_backward;
     ctx.input_requires_grad = i > first_backward || (i == 0 && call->input_requires_grad);
+    for (auto pos : param_layout_->pos[i]) {
+      ctx.params.push_back(params[pos]);
+      ctx.param_requires_grad.push_back(ctx.requires_grad && params[pos].requires_grad());
+    }
     for (const auto& src : routing_->inputs[i]) {
       // Inside the autograd forward tensors are detached: "needs gradient" is passed explicitly.
       bool needs = false;
@@ -229,6 +258,17 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
   }
   return call;
 }
+
+namespace {
+
+// "[LayerNorm, BasicLinear, ...]": the ops of a plan, for error messages.
+std::string op_names(const Plan& plan) {
+  std::string out = "[";
+  for (const auto& p : plan.forward) out += (out.size() > 1 ? ", " : "") + p.op->type_name();
+  return out + "]";
+}
+
+}  // namespace
 
 // The one autograd node per fuser call.
 struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
@@ -272,6 +312,11 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto call = c10::static_intrusive_pointer_cast<FuserCall>(ctx->saved_data["call"].toCapsule());
+    // Our backwards are not differentiable: fail loudly instead of returning wrong second
+    // derivatives.
+    TORCH_CHECK(!at::GradMode::is_enabled(), "OperationFuser ", op_names(*call->plan),
+                ": double backward (backward with create_graph=True) through a fuser call is not ",
+                "supported");
     const auto saved = ctx->get_saved_variables();
     const auto sizes = ctx->saved_data["sizes"].toIntVector();
     size_t k = 0;
@@ -288,7 +333,8 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
 
 std::vector<at::Tensor> OperationFuser::forward(
     const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-    const std::vector<std::pair<std::string, at::Tensor>>& named_inputs) {
+    const std::vector<std::pair<std::string, at::Tensor>>& named_inputs,
+    const std::optional<std::vector<at::Tensor>>& caller_params) {
   reroute_if_changed();
   TORCH_CHECK_VALUE(input.defined(), "OperationFuser: expected an input tensor, got None");
   TORCH_CHECK_TYPE(input.is_floating_point(),
@@ -311,21 +357,27 @@ std::vector<at::Tensor> OperationFuser::forward(
                       "' has no producer and no named input was supplied for it");
     external.push_back(*found);
   }
-  if (!first_forward_done_) {
-    // First-forward hooks, on the top-level ops in order (a composite can act), before the
-    // parameters decide anything: meta parameters become real on the input's device here.
-    for (const auto& op : ops_) op->pre_first_forward(input);
-    first_forward_done_ = true;
+  std::vector<at::Tensor> params;
+  if (caller_params) {
+    TORCH_CHECK_VALUE(static_cast<int64_t>(caller_params->size()) == param_layout_->size,
+                      "OperationFuser: expected ", param_layout_->size, " parameters, got ",
+                      caller_params->size());
+    params = *caller_params;
+    for (size_t i = 0; i < params.size(); ++i) {
+      TORCH_CHECK_VALUE(params[i].defined(), "OperationFuser: parameter ", i, " is None");
+    }
+  } else {
+    params = registered_parameters();
   }
-  refresh_parameter_cache();
-  const auto first_backward = first_backward_index(input, extra_inputs, external);
-  auto call = make_call(input, extra_inputs, external, first_backward);
+  prepare_parameters(input, params, caller_params.has_value());
+  const auto first_backward = first_backward_index(input, params, extra_inputs, external);
+  auto call = make_call(input, params, extra_inputs, external, first_backward);
   if (first_backward == static_cast<int64_t>(basic_ops_.size())) {
     // Nothing needs a gradient: no node, nothing saved.
     const at::NoGradGuard no_grad;
     return run_forward(*call, input, extra_inputs, external);
   }
-  return FuserAutograd::apply(input, at::TensorList(params_), at::TensorList(extra_inputs),
+  return FuserAutograd::apply(input, at::TensorList(params), at::TensorList(extra_inputs),
                               at::TensorList(external), call);
 }
 

@@ -6,6 +6,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -30,12 +31,11 @@ struct Plan {
 
 struct FuserCall;
 
-/// Where each basic op's parameters sit in the fuser's flat parameter list, and what they were
-/// when cached. Immutable and shared by every call made with it (no per-call copies).
+/// Where each basic op's parameters sit in a call's flat parameter list (basic-op order, each op's
+/// in op_parameters() order). Immutable and shared by every call made with it.
 struct ParamLayout {
   std::vector<std::vector<int64_t>> pos;  // per basic op: positions in the flat list
-  std::vector<at::ScalarType> dtypes;     // per flat parameter
-  std::vector<c10::Device> devices;       // per flat parameter
+  int64_t size = 0;
 };
 
 /// How a fuser takes part in a larger model.
@@ -59,10 +59,15 @@ class OperationFuser {
   OperationFuser& operator=(const OperationFuser&) = delete;
 
   /// Runs the ops: returns [y, exported extra outputs in (op, slot) order] (see exported()).
-  /// named_inputs feeds the external channels, by name.
+  /// named_inputs feeds the external channels, by name. `params` are the parameters the call
+  /// computes with and differentiates (parameter_layout() order); without them, the ops'
+  /// registered parameters (DESIGN.md "Parameters are call inputs").
   std::vector<at::Tensor> forward(
       const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-      const std::vector<std::pair<std::string, at::Tensor>>& named_inputs = {});
+      const std::vector<std::pair<std::string, at::Tensor>>& named_inputs = {},
+      const std::optional<std::vector<at::Tensor>>& params = std::nullopt);
+  /// How a call's flat parameter list maps to the basic ops.
+  const ParamLayout& parameter_layout() const { return *param_layout_; }
 
   int64_t num_extra_inputs() const { return routing_->num_public_inputs; }
   /// Number of public extra outputs.
@@ -73,22 +78,22 @@ class OperationFuser {
   const std::vector<std::string>& external_inputs() const { return routing_->external_inputs; }
   const Routing& routing() const { return *routing_; }
   const std::vector<std::shared_ptr<ops::BasicOperation>>& basic_ops() const { return basic_ops_; }
-  const std::vector<std::shared_ptr<ops::FusibleOperation>>& top_level_ops() const { return ops_; }
   /// The plan of the most recent forward (null before the first).
   std::shared_ptr<const Plan> plan() const { return plan_; }
   /// Type names of the most recent plan: {forward names, backward names}.
   std::pair<std::vector<std::string>, std::vector<std::string>> fusion_plan() const;
 
-  /// Builds (or returns the cached) plan for a first-backward index; exposed for tests.
-  std::shared_ptr<const Plan> plan_for(int64_t first_backward);
-
  private:
-  friend struct FuserAutograd;
-
-  int64_t first_backward_index(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+  std::shared_ptr<const Plan> plan_for(int64_t first_backward,
+                                       const std::vector<at::ScalarType>& param_dtypes);
+  std::vector<at::Tensor> registered_parameters();
+  void prepare_parameters(const at::Tensor& input, const std::vector<at::Tensor>& params,
+                          bool from_caller);
+  int64_t first_backward_index(const at::Tensor& input, const std::vector<at::Tensor>& params,
+                               const std::vector<at::Tensor>& extra_inputs,
                                const std::vector<at::Tensor>& external) const;
-  void refresh_parameter_cache();
   c10::intrusive_ptr<FuserCall> make_call(const at::Tensor& input,
+                                          const std::vector<at::Tensor>& params,
                                           const std::vector<at::Tensor>& extra_inputs,
                                           const std::vector<at::Tensor>& external,
                                           int64_t first_backward);
@@ -103,16 +108,14 @@ class OperationFuser {
   int64_t routing_version_ = 0;
   bool first_forward_done_ = false;
 
-  // Parameter cache: flat list, and per basic op its positions in it.
-  std::vector<at::Tensor> params_;
   std::shared_ptr<const ParamLayout> param_layout_;
-  int64_t param_generation_ = 0;
 
-  // Plan cache key and plan.
+  // Plan cache key and plan: ops, grad, registry and the call's parameter dtypes (fusion
+  // preconditions), never parameter values or devices.
   std::shared_ptr<const Plan> plan_;
   int64_t plan_first_backward_ = -1;
   int64_t plan_registry_version_ = -1;
-  int64_t plan_param_generation_ = -1;
+  std::vector<at::ScalarType> plan_param_dtypes_;
 };
 
 }  // namespace fusible::fuser

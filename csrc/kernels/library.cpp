@@ -1,5 +1,6 @@
 // The one schema table of torch.ops.fusible: every kernel-level op, with one comment each.
 // Implementations register beside their code, one TORCH_LIBRARY_IMPL block per dispatch key.
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
 TORCH_LIBRARY(fusible, m) {
@@ -65,4 +66,36 @@ TORCH_LIBRARY(fusible, m) {
   m.def("dropout_fwd(Tensor x, float p) -> (Tensor, Tensor)", {at::Tag::nondeterministic_seeded});
   // Dropout backward from the saved mask.
   m.def("dropout_bwd(Tensor dy, Tensor mask, float p) -> Tensor");
+}
+
+// Autograd: no op here has a derivative formula (the fuser's one autograd node differentiates whole
+// calls). Registering the not-implemented kernel makes a backward through a direct call raise an
+// error naming the op, instead of PyTorch's "autograd kernel was not registered" warning.
+TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
+  for (const char* name : {"bias_fwd",
+                           "bias_bwd",
+                           "linear_fwd",
+                           "linear_dgrad",
+                           "linear_wgrad",
+                           "layernorm_fwd",
+                           "layernorm_bwd",
+                           "rmsnorm_fwd",
+                           "rmsnorm_bwd",
+                           "l2norm_fwd",
+                           "l2norm_bwd",
+                           "activation_fwd",
+                           "activation_bwd",
+                           "glu_fwd",
+                           "glu_bwd",
+                           "clamped_swiglu_fwd",
+                           "clamped_swiglu_bwd",
+                           "scaled_swiglu_fwd",
+                           "scaled_swiglu_bwd",
+                           "scale_fwd",
+                           "add_fwd",
+                           "add_",
+                           "dropout_fwd",
+                           "dropout_bwd"}) {
+    m.impl(name, torch::autograd::autogradNotImplementedFallback());
+  }
 }

@@ -11,7 +11,8 @@ namespace fusible::ops {
 ForwardArgs forward_args_for(const at::Tensor& input) {
   ForwardArgs args;
   const auto dev = input.device().type();
-  if (at::autocast::is_autocast_enabled(dev)) {
+  // Meta and other devices autocast does not know have no autocast state (meta in, meta out).
+  if (at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev)) {
     args.autocast_dtype = at::autocast::get_autocast_dtype(dev);
   }
   return args;
@@ -84,7 +85,14 @@ void BasicOperation::replace_parameter(const std::string& name, const at::Tensor
   TORCH_CHECK(value.sizes() == slot->sizes(), type_name_, ": expected parameter '", name,
               "' of shape ", slot->sizes(), ", got ", value.sizes());
   *slot = value;
-  sync_parameter_members();
+}
+
+void BasicOperation::adopt_parameters(const std::vector<at::Tensor>& params) {
+  if (parameters_.size() != params.size()) return;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& slot = parameters_[i].value();
+    if (slot.unsafeGetTensorImpl() != params[i].unsafeGetTensorImpl()) slot = params[i];
+  }
 }
 
 at::Tensor BasicOperation::op_forward(OperationContext&, const at::Tensor&, const ForwardArgs&) {

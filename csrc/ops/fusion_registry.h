@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ops/fusible_operation.h"
@@ -21,6 +22,17 @@ struct FusionContext {
   std::string recipe;
   /// First basic op whose backward runs (ops before it need no backward fusion).
   int64_t first_backward = 0;
+  /// The call's parameter dtypes, per basic op (fusion preconditions may compare them: a plan is
+  /// cached per dtype signature).
+  std::unordered_map<const BasicOperation*, std::vector<at::ScalarType>> param_dtypes;
+
+  /// Dtype of parameter i of `op` in the call being planned.
+  at::ScalarType param_dtype(const BasicOperation& op, size_t i) const {
+    const auto it = param_dtypes.find(&op);
+    TORCH_CHECK(it != param_dtypes.end() && i < it->second.size(), op.type_name(),
+                ": no parameter ", i, " in the call being planned");
+    return it->second[i];
+  }
 };
 
 using FusionFunction = std::function<OpList(OpList, const FusionContext&)>;

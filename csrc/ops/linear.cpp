@@ -4,13 +4,11 @@
 namespace fusible::ops {
 namespace {
 
-std::vector<std::shared_ptr<BasicOperation>> make_linear_ops(int64_t in_features,
-                                                             int64_t out_features, bool bias,
-                                                             std::optional<c10::Device> device,
-                                                             std::optional<at::ScalarType> dtype) {
-  std::vector<std::shared_ptr<BasicOperation>> ops{
-      std::make_shared<BasicLinear>(in_features, out_features, device, dtype)};
-  if (bias) ops.push_back(std::make_shared<Bias>(out_features, device, dtype));
+std::vector<std::shared_ptr<BasicOperation>> make_basic_list(std::shared_ptr<BasicLinear> linear,
+                                                             std::shared_ptr<Bias> bias) {
+  TORCH_CHECK_VALUE(linear != nullptr, "Linear: expected a BasicLinear, got null");
+  std::vector<std::shared_ptr<BasicOperation>> ops{linear};
+  if (bias) ops.push_back(bias);
   return ops;
 }
 
@@ -18,14 +16,18 @@ std::vector<std::shared_ptr<BasicOperation>> make_linear_ops(int64_t in_features
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias,
                std::optional<c10::Device> device, std::optional<at::ScalarType> dtype)
-    : FusedOperation("Linear", make_linear_ops(in_features, out_features, bias, device, dtype)) {
-  linear_ = std::static_pointer_cast<BasicLinear>(basic_ops_[0]);
+    : Linear(std::make_shared<BasicLinear>(in_features, out_features, device, dtype),
+             bias ? std::make_shared<Bias>(out_features, device, dtype) : nullptr) {}
+
+Linear::Linear(std::shared_ptr<BasicLinear> linear, std::shared_ptr<Bias> bias)
+    : FusedOperation("Linear", make_basic_list(linear, bias)),
+      linear_(std::move(linear)),
+      bias_(std::move(bias)) {
+  TORCH_CHECK_VALUE(!bias_ || bias_->size() == linear_->out_features(), "Linear: expected a bias ",
+                    "of size out_features (", linear_->out_features(), "), got ", bias_->size());
   // Own names for the basic ops' tensors: the same objects, torch.nn.Linear's state-dict keys.
   register_parameter("weight", linear_->weight(), linear_->weight().requires_grad());
-  if (bias) {
-    bias_ = std::static_pointer_cast<Bias>(basic_ops_[1]);
-    register_parameter("bias", bias_->bias(), bias_->bias().requires_grad());
-  }
+  if (bias_) register_parameter("bias", bias_->bias(), bias_->bias().requires_grad());
 }
 
 void Linear::replace_parameter(const std::string& name, const at::Tensor& value) {

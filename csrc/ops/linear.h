@@ -13,6 +13,8 @@ class Linear : public FusedOperation {
   Linear(int64_t in_features, int64_t out_features, bool bias = true,
          std::optional<c10::Device> device = std::nullopt,
          std::optional<at::ScalarType> dtype = std::nullopt);
+  /// A Linear over existing basic ops (a copy rebuilding its composite); bias may be null.
+  Linear(std::shared_ptr<BasicLinear> linear, std::shared_ptr<Bias> bias);
   std::shared_ptr<BasicLinear> linear_op() const { return linear_; }
   /// Null without bias.
   std::shared_ptr<Bias> bias_op() const { return bias_; }

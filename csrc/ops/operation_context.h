@@ -3,6 +3,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
 
 #include <memory>
 #include <vector>
@@ -16,6 +17,12 @@ struct OperationContext {
   std::vector<at::Tensor> to_save;
   /// The saved tensors, restored for the backward.
   std::vector<at::Tensor> saved_tensors;
+  /// This call's parameters of the op, in op_parameters() order (DESIGN.md "Parameters are call
+  /// inputs"): ops compute with these, never with a tensor captured earlier. Set for the forward
+  /// only.
+  std::vector<at::Tensor> params;
+  /// Whether each of those parameters needs a gradient (kept for the backward).
+  std::vector<bool> param_requires_grad;
   /// Whether this op's backward will run.
   bool requires_grad = false;
   /// Whether the gradient of this op's input is needed.
@@ -36,6 +43,14 @@ struct OperationContext {
   std::shared_ptr<void> binding_state;
 
   void save_for_backward(std::vector<at::Tensor> tensors) { to_save = std::move(tensors); }
+
+  /// Parameter i of this call; `op` names the op in the error.
+  const at::Tensor& param(size_t i, const char* op) const {
+    TORCH_CHECK(i < params.size(), op, ": expected parameter ", i,
+                " among the call's parameters, got ", params.size(),
+                " (run the op through an OperationFuser, which passes them)");
+    return params[i];
+  }
 };
 
 }  // namespace fusible::ops

@@ -4,6 +4,7 @@
 #include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -28,6 +29,12 @@ void check_input_against_param(const char* op, const at::Tensor& x, const at::Te
               " (the device of its parameters), got ", x.device());
 }
 
+void check_param_shape(const char* op, const char* name, const at::Tensor& param,
+                       c10::IntArrayRef expected) {
+  TORCH_CHECK(param.sizes().equals(expected), op, ": expected parameter '", name, "' of shape ",
+              expected, ", got ", param.sizes());
+}
+
 c10::Device default_parameter_device() {
   return at::hasCUDA() ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);
 }
@@ -49,6 +56,9 @@ void assign_in_place_(const at::Tensor& param, const at::Tensor& value) {
 }
 
 void materialize_(const at::Tensor& param, c10::Device device) {
+  // A parameter first made real under torch.inference_mode() must still be trainable: allocate a
+  // normal tensor, not an inference tensor.
+  const c10::InferenceMode not_inference(false);
   assign_in_place_(param, at::empty(param.sizes(), param.options().device(device)));
 }
 

@@ -18,6 +18,10 @@ c10::TensorOptions param_options(std::optional<c10::Device> device,
 /// before any op runs, so they never reach this check).
 void check_input_against_param(const char* op, const at::Tensor& x, const at::Tensor& param);
 
+/// Checks that a call's parameter has the op's declared shape (a swapped-in tensor may not).
+void check_param_shape(const char* op, const char* name, const at::Tensor& param,
+                       c10::IntArrayRef expected);
+
 /// Where reset_parameters() puts meta parameters: the current CUDA device when CUDA is available,
 /// else CPU.
 c10::Device default_parameter_device();

@@ -16,19 +16,21 @@ class LearnableScale : public ops::BasicOperation {
   }
   at::Tensor op_forward(ops::OperationContext& ctx, const at::Tensor& x,
                         const ops::ForwardArgs&) override {
-    if (ctx.requires_grad) ctx.save_for_backward({x});
-    return w_ * x;
+    if (ctx.requires_grad) ctx.save_for_backward({x, ctx.param(0, "LearnableScale")});
+    return ctx.param(0, "LearnableScale") * x;  // the call's weight, not a captured one
   }
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(ops::OperationContext& ctx,
                                                              const at::Tensor& dy) override {
     const auto& x = ctx.saved_tensors.at(0);
-    return {w_ * dy, {(dy * x).sum()}};
+    const auto& w = ctx.saved_tensors.at(1);
+    return {w * dy, {(dy * x).sum()}};
   }
   at::Tensor w_;
 };
 
 // Forward-only fusion of LearnableScale + Bias: one expression, and the same contexts the unfused
-// forwards fill (LearnableScale saves x; Bias saves nothing), so the backward can run unfused.
+// forwards fill (LearnableScale saves x and w; Bias saves nothing), so the backward can run
+// unfused.
 class ForwardScaleBias : public ops::FusedOperation {
  public:
   ForwardScaleBias(std::shared_ptr<LearnableScale> scale, std::shared_ptr<ops::Bias> bias)
@@ -38,9 +40,11 @@ class ForwardScaleBias : public ops::FusedOperation {
   at::Tensor fuser_forward(const std::vector<ops::OperationContext*>& ctxs, const at::Tensor& x,
                            const ops::TensorLists&, ops::TensorLists&,
                            const ops::ForwardArgs&) override {
-    if (ctxs[0]->requires_grad) ctxs[0]->save_for_backward({x});
-    ctxs[1]->compute_dtype = bias_->bias().scalar_type();
-    return at::addcmul(bias_->bias(), scale_->w_, x);
+    const auto& w = ctxs[0]->param(0, "ForwardScaleBias");
+    const auto& b = ctxs[1]->param(0, "ForwardScaleBias");
+    if (ctxs[0]->requires_grad) ctxs[0]->save_for_backward({x, w});
+    ctxs[1]->compute_dtype = b.scalar_type();
+    return at::addcmul(b, w, x);
   }
 
  private:

@@ -16,31 +16,31 @@ BasicLinear::BasicLinear(int64_t in_features, int64_t out_features,
   TORCH_CHECK_VALUE(in_features > 0 && out_features > 0,
                     "BasicLinear: expected positive in_features and out_features, got ",
                     in_features, " and ", out_features);
-  weight_ = register_parameter(
+  const auto& w = register_parameter(
       "weight", at::empty({out_features, in_features}, param_options(device, dtype)));
-  if (!weight_.is_meta()) reset_parameters();
+  if (!w.is_meta()) reset_parameters();
 }
 
 void BasicLinear::reset_parameters() {
   materialize_meta_parameters(default_parameter_device());
-  init_linear_weight_(weight_);
+  init_linear_weight_(weight());
 }
-
-void BasicLinear::sync_parameter_members() { weight_ = *parameters_.find("weight"); }
 
 std::pair<at::Tensor, at::Tensor> BasicLinear::prepare_forward(OperationContext& ctx,
                                                                const at::Tensor& x,
                                                                const ForwardArgs& args) {
-  check_input_against_param("BasicLinear", x, weight_);
+  const auto& weight = ctx.param(0, "BasicLinear");
+  check_param_shape("BasicLinear", "weight", weight, {out_features_, in_features_});
+  check_input_against_param("BasicLinear", x, weight);
   FUSIBLE_CHECK_MIN_DIM("BasicLinear", "input", x, 1);
   TORCH_CHECK(x.size(-1) == in_features_, "BasicLinear: expected input.size(-1) == in_features (",
               in_features_, "), got ", x.size(-1), " (input shape ", shape_str(x), ")");
-  ctx.compute_dtype = compute_dtype(args, weight_.scalar_type());
+  ctx.compute_dtype = compute_dtype(args, weight.scalar_type());
   const auto xc = cast_to(x, ctx.compute_dtype);
-  const auto w = cast_to(weight_, ctx.compute_dtype);
+  const auto w = cast_to(weight, ctx.compute_dtype);
   if (ctx.requires_grad) {
-    ctx.save_for_backward(
-        {weight_.requires_grad() ? xc : at::Tensor(), ctx.input_requires_grad ? w : at::Tensor()});
+    ctx.save_for_backward({ctx.param_requires_grad.at(0) ? xc : at::Tensor(),
+                           ctx.input_requires_grad ? w : at::Tensor()});
   }
   return {xc, w};
 }
@@ -58,7 +58,7 @@ std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::op_backward(Operatio
   const auto dyc = cast_to(dy, ctx.compute_dtype);
   at::Tensor dx, dw;
   if (w.defined()) dx = kernels::linear_dgrad(dyc, w);
-  if (x.defined()) dw = cast_to(kernels::linear_wgrad(dyc, x), weight_.scalar_type());
+  if (x.defined()) dw = kernels::linear_wgrad(dyc, x);  // the fuser casts to the weight's dtype
   return {dx, {dw}};
 }
 

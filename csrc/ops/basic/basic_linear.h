@@ -13,7 +13,8 @@ class BasicLinear : public BasicOperation {
               std::optional<at::ScalarType> dtype = std::nullopt);
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
-  at::Tensor& weight() { return weight_; }
+  /// The registered weight (a call computes with the call's own, OperationContext::params).
+  at::Tensor& weight() { return *parameters_.find("weight"); }
   void reset_parameters() override;
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
@@ -25,11 +26,8 @@ class BasicLinear : public BasicOperation {
                                                              const at::Tensor& dy) override;
 
  private:
-  void sync_parameter_members() override;
-
   int64_t in_features_;
   int64_t out_features_;
-  at::Tensor weight_;
 };
 
 }  // namespace fusible::ops

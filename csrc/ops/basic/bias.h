@@ -11,7 +11,8 @@ class Bias : public BasicOperation {
   Bias(int64_t size, std::optional<c10::Device> device = std::nullopt,
        std::optional<at::ScalarType> dtype = std::nullopt);
   int64_t size() const { return size_; }
-  at::Tensor& bias() { return bias_; }
+  /// The registered bias (a call computes with the call's own, OperationContext::params).
+  at::Tensor& bias() { return *parameters_.find("bias"); }
   void reset_parameters() override;
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
@@ -21,10 +22,7 @@ class Bias : public BasicOperation {
                                                              const at::Tensor& dy) override;
 
  private:
-  void sync_parameter_members() override;
-
   int64_t size_;
-  at::Tensor bias_;
 };
 
 }  // namespace fusible::ops

@@ -35,32 +35,30 @@ LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps,
       zero_centered_gamma_(zero_centered_gamma) {
   check_normalized_shape("LayerNorm", normalized_shape_);
   const auto opts = param_options(device, dtype);
-  weight_ = register_parameter("weight", at::empty(normalized_shape_, opts));
-  bias_ = register_parameter("bias", at::empty(normalized_shape_, opts));
-  if (!weight_.is_meta()) reset_parameters();
+  const auto& w = register_parameter("weight", at::empty(normalized_shape_, opts));
+  register_parameter("bias", at::empty(normalized_shape_, opts));
+  if (!w.is_meta()) reset_parameters();
 }
 
 void LayerNorm::reset_parameters() {
   materialize_meta_parameters(default_parameter_device());
   const at::NoGradGuard no_grad;
-  weight_.fill_(zero_centered_gamma_ ? 0.0 : 1.0);
-  bias_.zero_();
-}
-
-void LayerNorm::sync_parameter_members() {
-  weight_ = *parameters_.find("weight");
-  bias_ = *parameters_.find("bias");
+  weight().fill_(zero_centered_gamma_ ? 0.0 : 1.0);
+  bias().zero_();
 }
 
 at::Tensor LayerNorm::op_forward(OperationContext& ctx, const at::Tensor& x,
                                  const ForwardArgs& args) {
-  check_input_against_param("LayerNorm", x, weight_);
+  const auto& weight = ctx.param(0, "LayerNorm");
+  check_param_shape("LayerNorm", "weight", weight, normalized_shape_);
+  check_param_shape("LayerNorm", "bias", ctx.param(1, "LayerNorm"), normalized_shape_);
+  check_input_against_param("LayerNorm", x, weight);
   check_trailing_dims("LayerNorm", x, normalized_shape_);
-  ctx.compute_dtype = compute_dtype(args, weight_.scalar_type());
+  ctx.compute_dtype = compute_dtype(args, weight.scalar_type());
   const auto xc = cast_to(x, ctx.compute_dtype);
-  const auto w = cast_to(weight_, ctx.compute_dtype);
-  auto [y, mean, rstd] =
-      kernels::layernorm_fwd(xc, w, cast_to(bias_, ctx.compute_dtype), eps_, zero_centered_gamma_);
+  const auto w = cast_to(weight, ctx.compute_dtype);
+  auto [y, mean, rstd] = kernels::layernorm_fwd(
+      xc, w, cast_to(ctx.param(1, "LayerNorm"), ctx.compute_dtype), eps_, zero_centered_gamma_);
   if (ctx.requires_grad) ctx.save_for_backward({xc, mean, rstd, w});
   return y;
 }
@@ -71,8 +69,8 @@ std::pair<at::Tensor, std::vector<at::Tensor>> LayerNorm::op_backward(OperationC
   auto [dx, dw, db] = kernels::layernorm_bwd(cast_to(dy, ctx.compute_dtype), s.at(0), s.at(1),
                                              s.at(2), s.at(3), zero_centered_gamma_);
   return {dx,
-          {weight_.requires_grad() ? cast_to(dw, weight_.scalar_type()) : at::Tensor(),
-           bias_.requires_grad() ? cast_to(db, bias_.scalar_type()) : at::Tensor()}};
+          {ctx.param_requires_grad.at(0) ? dw : at::Tensor(),
+           ctx.param_requires_grad.at(1) ? db : at::Tensor()}};
 }
 
 RMSNorm::RMSNorm(std::vector<int64_t> normalized_shape, double eps,
@@ -83,26 +81,26 @@ RMSNorm::RMSNorm(std::vector<int64_t> normalized_shape, double eps,
       eps_(eps),
       zero_centered_gamma_(zero_centered_gamma) {
   check_normalized_shape("RMSNorm", normalized_shape_);
-  weight_ =
+  const auto& w =
       register_parameter("weight", at::empty(normalized_shape_, param_options(device, dtype)));
-  if (!weight_.is_meta()) reset_parameters();
+  if (!w.is_meta()) reset_parameters();
 }
 
 void RMSNorm::reset_parameters() {
   materialize_meta_parameters(default_parameter_device());
   const at::NoGradGuard no_grad;
-  weight_.fill_(zero_centered_gamma_ ? 0.0 : 1.0);
+  weight().fill_(zero_centered_gamma_ ? 0.0 : 1.0);
 }
-
-void RMSNorm::sync_parameter_members() { weight_ = *parameters_.find("weight"); }
 
 at::Tensor RMSNorm::op_forward(OperationContext& ctx, const at::Tensor& x,
                                const ForwardArgs& args) {
-  check_input_against_param("RMSNorm", x, weight_);
+  const auto& weight = ctx.param(0, "RMSNorm");
+  check_param_shape("RMSNorm", "weight", weight, normalized_shape_);
+  check_input_against_param("RMSNorm", x, weight);
   check_trailing_dims("RMSNorm", x, normalized_shape_);
-  ctx.compute_dtype = compute_dtype(args, weight_.scalar_type());
+  ctx.compute_dtype = compute_dtype(args, weight.scalar_type());
   const auto xc = cast_to(x, ctx.compute_dtype);
-  const auto w = cast_to(weight_, ctx.compute_dtype);
+  const auto w = cast_to(weight, ctx.compute_dtype);
   auto [y, rstd] = kernels::rmsnorm_fwd(xc, w, eps_, zero_centered_gamma_);
   if (ctx.requires_grad) ctx.save_for_backward({xc, rstd, w});
   return y;
@@ -113,7 +111,7 @@ std::pair<at::Tensor, std::vector<at::Tensor>> RMSNorm::op_backward(OperationCon
   const auto& s = ctx.saved_tensors;
   auto [dx, dw] = kernels::rmsnorm_bwd(cast_to(dy, ctx.compute_dtype), s.at(0), s.at(1), s.at(2),
                                        zero_centered_gamma_);
-  return {dx, {weight_.requires_grad() ? cast_to(dw, weight_.scalar_type()) : at::Tensor()}};
+  return {dx, {ctx.param_requires_grad.at(0) ? dw : at::Tensor()}};
 }
 
 at::Tensor L2Normalization::op_forward(OperationContext& ctx, const at::Tensor& x,

@@ -16,8 +16,8 @@ class LayerNorm : public BasicOperation {
   const std::vector<int64_t>& normalized_shape() const { return normalized_shape_; }
   double eps() const { return eps_; }
   bool zero_centered_gamma() const { return zero_centered_gamma_; }
-  at::Tensor& weight() { return weight_; }
-  at::Tensor& bias() { return bias_; }
+  at::Tensor& weight() { return *parameters_.find("weight"); }
+  at::Tensor& bias() { return *parameters_.find("bias"); }
   void reset_parameters() override;
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
@@ -25,13 +25,9 @@ class LayerNorm : public BasicOperation {
                                                              const at::Tensor& dy) override;
 
  private:
-  void sync_parameter_members() override;
-
   std::vector<int64_t> normalized_shape_;
   double eps_;
   bool zero_centered_gamma_;
-  at::Tensor weight_;
-  at::Tensor bias_;
 };
 
 /// y = x * rsqrt(mean(x^2) + eps) * weight, over the trailing normalized_shape dims.
@@ -43,7 +39,7 @@ class RMSNorm : public BasicOperation {
   const std::vector<int64_t>& normalized_shape() const { return normalized_shape_; }
   double eps() const { return eps_; }
   bool zero_centered_gamma() const { return zero_centered_gamma_; }
-  at::Tensor& weight() { return weight_; }
+  at::Tensor& weight() { return *parameters_.find("weight"); }
   void reset_parameters() override;
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
@@ -51,12 +47,9 @@ class RMSNorm : public BasicOperation {
                                                              const at::Tensor& dy) override;
 
  private:
-  void sync_parameter_members() override;
-
   std::vector<int64_t> normalized_shape_;
   double eps_;
   bool zero_centered_gamma_;
-  at::Tensor weight_;
 };
 
 /// y = x * rsqrt(sum(x^2) + eps) over the last dim.

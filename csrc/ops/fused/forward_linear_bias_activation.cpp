@@ -25,14 +25,14 @@ at::Tensor ForwardLinearBiasActivation::fuser_forward(const std::vector<Operatio
   return kernels::linear_fwd(x, w, b);
 }
 
-OpList fuse_forward_linear_bias_activation(OpList ops, const FusionContext&) {
+OpList fuse_forward_linear_bias_activation(OpList ops, const FusionContext& fctx) {
   OpList out;
   out.reserve(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     auto linear = std::dynamic_pointer_cast<BasicLinear>(ops[i]);
     auto bias = i + 1 < ops.size() ? std::dynamic_pointer_cast<Bias>(ops[i + 1]) : nullptr;
     if (linear && bias && bias->size() == linear->out_features() &&
-        bias->bias().scalar_type() == linear->weight().scalar_type()) {
+        fctx.param_dtype(*bias, 0) == fctx.param_dtype(*linear, 0)) {
       out.push_back(std::make_shared<ForwardLinearBiasActivation>(linear, bias));
       ++i;
     } else {

@@ -4,12 +4,23 @@ tensors the C++ op computes with (one autograd leaf, one storage)."""
 import weakref
 
 import torch
+from torch import _disable_dynamo
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._device import DeviceContext
 
 from .. import _C
 
 
 def _device(device):
-    return None if device is None else torch.device(device)
+    """API.md's device=None: the device of an active `with torch.device(d):` context or of
+    torch.set_default_device(d); else None, and C++ picks the current CUDA device or the CPU."""
+    if device is not None:
+        return torch.device(device)
+    # Both push a DeviceContext mode (as torch.get_default_device reads them).
+    for mode in reversed(_get_current_function_mode_stack()):
+        if isinstance(mode, DeviceContext):
+            return torch.device(mode.device)
+    return None
 
 
 def _dtype(dtype):
@@ -49,44 +60,53 @@ def split_outputs(outputs, exported):
     return public, named
 
 
+def call_parameters(sources):
+    """The tensors a fuser call computes with: each module's current attribute, so assignment,
+    functional_call, parametrizations and FSDP's unsharded parameters all take effect."""
+    return [getattr(module, name) for module, name in sources]
+
+
 class FusibleOperation(torch.nn.Module):
-    """Base of every fusible op: wraps a C++ op (`_cpp`) and adopts its parameters."""
+    """Base of every fusible op: a torch.nn.Module over a C++ operation (`_cpp`).
+
+    The module's parameters are passed to the C++ op at each call (DESIGN.md, "Parameters are call
+    inputs"); the C++ op's own registered tensors matter only for materialization and reset."""
 
     is_fused_op = False
-    _builtin = True  # a built-in op: its parameters live in the C++ op
+    _builtin = True  # a built-in op: the C++ op is one of the library's classes
 
     def __init__(self, cpp_op):
         super().__init__()
         self._attach(cpp_op)
-
-    def _attach(self, cpp_op):
-        self._cpp = cpp_op
-        self._fuser = None  # single-op fuser for plain op(x) calls, made on first use
-        cpp_op._py_module = weakref.ref(self)  # fusion functions see the user's own objects
         for name, tensor in cpp_op.own_parameters():
             # Turn the C++ tensor's own Python object into a Parameter: same TensorImpl, same leaf.
             if not isinstance(tensor, torch.nn.Parameter):
                 tensor.__class__ = torch.nn.Parameter
             self.register_parameter(name, tensor)
 
-    def __setattr__(self, name, value):
-        # A new Parameter for one of the C++ op's parameters: the C++ op must compute with it too.
-        params = self.__dict__.get("_parameters")
-        if (
-            self._builtin
-            and params is not None
-            and name in params
-            and isinstance(value, torch.nn.Parameter)
-        ):
-            if value is not params[name]:
-                self._replace_parameter(name, value)
-        super().__setattr__(name, value)
+    def _attach(self, cpp_op):
+        self._cpp = cpp_op
+        self._fuser = None  # single-op fuser for plain op(x) calls, made on first use
+        cpp_op._py_module = weakref.ref(self)  # fusion functions see the user's own objects
 
-    def _replace_parameter(self, name, value):
-        self._cpp.replace_parameter(name, value)
-        for op in self._basic_op_list():
-            if op is not self and name in op._parameters:
-                torch.nn.Module.__setattr__(op, name, value)
+    def _param_sources(self):
+        """(module, attribute) of every parameter the C++ basic ops take, in the fuser's order."""
+        return [(self, name) for name in self._cpp.parameter_names()]
+
+    def __setattr__(self, name, value):
+        # Linear's weight/bias are also its basic ops' own: keep those aliases on assignment.
+        params = self.__dict__.get("_parameters")
+        if params is not None and name in params and isinstance(value, torch.nn.Parameter):
+            old = params[name]
+            if old is not None and value.shape != old.shape:
+                raise RuntimeError(
+                    f"{type(self).__name__}: expected parameter '{name}' of shape "
+                    f"{list(old.shape)}, got {list(value.shape)}"
+                )
+            for op in self._basic_op_list():
+                if op is not self and name in op._parameters:
+                    torch.nn.Module.__setattr__(op, name, value)
+        super().__setattr__(name, value)
 
     def _apply(self, fn, recurse=True):
         # In place, so the Parameter objects (shared with C++) keep their identity; torch's own
@@ -108,6 +128,45 @@ class FusibleOperation(torch.nn.Module):
                 self._buffers[key] = fn(buf)
         return self
 
+    # ---- copies: the C++ op is rebuilt around the copied Parameters (pickle, deepcopy, save)
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_cpp", None)
+        state.pop("_fuser", None)
+        state["_channel_state"] = self._channel_state()
+        return state
+
+    def __setstate__(self, state):
+        channels = state.pop("_channel_state", None)
+        super().__setstate__(state)
+        self._attach(self._rebuild_cpp())
+        self._restore_channels(channels)
+
+    def _rebuild_cpp(self):
+        """A new C++ op computing as this one does, holding this module's Parameters."""
+        params = [p for p in self._parameters.values() if p is not None]
+        cpp = self._make_cpp(torch.device("meta"), params[0].dtype if params else None)
+        cpp.adopt_parameters([getattr(self, n) for n in cpp.parameter_names()])
+        return cpp
+
+    def _make_cpp(self, device, dtype):
+        raise NotImplementedError(f"{type(self).__name__}: cannot rebuild its C++ operation")
+
+    def _channel_state(self):
+        return None
+
+    def _restore_channels(self, state):
+        pass
+
+    def _sync_cpp_parameters(self):
+        """Makes the C++ basic ops hold this module's current Parameters (before a C++ reset)."""
+        params = call_parameters(self._param_sources())
+        k = 0
+        for op in self._cpp.get_basic_ops():
+            n = len(op.parameter_names())
+            op.adopt_parameters(params[k : k + n])
+            k += n
+
     @property
     def num_extra_inputs(self):
         return sum(op._cpp.num_extra_inputs for op in self._basic_op_list())
@@ -119,13 +178,17 @@ class FusibleOperation(torch.nn.Module):
     def _basic_op_list(self):
         return [self]
 
+    @_disable_dynamo
     def forward(self, input, *extra_inputs):
+        """y = op(x, *extra_inputs); with public extra outputs, (y, *extra_outputs)."""
         check_tensors(type(self).__name__, input, extra_inputs)
         if self._fuser is None:
             # A plain op(x) call never locks the op's channels.
-            self._fuser = _C.OperationFuser([self._cpp], lock_channels=False)
-        out = self._fuser.forward(input, list(extra_inputs))
-        return unpack_outputs(split_outputs(out, self._fuser.exported())[0])
+            fuser = _C.OperationFuser([self._cpp], lock_channels=False)
+            self._fuser = (fuser, fuser.exported(), self._param_sources())
+        fuser, exported, sources = self._fuser
+        out = fuser.forward(input, list(extra_inputs), [], call_parameters(sources))
+        return unpack_outputs(split_outputs(out, exported)[0])
 
     def train(self, mode=True):
         super().train(mode)
@@ -136,13 +199,17 @@ class FusibleOperation(torch.nn.Module):
         return self
 
     def reset_parameters(self):
+        """Re-initializes the parameters as the constructor does (meta ones become real first)."""
         # Built-in ops re-initialize in C++; a Python op defines its own (the C++ trampoline calls
         # back here, so this must not call it again).
         if self._builtin:
+            self._sync_cpp_parameters()
             self._cpp.reset_parameters()
 
+    _repr_fields = ()
+
     def extra_repr(self):
-        return ""
+        return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._repr_fields)
 
 
 def _defines(cls, base, name):
@@ -164,18 +231,43 @@ class BasicOperation(FusibleOperation):
             return
         torch.nn.Module.__init__(self)
         self._builtin = False
+        self._attach(self._python_cpp())
+
+    def _python_cpp(self):
+        """The C++ trampoline of an op written in Python."""
         cls = type(self)
-        n_in, n_out = vars_int(cls, "num_extra_inputs"), vars_int(cls, "num_extra_outputs")
-        self._attach(
-            _C.PyBasicOperation(
-                self,
-                cls.__name__,
-                n_in,
-                n_out,
-                _defines(cls, BasicOperation, "fuser_forward"),
-                _defines(cls, BasicOperation, "fuser_backward"),
-            )
+        return _C.PyBasicOperation(
+            self,
+            cls.__name__,
+            vars_int(cls, "num_extra_inputs"),
+            vars_int(cls, "num_extra_outputs"),
+            _defines(cls, BasicOperation, "fuser_forward"),
+            _defines(cls, BasicOperation, "fuser_backward"),
         )
+
+    def _rebuild_cpp(self):
+        return super()._rebuild_cpp() if self._builtin else self._python_cpp()
+
+    def _param_sources(self):
+        if self._builtin:
+            return super()._param_sources()
+        # The trampoline reports Python's own parameters (op_parameters), in the same order.
+        return [(self, n) for n, p in self._parameters.items() if p is not None]
+
+    def _channel_state(self):
+        outputs = [tuple(c) for c in self._cpp.extra_output_channels()]
+        return list(self._cpp.extra_input_channels()), outputs
+
+    def _restore_channels(self, state):
+        if state is None:
+            return
+        inputs, outputs = state
+        for i, channel in enumerate(inputs):
+            if channel is not None:
+                self._cpp.set_extra_input_channel(i, channel)
+        for i, (channel, to_caller) in enumerate(outputs):
+            if channel is not None:
+                self._cpp.set_extra_output_channel(i, channel, to_caller)
 
     # Built-in ops' own forward/backward, callable from Python fused ops.
     def op_forward(self, ctx, input_, **unused):
@@ -237,18 +329,27 @@ class FusedOperation(FusibleOperation):
         if _cpp is None:  # a Python fused op
             torch.nn.Module.__init__(self)
             self._builtin = False
-            cls = type(self)
-            _cpp = _C.PyFusedOperation(
-                self,
-                cls.__name__,
-                [op._cpp for op in basic_ops],
-                _defines(cls, FusedOperation, "fuser_forward"),
-                _defines(cls, FusedOperation, "fuser_backward"),
-            )
-            self._attach(_cpp)
+            object.__setattr__(self, "basic_ops", basic_ops)
+            self._attach(self._python_cpp())
         else:
             super().__init__(_cpp)
-        object.__setattr__(self, "basic_ops", basic_ops)
+            object.__setattr__(self, "basic_ops", basic_ops)
+
+    def _python_cpp(self):
+        cls = type(self)
+        return _C.PyFusedOperation(
+            self,
+            cls.__name__,
+            [op._cpp for op in self.basic_ops],
+            _defines(cls, FusedOperation, "fuser_forward"),
+            _defines(cls, FusedOperation, "fuser_backward"),
+        )
+
+    def _rebuild_cpp(self):
+        return self._python_cpp()
+
+    def _param_sources(self):
+        return [src for op in self.basic_ops for src in op._param_sources()]
 
     def _basic_op_list(self):
         return self.basic_ops

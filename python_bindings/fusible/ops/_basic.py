@@ -1,38 +1,71 @@
-"""The built-in basic operations (API.md's table) and the composite Linear."""
+"""The built-in basic operations (API.md's table) and the composite Linear.
+
+Each class keeps its constructor arguments as attributes: `_make_cpp` rebuilds the C++ op from them
+(copies, pickling) and `extra_repr` shows them."""
 
 from .. import _C
 from ._base import BasicOperation, FusedOperation, _device, _dtype, reject_unsupported
 
 
 def _normalized_shape(shape):
-    return [int(shape)] if isinstance(shape, int) else [int(s) for s in shape]
+    return (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
 
 
 class Identity(BasicOperation):
-    """y = x."""
+    """y = x. Saves nothing for backward."""
 
     def __init__(self):
-        super().__init__(_C.Identity())
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        return _C.Identity()
 
 
 class Reshape(BasicOperation):
-    """y = x.reshape(shape)."""
+    """y = x.reshape(shape); the backward reshapes to the input's shape.
+
+    Args:
+        shape: the output shape; one entry may be -1.
+    """
+
+    _repr_fields = ("shape",)
 
     def __init__(self, shape):
         self.shape = tuple(int(s) for s in shape)
-        super().__init__(_C.Reshape(list(self.shape)))
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        return _C.Reshape(list(self.shape))
 
 
 class ConstantScale(BasicOperation):
-    """y = scale * x."""
+    """y = scale * x.
+
+    Args:
+        scale (float): the constant factor.
+    """
+
+    _repr_fields = ("scale",)
 
     def __init__(self, scale):
         self.scale = float(scale)
-        super().__init__(_C.ConstantScale(self.scale))
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        return _C.ConstantScale(self.scale)
 
 
 class Bias(BasicOperation):
-    """y = x + bias over the last dim; parameter `bias`, zeros."""
+    """y = x + bias over the last dim; parameter `bias` [size], initialized to zeros.
+
+    Args:
+        size (int): length of the last dim.
+        device: where the parameter lives (None: see API.md; "meta" defers allocation).
+        dtype: parameter dtype (None: torch's default dtype).
+        tensor_parallel, tensor_parallel_group: te.ops keywords, accepted at their defaults only.
+    """
+
+    _repr_fields = ("size",)
 
     def __init__(
         self, size, *, device=None, dtype=None, tensor_parallel=False, tensor_parallel_group=None
@@ -42,11 +75,27 @@ class Bias(BasicOperation):
             tensor_parallel=(tensor_parallel, False),
             tensor_parallel_group=(tensor_parallel_group, None),
         )
-        super().__init__(_C.Bias(int(size), _device(device), _dtype(dtype)))
+        self.size = int(size)
+        super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
+
+    def _make_cpp(self, device, dtype):
+        return _C.Bias(self.size, device, dtype)
 
 
 class BasicLinear(BasicOperation):
-    """y = x W^T; parameter `weight` [out_features, in_features]."""
+    """y = x W^T; parameter `weight` [out_features, in_features], kaiming-uniform like
+    torch.nn.Linear.
+
+    Args:
+        in_features (int), out_features (int): sizes of x's and y's last dim.
+        device: where the weight lives (None: see API.md; "meta" defers allocation).
+        dtype: weight dtype (None: torch's default dtype).
+        tensor_parallel_mode, tensor_parallel_group, sequence_parallel,
+        rng_state_tracker_function, accumulate_into_main_grad, userbuffers_options: te.ops
+            keywords, accepted at their defaults only (NotImplementedError otherwise).
+    """
+
+    _repr_fields = ("in_features", "out_features")
 
     def __init__(
         self,
@@ -72,41 +121,15 @@ class BasicLinear(BasicOperation):
             userbuffers_options=(userbuffers_options, None),
         )
         self.in_features, self.out_features = int(in_features), int(out_features)
-        super().__init__(
-            _C.BasicLinear(self.in_features, self.out_features, _device(device), _dtype(dtype))
-        )
+        super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
+
+    def _make_cpp(self, device, dtype):
+        return _C.BasicLinear(self.in_features, self.out_features, device, dtype)
 
 
-class LayerNorm(BasicOperation):
-    """Layer norm over the trailing `normalized_shape` dims; parameters `weight`, `bias`."""
-
-    def __init__(
-        self,
-        normalized_shape,
-        *,
-        eps=1e-5,
-        device=None,
-        dtype=None,
-        zero_centered_gamma=False,
-        sm_margin=0,
-    ):
-        reject_unsupported("LayerNorm", sm_margin=(sm_margin, 0))
-        self.normalized_shape = tuple(_normalized_shape(normalized_shape))
-        self.eps = float(eps)
-        self.zero_centered_gamma = bool(zero_centered_gamma)
-        super().__init__(
-            _C.LayerNorm(
-                list(self.normalized_shape),
-                self.eps,
-                _device(device),
-                _dtype(dtype),
-                self.zero_centered_gamma,
-            )
-        )
-
-
-class RMSNorm(BasicOperation):
-    """x * rsqrt(mean(x^2) + eps) * weight over the trailing `normalized_shape` dims."""
+class _Norm(BasicOperation):
+    _repr_fields = ("normalized_shape", "eps", "zero_centered_gamma")
+    _cpp_class = None
 
     def __init__(
         self,
@@ -118,23 +141,56 @@ class RMSNorm(BasicOperation):
         zero_centered_gamma=False,
         sm_margin=0,
     ):
-        reject_unsupported("RMSNorm", sm_margin=(sm_margin, 0))
-        self.normalized_shape = tuple(_normalized_shape(normalized_shape))
+        reject_unsupported(type(self).__name__, sm_margin=(sm_margin, 0))
+        self.normalized_shape = _normalized_shape(normalized_shape)
         self.eps = float(eps)
         self.zero_centered_gamma = bool(zero_centered_gamma)
-        super().__init__(
-            _C.RMSNorm(
-                list(self.normalized_shape),
-                self.eps,
-                _device(device),
-                _dtype(dtype),
-                self.zero_centered_gamma,
-            )
+        super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
+
+    def _make_cpp(self, device, dtype):
+        return type(self)._cpp_class(
+            list(self.normalized_shape), self.eps, device, dtype, self.zero_centered_gamma
         )
+
+
+class LayerNorm(_Norm):
+    """Layer norm over the trailing `normalized_shape` dims; parameters `weight` (ones, or zeros
+    with zero_centered_gamma, which applies 1 + weight) and `bias` (zeros).
+
+    Args:
+        normalized_shape (int or tuple): the trailing dims normalized over.
+        eps (float): added to the variance.
+        device, dtype: of the parameters (None: see API.md; "meta" defers allocation).
+        zero_centered_gamma (bool): store the scale minus one.
+        sm_margin: te.ops keyword, accepted at its default only.
+    """
+
+    _cpp_class = _C.LayerNorm
+
+
+class RMSNorm(_Norm):
+    """y = x * rsqrt(mean(x^2) + eps) * weight over the trailing `normalized_shape` dims.
+
+    Args:
+        normalized_shape (int or tuple): the trailing dims normalized over.
+        eps (float): added to the mean square.
+        device, dtype: of the parameter (None: see API.md; "meta" defers allocation).
+        zero_centered_gamma (bool): store the scale minus one.
+        sm_margin: te.ops keyword, accepted at its default only.
+    """
+
+    _cpp_class = _C.RMSNorm
 
 
 class L2Normalization(BasicOperation):
-    """x * rsqrt(sum(x^2) + eps) over the last dim."""
+    """y = x * rsqrt(sum(x^2) + eps) over the last dim.
+
+    Args:
+        eps (float): added to the sum of squares.
+        seq_length, micro_batch_size: te.ops keywords, accepted at their defaults only.
+    """
+
+    _repr_fields = ("eps",)
 
     def __init__(self, *, eps=1e-6, seq_length=None, micro_batch_size=None):
         reject_unsupported(
@@ -143,77 +199,137 @@ class L2Normalization(BasicOperation):
             micro_batch_size=(micro_batch_size, None),
         )
         self.eps = float(eps)
-        super().__init__(_C.L2Normalization(self.eps))
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        return _C.L2Normalization(self.eps)
 
 
-def _activation(name, kind, gated):
-    cpp_cls = _C.GatedActivation if gated else _C.ElementwiseActivation
+def _activation(name, doc):
+    """A Python face for the C++ activation class `name` (the concrete class, so C++ fusions
+    match it by type)."""
+    cpp_cls = getattr(_C, name)
 
     def __init__(self, *, cache_quantized_input=False):
         reject_unsupported(name, cache_quantized_input=(cache_quantized_input, False))
-        BasicOperation.__init__(self, cpp_cls(name, kind))
+        BasicOperation.__init__(self, cpp_cls())
 
-    doc = (
-        f"y = {kind}(x)" if not gated else f"[a, b] = x halves; y = {kind[:-2] or 'sigmoid'}(a) * b"
-    )
-    return type(name, (BasicOperation,), {"__init__": __init__, "__doc__": doc})
+    def _make_cpp(self, device, dtype):
+        return cpp_cls()
+
+    doc += "\n\n    Args:\n        cache_quantized_input: te.ops keyword, at its default only."
+    attrs = {"__init__": __init__, "_make_cpp": _make_cpp, "__doc__": doc, "__module__": __name__}
+    return type(name, (BasicOperation,), attrs)
 
 
-GELU = _activation("GELU", "gelu", False)
-QGELU = _activation("QGELU", "qgelu", False)
-ReLU = _activation("ReLU", "relu", False)
-SReLU = _activation("SReLU", "srelu", False)
-SiLU = _activation("SiLU", "silu", False)
-GLU = _activation("GLU", "glu", True)
-GEGLU = _activation("GEGLU", "geglu", True)
-QGEGLU = _activation("QGEGLU", "qgeglu", True)
-ReGLU = _activation("ReGLU", "reglu", True)
-SReGLU = _activation("SReGLU", "sreglu", True)
-SwiGLU = _activation("SwiGLU", "swiglu", True)
+_GATED = "the last dim splits into halves [a, b]; y = {}(a) * b (the first half is gated)"
+GELU = _activation("GELU", "y = gelu(x), tanh approximation.")
+QGELU = _activation("QGELU", "y = x * sigmoid(1.702 x).")
+ReLU = _activation("ReLU", "y = max(x, 0).")
+SReLU = _activation("SReLU", "y = max(x, 0)^2.")
+SiLU = _activation("SiLU", "y = x * sigmoid(x).")
+GLU = _activation("GLU", _GATED.format("sigmoid"))
+GEGLU = _activation("GEGLU", _GATED.format("gelu_tanh"))
+QGEGLU = _activation("QGEGLU", _GATED.format("qgelu"))
+ReGLU = _activation("ReGLU", _GATED.format("relu"))
+SReGLU = _activation("SReGLU", _GATED.format("srelu"))
+SwiGLU = _activation("SwiGLU", _GATED.format("silu"))
 
 
 class ClampedSwiGLU(BasicOperation):
-    """GPT-OSS SwiGLU with clamped inputs."""
+    """GPT-OSS SwiGLU: a = min(a, limit), b = clamp(b, -limit, limit),
+    y = a * sigmoid(alpha * a) * (b + 1).
+
+    Args:
+        limit (float), alpha (float): as above.
+        cache_quantized_input: te.ops keyword, accepted at its default only.
+    """
+
+    _repr_fields = ("limit", "alpha")
 
     def __init__(self, *, limit=7.0, alpha=1.702, cache_quantized_input=False):
         reject_unsupported("ClampedSwiGLU", cache_quantized_input=(cache_quantized_input, False))
         self.limit, self.alpha = float(limit), float(alpha)
-        super().__init__(_C.ClampedSwiGLU(self.limit, self.alpha))
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        return _C.ClampedSwiGLU(self.limit, self.alpha)
 
 
 class ScaledSwiGLU(BasicOperation):
-    """y = scales[..., None] * swiglu(x); scales is extra input 0."""
+    """y = scales[..., None] * swiglu(x); scales (extra input 0) has x's shape without the last
+    dim."""
 
     def __init__(self):
-        super().__init__(_C.ScaledSwiGLU())
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        return _C.ScaledSwiGLU()
 
 
 class AddExtraInput(BasicOperation):
-    """y = x + extra (extra input 0)."""
+    """y = x + extra (extra input 0).
+
+    Args:
+        in_place (bool): add into the extra tensor's storage and return it.
+    """
+
+    _repr_fields = ("in_place",)
 
     def __init__(self, *, in_place=False):
         self.in_place = bool(in_place)
-        super().__init__(_C.AddExtraInput(self.in_place))
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        return _C.AddExtraInput(self.in_place)
 
 
 class MakeExtraOutput(BasicOperation):
-    """y = x, extra output 0 = x."""
+    """y = x and extra output 0 = x (the same tensor); dx = dy + d(extra).
+
+    Args:
+        in_place (bool): accumulate the extra gradient into dy's storage when it can.
+    """
+
+    _repr_fields = ("in_place",)
 
     def __init__(self, *, in_place=False):
         self.in_place = bool(in_place)
-        super().__init__(_C.MakeExtraOutput(self.in_place))
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        return _C.MakeExtraOutput(self.in_place)
 
 
 class Dropout(BasicOperation):
-    """Dropout in training mode, identity in eval mode."""
+    """Dropout with probability p in training mode, identity in eval mode.
+
+    Args:
+        p (float): probability of zeroing an element.
+    """
+
+    _repr_fields = ("p",)
 
     def __init__(self, p):
         self.p = float(p)
-        super().__init__(_C.Dropout(self.p))
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        return _C.Dropout(self.p)
 
 
 class Linear(FusedOperation):
-    """Composite BasicLinear + Bias; `weight`/`bias` are the basic ops' own Parameters."""
+    """y = x W^T + b: the composite BasicLinear + Bias. `weight` and `bias` are the basic ops' own
+    Parameters, under torch.nn.Linear's state-dict keys.
+
+    Args:
+        in_features (int), out_features (int): sizes of x's and y's last dim.
+        bias (bool): add a learnable bias.
+        device, dtype: of the parameters (None: see API.md; "meta" defers allocation).
+        tensor_parallel_mode, tensor_parallel_group, sequence_parallel,
+        rng_state_tracker_function, accumulate_into_main_grad: te.ops keywords, accepted at their
+            defaults only (NotImplementedError otherwise).
+    """
 
     def __init__(
         self,
@@ -238,19 +354,23 @@ class Linear(FusedOperation):
             accumulate_into_main_grad=(accumulate_into_main_grad, False),
         )
         self.in_features, self.out_features = int(in_features), int(out_features)
-        cpp = _C.Linear(
-            self.in_features, self.out_features, bool(bias), _device(device), _dtype(dtype)
-        )
-        basic = [_wrap_basic(BasicLinear, cpp.get_basic_ops()[0])]
+        device, dtype = _device(device), _dtype(dtype)
+        basic = [BasicLinear(self.in_features, self.out_features, device=device, dtype=dtype)]
         if bias:
-            basic.append(_wrap_basic(Bias, cpp.get_basic_ops()[1]))
-        super().__init__(basic, _cpp=cpp)
+            basic.append(Bias(self.out_features, device=device, dtype=dtype))
+        super().__init__(basic, _cpp=_C.Linear(*[op._cpp for op in basic]))
         if not bias:
             self.register_parameter("bias", None)
 
+    def _rebuild_cpp(self):
+        return _C.Linear(*[op._cpp for op in self.basic_ops])
 
-def _wrap_basic(cls, cpp_op):
-    """A Python face for a basic op that a C++ composite already built."""
-    op = cls.__new__(cls)
-    BasicOperation.__init__(op, cpp_op)
-    return op
+    def _param_sources(self):
+        # The Linear's own attributes: what state dicts, functional_call and FSDP address.
+        return [(self, name) for name in ("weight", "bias")[: len(self.basic_ops)]]
+
+    def extra_repr(self):
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}"
+        )

@@ -1,10 +1,19 @@
 """OperationFuser and Sequential: Python faces of the C++ fuser. The per-call path is one C++ call
 per fuser group."""
 
+import warnings
+
 import torch
+from torch import _disable_dynamo
 
 from .. import _C
-from ._base import FusibleOperation, check_tensors, split_outputs, unpack_outputs
+from ._base import (
+    FusibleOperation,
+    call_parameters,
+    check_tensors,
+    split_outputs,
+    unpack_outputs,
+)
 
 
 def _basic_wrappers(ops):
@@ -16,7 +25,12 @@ def _basic_wrappers(ops):
 
 
 class OperationFuser:
-    """A callable fuser over a list of fusible ops; while alive it holds its ops' routing."""
+    """A callable fuser over a list of fusible ops: plans fusions and runs the whole list forward
+    and backward in one autograd node. While alive it holds its ops' channel routing.
+
+    Args:
+        ops: a list of fusible ops (composites such as Linear expand into their basic ops).
+    """
 
     def __init__(self, ops, *, _external_inputs=(), _export_channels=()):
         ops = list(ops)
@@ -24,12 +38,25 @@ class OperationFuser:
             if not isinstance(op, FusibleOperation):
                 raise TypeError(f"OperationFuser: expected fusible ops, got {type(op).__name__}")
         self._ops = ops
+        self._channels = (set(_external_inputs), set(_export_channels))
         self._basic = _basic_wrappers(ops)
-        self._cpp = _C.OperationFuser(
-            [op._cpp for op in ops], True, set(_external_inputs), set(_export_channels)
-        )
+        self._cpp = _C.OperationFuser([op._cpp for op in ops], True, *self._channels)
         self._exported = self._cpp.exported()
         self._public_names = {name for is_public, name in self._exported if is_public and name}
+        # Where each parameter of a call is read from, in the C++ fuser's order.
+        self._param_sources = [src for op in ops for src in op._param_sources()]
+        if len(self._param_sources) != sum(self._cpp.parameter_counts):
+            raise RuntimeError(
+                f"OperationFuser: the ops report {len(self._param_sources)} parameters but their "
+                f"C++ operations take {sum(self._cpp.parameter_counts)}"
+            )
+
+    def __getstate__(self):
+        return {"ops": self._ops, "channels": self._channels}
+
+    def __setstate__(self, state):
+        external, export = state["channels"]
+        self.__init__(state["ops"], _external_inputs=external, _export_channels=export)
 
     @property
     def num_extra_inputs(self):
@@ -39,14 +66,17 @@ class OperationFuser:
     def num_extra_outputs(self):
         return self._cpp.num_extra_outputs
 
+    @_disable_dynamo
     def __call__(self, input, *extra_inputs):
+        """y = fuser(x, *extra_inputs); with public extra outputs, (y, *extra_outputs)."""
         check_tensors("OperationFuser", input, extra_inputs)
-        out = self._cpp.forward(input, list(extra_inputs))
-        return unpack_outputs(split_outputs(out, self._exported)[0])
+        return unpack_outputs(self._run(input, list(extra_inputs), [])[0])
 
     def _run(self, input, extra_inputs, named_inputs):
         """-> ([y, public extra outputs], {name: every exported named output})."""
-        return split_outputs(self._cpp.forward(input, extra_inputs, named_inputs), self._exported)
+        params = call_parameters(self._param_sources)
+        out = self._cpp.forward(input, extra_inputs, named_inputs, params)
+        return split_outputs(out, self._exported)
 
     def extra_input_sources(self):
         return self._cpp.extra_input_sources()
@@ -71,15 +101,48 @@ class OperationFuser:
         return [{"forward": list(forward), "backward": list(backward)}]
 
 
+def _has_forward_hooks(module):
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def _has_backward_hooks(module):
+    return bool(module._backward_hooks or module._backward_pre_hooks)
+
+
+_warned_backward_hooks = set()
+
+
+def _warn_backward_hooks(op):
+    if id(op) not in _warned_backward_hooks:
+        _warned_backward_hooks.add(id(op))
+        warnings.warn(
+            f"{type(op).__name__}: backward hooks on an op inside a fusible Sequential do not run "
+            "(its backward is part of the fuser's); register the hook on the Sequential instead",
+            stacklevel=3,
+        )
+
+
 class Sequential(torch.nn.Module):
-    """List of modules; consecutive fusible ops run as one fuser group each."""
+    """A list of modules; consecutive fusible ops run as one fuser group each, any other module is
+    called as usual between groups. Channels connect ops across groups.
+
+    Args:
+        *modules: fusible ops and any other torch.nn.Module, in order.
+
+    Call: seq(x, *extra_inputs, channel_inputs=None, return_dict=False); channel_inputs feeds bound
+    extra inputs by channel name, return_dict=True returns (y, {channel: named output}).
+    """
 
     def __init__(self, *modules):
         super().__init__()
         self._groups = None
-        self._group_plan_names = None
         for m in modules:
             self.append(m)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_groups"] = None  # fusers are rebuilt on the copy's first call
+        return state
 
     # ---- list API (any change invalidates the grouping)
     def _invalidate(self):
@@ -120,6 +183,8 @@ class Sequential(torch.nn.Module):
     def append(self, module):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"Sequential: expected a torch.nn.Module, got {type(module).__name__}")
+        if isinstance(module, FusibleOperation) and _has_backward_hooks(module):
+            _warn_backward_hooks(module)
         self.add_module(str(len(self._modules)), module)
         self._invalidate()
         return self
@@ -147,17 +212,29 @@ class Sequential(torch.nn.Module):
         return self.extend(list(other))
 
     # ---- grouping and running
+    def _hook_state(self):
+        """Per module: 1 when a fusible op has forward hooks (it then runs unfused, as its own
+        group), 2 when it has backward hooks (they cannot run: a warning), else 0."""
+        return tuple(
+            isinstance(m, FusibleOperation) and (_has_forward_hooks(m) | 2 * _has_backward_hooks(m))
+            for m in self._modules.values()
+        )
+
     def _build_groups(self, named_inputs=frozenset()):
         self._groups = None  # drop the old fusers first: releases their channel locks
+        hooked = self._hook_state()
         runs, run = [], []
-        for m in self._entries():
-            if isinstance(m, FusibleOperation):
+        for m, hooks in zip(self._entries(), hooked):
+            if hooks & 2:
+                _warn_backward_hooks(m)
+            has_hooks = bool(hooks & 1)
+            if isinstance(m, FusibleOperation) and not has_hooks:
                 run.append(m)
                 continue
             if run:
                 runs.append(run)
                 run = []
-            runs.append(m)
+            runs.append([m] if has_hooks else m)
         if run:
             runs.append(run)
         fusible_runs = [r for r in runs if isinstance(r, list)]
@@ -174,21 +251,28 @@ class Sequential(torch.nn.Module):
             else:
                 groups.append(r)
         self._groups = groups
+        self._groups_hooks = hooked
         self._groups_named_inputs = frozenset(named_inputs)
         self._consumed_names = {
             n for g in groups if isinstance(g, OperationFuser) for n in g._cpp.external_inputs()
         }
 
     def fusers(self):
+        """One entry per group: its OperationFuser, or the module itself."""
         if self._groups is None:
             self._build_groups()
         return list(self._groups)
 
+    @_disable_dynamo
     def forward(self, input, *extra_inputs, channel_inputs=None, return_dict=False):
         check_tensors("Sequential", input, extra_inputs)
         channel_inputs = dict(channel_inputs or {})
         names = frozenset(channel_inputs)
-        if self._groups is None or names != self._groups_named_inputs:
+        if (
+            self._groups is None
+            or names != self._groups_named_inputs
+            or self._hook_state() != self._groups_hooks
+        ):
             self._build_groups(names)
         needed = sum(g.num_extra_inputs for g in self._groups if isinstance(g, OperationFuser))
         if len(extra_inputs) != needed:
@@ -206,8 +290,12 @@ class Sequential(torch.nn.Module):
                 x = g(x)
                 continue
             n = g.num_extra_inputs
-            (x, *outs), produced = g._run(x, list(extra_inputs[k : k + n]), channels)
+            group_extras = list(extra_inputs[k : k + n])
             k += n
+            if len(g._ops) == 1 and _has_forward_hooks(g._ops[0]):
+                (x, *outs), produced = _run_hooked(g, x, group_extras, channels)
+            else:
+                (x, *outs), produced = g._run(x, group_extras, channels)
             public.extend(outs)
             channels.extend(produced.items())
             named.update((name, t) for name, t in produced.items() if name in g._public_names)
@@ -221,6 +309,8 @@ class Sequential(torch.nn.Module):
         return unpack_outputs([x, *public])
 
     def fusion_plan(self):
+        """For the most recent forward, one entry per group: {"forward": [op type names],
+        "backward": [...]} for a fuser group, {"module": type name} for another module."""
         plan = []
         for g in self.fusers():
             if isinstance(g, OperationFuser):
@@ -230,7 +320,27 @@ class Sequential(torch.nn.Module):
         return plan
 
     def reset_parameters(self):
-        # Every child that has parameters (API.md).
+        """Re-initializes every child that has parameters (API.md)."""
         for m in self._entries():
             if hasattr(m, "reset_parameters") and any(True for _ in m.parameters()):
                 m.reset_parameters()
+
+
+def _run_hooked(group, x, extra_inputs, channels):
+    """Runs a one-op group through the op's own __call__, so its forward pre-hooks and forward
+    hooks see (and may replace) the real input and output, exactly as torch.nn.Module runs them."""
+    op = group._ops[0]
+    result = {}
+
+    def run_group(input, *extras):
+        public, produced = group._run(input, list(extras), channels)
+        result["produced"] = produced
+        return unpack_outputs(public)
+
+    op.__dict__["forward"] = run_group  # what Module.__call__ runs between the hooks
+    try:
+        out = op(x, *extra_inputs)
+    finally:
+        del op.__dict__["forward"]
+    public = list(out) if isinstance(out, tuple) else [out]
+    return public, result["produced"]

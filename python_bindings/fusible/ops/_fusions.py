@@ -70,6 +70,7 @@ def snapshot_fusions():
 
 
 def restore_fusions(snapshot):
+    """Puts the registry back as snapshot_fusions() saw it (snapshot: its return value)."""
     entries, ids = snapshot
     _C.restore_fusions(entries)
     _ids.clear()

@@ -1,0 +1,396 @@
+"""What every torch.nn.Module promises (API.md "Module semantics"): parameters read at each call,
+copies, meta and fake inputs, inference-mode materialization, double backward, hooks, compile,
+repr. One test per promise and per defect of the module-semantics issue."""
+
+import copy
+import io
+import pickle
+import warnings
+
+import pytest
+import torch
+from conftest import DEVICES
+from fusible import ops
+
+D = torch.float64
+
+
+def _mlp(channels=False):
+    """LayerNorm -> Linear -> GELU -> Linear, plus a residual (through a channel when asked)."""
+    torch.manual_seed(0)
+    make, add = ops.MakeExtraOutput(), ops.AddExtraInput()
+    if channels:
+        make.set_extra_output_channel(0, "residual", output_to_caller=False)
+        add.set_extra_input_channel(0, "residual")
+    body = [
+        ops.LayerNorm(8, dtype=D),
+        ops.Linear(8, 16, dtype=D),
+        ops.GELU(),
+        ops.Linear(16, 8, dtype=D),
+    ]
+    return ops.Sequential(make, *body, add) if channels else ops.Sequential(*body)
+
+
+def _ref_mlp(model, x):
+    """The same computation in plain torch, from the model's current parameters."""
+    ln, fc1, fc2 = model[1], model[2], model[4]
+    h = torch.nn.functional.layer_norm(x, (8,), ln.weight, ln.bias, ln.eps)
+    h = torch.nn.functional.gelu(
+        torch.nn.functional.linear(h, fc1.weight, fc1.bias), approximate="tanh"
+    )
+    return torch.nn.functional.linear(h, fc2.weight, fc2.bias) + x
+
+
+def _state_equal(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+class TestParametersReadPerCall:
+    def test_functional_call_zeros(self):
+        lin = ops.Linear(8, 4, dtype=D)
+        x = torch.randn(3, 8, dtype=D)
+        zeros = {
+            "weight": torch.zeros(4, 8, dtype=D, requires_grad=True),
+            "bias": torch.zeros(4, dtype=D, requires_grad=True),
+        }
+        y = torch.func.functional_call(lin, zeros, (x,))
+        assert torch.equal(y, torch.zeros(3, 4, dtype=D))
+        y.backward(torch.ones(3, 4, dtype=D))
+        # Gradients land on the supplied tensors, not on the module's own.
+        torch.testing.assert_close(zeros["weight"].grad, x.sum(0).expand(4, 8), rtol=0, atol=1e-12)
+        torch.testing.assert_close(zeros["bias"].grad, torch.full((4,), 3.0, dtype=D))
+        assert lin.weight.grad is None and lin.bias.grad is None
+        # And the module computes with its own again afterwards.
+        torch.testing.assert_close(lin(x), x @ lin.weight.T + lin.bias)
+
+    def test_functional_call_through_sequential(self):
+        model = _mlp(channels=True)
+        x = torch.randn(5, 8, dtype=D)
+        params = {k: torch.randn_like(v) for k, v in model.named_parameters()}
+        y = torch.func.functional_call(model, params, (x,))
+        ref_model = copy.deepcopy(model)
+        ref_model.load_state_dict(params)
+        torch.testing.assert_close(y, _ref_mlp(ref_model, x))
+
+    def test_weight_norm_takes_effect(self):
+        lin = ops.Linear(8, 4, dtype=D)
+        torch.nn.utils.parametrizations.weight_norm(lin)
+        with torch.no_grad():
+            lin.parametrizations.weight.original0.mul_(3.0)  # the norm: weight scales by 3
+        x = torch.randn(2, 8, dtype=D)
+        torch.testing.assert_close(lin(x), x @ lin.weight.T + lin.bias)
+        lin(x).sum().backward()
+        assert lin.parametrizations.weight.original0.grad is not None
+        assert lin.parametrizations.weight.original1.grad is not None
+
+    def test_load_state_dict_assign(self):
+        model = _mlp()
+        x = torch.randn(3, 8, dtype=D)
+        new = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+        model.load_state_dict(new, assign=True)
+        assert model[1].weight.data_ptr() == new["1.weight"].data_ptr()
+        ln, fc1, fc2 = model[0], model[1], model[3]
+        h = torch.nn.functional.layer_norm(x, (8,), ln.weight, ln.bias, ln.eps)
+        h = torch.nn.functional.gelu(
+            torch.nn.functional.linear(h, fc1.weight, fc1.bias), approximate="tanh"
+        )
+        torch.testing.assert_close(model(x), torch.nn.functional.linear(h, fc2.weight, fc2.bias))
+
+    def test_parameter_replaced_after_first_forward(self):
+        # TransformerEngine PR #3327's test_param_replaced_after_first_forward.
+        model = ops.Sequential(ops.BasicLinear(8, 4, dtype=D))
+        x = torch.randn(3, 8, dtype=D)
+        model(x).sum().backward()
+        new = torch.nn.Parameter(torch.randn(4, 8, dtype=D))
+        model[0].register_parameter("weight", new)
+        y = model(x)
+        torch.testing.assert_close(y, x @ new.T)
+        y.sum().backward()
+        torch.testing.assert_close(new.grad, x.sum(0).expand(4, 8))
+
+    def test_plain_assignment(self):
+        lin = ops.Linear(8, 4, dtype=D)
+        x = torch.randn(3, 8, dtype=D)
+        lin(x)
+        lin.weight = torch.nn.Parameter(torch.zeros(4, 8, dtype=D))
+        torch.testing.assert_close(lin(x), lin.bias.expand(3, 4))
+        assert lin.basic_ops[0].weight is lin.weight
+
+
+class TestCopies:
+    @pytest.mark.parametrize(
+        "make",
+        [
+            lambda: ops.Linear(8, 4, dtype=D),
+            lambda: ops.LayerNorm(8, dtype=D, zero_centered_gamma=True),
+            lambda: ops.GELU(),
+            lambda: _mlp(),
+            lambda: _mlp(channels=True),
+        ],
+        ids=["Linear", "LayerNorm", "GELU", "Sequential", "Sequential-channels"],
+    )
+    @pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
+    def test_round_trip(self, make, how):
+        model = make()
+        x = torch.randn(3, 8, dtype=D)
+        y0 = model(x)
+        if how == "deepcopy":
+            clone = copy.deepcopy(model)
+        elif how == "pickle":
+            clone = pickle.loads(pickle.dumps(model))
+        else:
+            buf = io.BytesIO()
+            torch.save(model, buf)
+            buf.seek(0)
+            clone = torch.load(buf, weights_only=False)
+        assert type(clone) is type(model)
+        assert _state_equal(model, clone)
+        torch.testing.assert_close(clone(x), y0, rtol=0, atol=0)
+        # Independent parameters: training the copy leaves the original alone.
+        for p, q in zip(model.parameters(), clone.parameters()):
+            assert p is not q and p.data_ptr() != q.data_ptr()
+        with torch.no_grad():
+            for q in clone.parameters():
+                q.add_(1.0)
+        torch.testing.assert_close(model(x), y0, rtol=0, atol=0)
+        if any(True for _ in model.parameters()):
+            assert not torch.equal(clone(x), y0)
+
+    def test_copy_keeps_channels_and_is_not_locked(self):
+        model = _mlp(channels=True)
+        x = torch.randn(3, 8, dtype=D)
+        model(x)
+        assert model[0].channels_locked
+        clone = copy.deepcopy(model)
+        assert not clone[0].channels_locked  # the original's fuser does not hold the copy
+        torch.testing.assert_close(clone(x), _ref_mlp(clone, x))
+        assert clone[0].channels_locked
+        assert clone.fusion_plan() == model.fusion_plan()
+
+    def test_linear_aliases_survive_copy(self):
+        clone = copy.deepcopy(ops.Linear(8, 4, dtype=D))
+        assert clone.weight is clone.basic_ops[0].weight
+        assert clone.bias is clone.basic_ops[1].bias
+
+    def test_operation_fuser_copy(self):
+        lin, act = ops.Linear(8, 4, dtype=D), ops.GELU()
+        fuser = ops.OperationFuser([lin, act])
+        x = torch.randn(2, 8, dtype=D)
+        clone = copy.deepcopy(fuser)
+        torch.testing.assert_close(clone(x), fuser(x), rtol=0, atol=0)
+
+    def test_reset_parameters_after_assignment_resets_the_new_parameter(self):
+        lin = ops.Linear(8, 4, dtype=D)
+        new = torch.nn.Parameter(torch.full((4, 8), 100.0, dtype=D))
+        lin.weight = new
+        lin.reset_parameters()
+        assert lin.weight is new and new.abs().max() <= 8**-0.5
+
+
+class TestMetaAndFake:
+    def test_meta_input_elementwise(self):
+        y = ops.GELU()(torch.empty(2, 8, device="meta"))
+        assert y.is_meta and y.shape == (2, 8)
+
+    def test_meta_input_through_sequential_with_channels(self):
+        torch.manual_seed(0)
+        make, add = ops.MakeExtraOutput(), ops.AddExtraInput()
+        make.set_extra_output_channel(0, "res", output_to_caller=False)
+        add.set_extra_input_channel(0, "res")
+        model = ops.Sequential(
+            make, ops.LayerNorm(8, device="meta"), ops.Linear(8, 8, device="meta"), add
+        )
+        x = torch.empty(4, 8, device="meta", requires_grad=True)
+        y = model(x)
+        assert y.is_meta and y.shape == (4, 8) and y.dtype == torch.float32
+        assert all(p.is_meta for p in model.parameters())  # meta in: nothing materialized
+        # A real input later still materializes them.
+        y = model(torch.randn(4, 8))
+        assert not y.is_meta and all(not p.is_meta for p in model.parameters())
+
+    def test_default_device_context(self):
+        with torch.device("meta"):
+            lin = ops.Linear(8, 4)
+        assert lin.weight.is_meta and lin.bias.is_meta
+        torch.set_default_device("meta")
+        try:
+            ln = ops.LayerNorm(8)
+        finally:
+            torch.set_default_device(None)
+        assert ln.weight.is_meta
+        assert (
+            ops.Linear(8, 4).weight.device == torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else ops.Linear(8, 4).weight.device.type == "cpu"
+        )
+
+    def test_fake_tensor_input(self):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        model = _mlp(channels=True)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            x = mode.from_tensor(torch.randn(6, 8, dtype=D))
+            y = model(x)
+        assert y.shape == (6, 8) and y.dtype == D
+        assert type(y).__name__ == "FakeTensor"
+
+
+class TestInferenceMode:
+    def test_train_after_inference_mode_materialization(self):
+        model = ops.Sequential(ops.LayerNorm(8, device="meta"), ops.Linear(8, 4, device="meta"))
+        with torch.inference_mode():
+            model(torch.randn(2, 8))
+        assert all(not p.is_inference() for p in model.parameters())
+        x = torch.randn(2, 8)
+        model(x).sum().backward()
+        assert all(p.grad is not None for p in model.parameters())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt.step()
+
+    def test_no_grad_materialization(self):
+        lin = ops.Linear(8, 4, device="meta")
+        with torch.no_grad():
+            lin(torch.randn(2, 8))
+        assert lin.weight.requires_grad and lin.weight.is_leaf
+        lin(torch.randn(2, 8)).sum().backward()
+        assert lin.weight.grad is not None
+
+
+class TestDoubleBackward:
+    def test_gradgradcheck_raises(self):
+        ln = ops.LayerNorm(4, dtype=D)
+        x = torch.randn(3, 4, dtype=D, requires_grad=True)
+        with pytest.raises(RuntimeError, match="double backward"):
+            torch.autograd.gradgradcheck(ln, (x,))
+
+    def test_create_graph_names_the_ops(self):
+        model = _mlp()
+        x = torch.randn(3, 8, dtype=D, requires_grad=True)
+        (g,) = torch.autograd.grad(model(x).sum(), x, create_graph=False)
+        assert g.shape == x.shape
+        with pytest.raises(RuntimeError, match="double backward.*|LayerNorm"):
+            torch.autograd.grad(model(x).sum(), x, create_graph=True)
+
+    def test_kernel_op_without_formula_raises_not_warns(self):
+        x = torch.randn(3, 4, dtype=D, requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = torch.ops.fusible.activation_fwd(x, "gelu")
+        with pytest.raises(RuntimeError, match="fusible::activation_fwd"):
+            y.sum().backward()
+
+
+class TestHooks:
+    def test_forward_hooks_inside_sequential_see_real_tensors(self):
+        model = _mlp()
+        x = torch.randn(3, 8, dtype=D)
+        seen = {}
+        model[1].register_forward_pre_hook(lambda m, args: seen.setdefault("in", args[0]))
+        model[1].register_forward_hook(lambda m, args, out: seen.setdefault("out", out))
+        y = model(x)
+        ln = model[0]
+        h = torch.nn.functional.layer_norm(x, (8,), ln.weight, ln.bias, ln.eps)
+        torch.testing.assert_close(seen["in"], h)
+        torch.testing.assert_close(seen["out"], h @ model[1].weight.T + model[1].bias)
+        torch.testing.assert_close(y, model[3](model[2](seen["out"])))
+        names = [g.get("module") or g["forward"] for g in model.fusion_plan()]
+        assert len(names) == 3  # the hooked op runs as its own group
+
+    def test_forward_hook_can_replace_output(self):
+        model = _mlp()
+        x = torch.randn(3, 8, dtype=D)
+        ref = model(x)
+        handle = model[2].register_forward_hook(lambda m, args, out: out * 2)
+        y = model(x)
+        handle.remove()
+        fc2 = model[3]
+        assert not torch.allclose(y, ref)
+        torch.testing.assert_close(model(x), ref)  # removing the hook restores fusion and values
+        assert y.shape == ref.shape and fc2 is model[3]
+
+    def test_backward_hook_warns(self):
+        model = _mlp()
+        model[1].register_full_backward_hook(lambda m, gi, go: None)
+        with pytest.warns(UserWarning, match="hook the Sequential|on the Sequential"):
+            model(torch.randn(2, 8, dtype=D))
+
+
+class TestCompile:
+    @pytest.mark.parametrize("backend", ["eager", "inductor"])
+    def test_compile_fresh_model(self, backend):
+        torch._dynamo.reset()
+        model = _mlp(channels=True)
+        ref = copy.deepcopy(model)
+        compiled = torch.compile(model, backend=backend)
+        x = torch.randn(4, 8, dtype=D, requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_()
+        y, y_ref = compiled(x), ref(x_ref)
+        torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+        y.sum().backward()
+        y_ref.sum().backward()
+        torch.testing.assert_close(x.grad, x_ref.grad, rtol=0, atol=0)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
+
+
+class TestRepr:
+    def test_reprs(self):
+        assert repr(ops.Linear(8, 4)) == "Linear(in_features=8, out_features=4, bias=True)"
+        assert (
+            repr(ops.Linear(8, 4, bias=False))
+            == "Linear(in_features=8, out_features=4, bias=False)"
+        )
+        assert (
+            repr(ops.LayerNorm(8))
+            == "LayerNorm(normalized_shape=(8,), eps=1e-05, zero_centered_gamma=False)"
+        )
+        assert repr(ops.GELU()) == "GELU()"
+        assert repr(ops.ConstantScale(0.5)) == "ConstantScale(scale=0.5)"
+        assert "(1): Linear(in_features=8, out_features=16, bias=True)" in repr(_mlp())
+
+    def test_docstrings(self):
+        for name in ops.__all__:
+            obj = getattr(ops, name)
+            if callable(obj):
+                assert obj.__doc__ and len(obj.__doc__.strip()) > 10, name
+        assert "in_features" in ops.Linear.__doc__ and "Args" in ops.LayerNorm.__doc__
+
+    def test_concrete_cpp_classes(self):
+        from fusible import _C
+
+        assert type(ops.GELU()._cpp) is _C.GELU and type(ops.SwiGLU()._cpp) is _C.SwiGLU
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_call_parameters_on_device(device):
+    lin = ops.Linear(8, 4, device=device)
+    x = torch.randn(3, 8, device=device)
+    w = torch.nn.Parameter(torch.randn(4, 8, device=device))
+    y = torch.func.functional_call(lin, {"weight": w}, (x,))
+    torch.testing.assert_close(y, x @ w.T + lin.bias, rtol=1e-3, atol=1e-5)
+
+
+class TestFSDP2:
+    def test_fully_shard_one_process_matches_unsharded_step(self, tmp_path):
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1
+        )
+        try:
+            model = _mlp(channels=True)
+            ref = copy.deepcopy(model)
+            fully_shard(model)
+            assert all(type(p).__name__ == "DTensor" for p in model.parameters())
+            x = torch.randn(4, 8, dtype=D)
+            for m in (model, ref):
+                opt = torch.optim.SGD(m.parameters(), lr=0.1)
+                m(x).square().sum().backward()
+                opt.step()
+            for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+                torch.testing.assert_close(p.full_tensor(), q, msg=name)
+            torch.testing.assert_close(model(x), ref(x))
+        finally:
+            dist.destroy_process_group()
