@@ -23,10 +23,10 @@ def _mlp(channels=False):
         make.set_extra_output_channel(0, "residual", output_to_caller=False)
         add.set_extra_input_channel(0, "residual")
     body = [
-        ops.LayerNorm(8, dtype=D),
-        ops.Linear(8, 16, dtype=D),
+        ops.LayerNorm(8, dtype=D, device="cpu"),
+        ops.Linear(8, 16, dtype=D, device="cpu"),
         ops.GELU(),
-        ops.Linear(16, 8, dtype=D),
+        ops.Linear(16, 8, dtype=D, device="cpu"),
     ]
     return ops.Sequential(make, *body, add) if channels else ops.Sequential(*body)
 
@@ -48,25 +48,25 @@ def _state_equal(a, b):
 
 class TestParametersReadPerCall:
     def test_functional_call_zeros(self):
-        lin = ops.Linear(8, 4, dtype=D)
-        x = torch.randn(3, 8, dtype=D)
+        lin = ops.Linear(8, 4, dtype=D, device="cpu")
+        x = torch.randn(3, 8, dtype=D, device="cpu")
         zeros = {
             "weight": torch.zeros(4, 8, dtype=D, requires_grad=True),
             "bias": torch.zeros(4, dtype=D, requires_grad=True),
         }
         y = torch.func.functional_call(lin, zeros, (x,))
-        assert torch.equal(y, torch.zeros(3, 4, dtype=D))
-        y.backward(torch.ones(3, 4, dtype=D))
+        assert torch.equal(y, torch.zeros(3, 4, dtype=D, device="cpu"))
+        y.backward(torch.ones(3, 4, dtype=D, device="cpu"))
         # Gradients land on the supplied tensors, not on the module's own.
         torch.testing.assert_close(zeros["weight"].grad, x.sum(0).expand(4, 8), rtol=0, atol=1e-12)
-        torch.testing.assert_close(zeros["bias"].grad, torch.full((4,), 3.0, dtype=D))
+        torch.testing.assert_close(zeros["bias"].grad, torch.full((4,), 3.0, dtype=D, device="cpu"))
         assert lin.weight.grad is None and lin.bias.grad is None
         # And the module computes with its own again afterwards.
         torch.testing.assert_close(lin(x), x @ lin.weight.T + lin.bias)
 
     def test_functional_call_through_sequential(self):
         model = _mlp(channels=True)
-        x = torch.randn(5, 8, dtype=D)
+        x = torch.randn(5, 8, dtype=D, device="cpu")
         params = {k: torch.randn_like(v) for k, v in model.named_parameters()}
         y = torch.func.functional_call(model, params, (x,))
         ref_model = copy.deepcopy(model)
@@ -74,11 +74,11 @@ class TestParametersReadPerCall:
         torch.testing.assert_close(y, _ref_mlp(ref_model, x))
 
     def test_weight_norm_takes_effect(self):
-        lin = ops.Linear(8, 4, dtype=D)
+        lin = ops.Linear(8, 4, dtype=D, device="cpu")
         torch.nn.utils.parametrizations.weight_norm(lin)
         with torch.no_grad():
             lin.parametrizations.weight.original0.mul_(3.0)  # the norm: weight scales by 3
-        x = torch.randn(2, 8, dtype=D)
+        x = torch.randn(2, 8, dtype=D, device="cpu")
         torch.testing.assert_close(lin(x), x @ lin.weight.T + lin.bias)
         lin(x).sum().backward()
         assert lin.parametrizations.weight.original0.grad is not None
@@ -86,7 +86,7 @@ class TestParametersReadPerCall:
 
     def test_load_state_dict_assign(self):
         model = _mlp()
-        x = torch.randn(3, 8, dtype=D)
+        x = torch.randn(3, 8, dtype=D, device="cpu")
         new = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
         model.load_state_dict(new, assign=True)
         assert model[1].weight.data_ptr() == new["1.weight"].data_ptr()
@@ -99,10 +99,10 @@ class TestParametersReadPerCall:
 
     def test_parameter_replaced_after_first_forward(self):
         # TransformerEngine PR #3327's test_param_replaced_after_first_forward.
-        model = ops.Sequential(ops.BasicLinear(8, 4, dtype=D))
-        x = torch.randn(3, 8, dtype=D)
+        model = ops.Sequential(ops.BasicLinear(8, 4, dtype=D, device="cpu"))
+        x = torch.randn(3, 8, dtype=D, device="cpu")
         model(x).sum().backward()
-        new = torch.nn.Parameter(torch.randn(4, 8, dtype=D))
+        new = torch.nn.Parameter(torch.randn(4, 8, dtype=D, device="cpu"))
         model[0].register_parameter("weight", new)
         y = model(x)
         torch.testing.assert_close(y, x @ new.T)
@@ -110,10 +110,10 @@ class TestParametersReadPerCall:
         torch.testing.assert_close(new.grad, x.sum(0).expand(4, 8))
 
     def test_plain_assignment(self):
-        lin = ops.Linear(8, 4, dtype=D)
-        x = torch.randn(3, 8, dtype=D)
+        lin = ops.Linear(8, 4, dtype=D, device="cpu")
+        x = torch.randn(3, 8, dtype=D, device="cpu")
         lin(x)
-        lin.weight = torch.nn.Parameter(torch.zeros(4, 8, dtype=D))
+        lin.weight = torch.nn.Parameter(torch.zeros(4, 8, dtype=D, device="cpu"))
         torch.testing.assert_close(lin(x), lin.bias.expand(3, 4))
         assert lin.basic_ops[0].weight is lin.weight
 
@@ -122,8 +122,8 @@ class TestCopies:
     @pytest.mark.parametrize(
         "make",
         [
-            lambda: ops.Linear(8, 4, dtype=D),
-            lambda: ops.LayerNorm(8, dtype=D, zero_centered_gamma=True),
+            lambda: ops.Linear(8, 4, dtype=D, device="cpu"),
+            lambda: ops.LayerNorm(8, dtype=D, device="cpu", zero_centered_gamma=True),
             lambda: ops.GELU(),
             lambda: _mlp(),
             lambda: _mlp(channels=True),
@@ -133,7 +133,7 @@ class TestCopies:
     @pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
     def test_round_trip(self, make, how):
         model = make()
-        x = torch.randn(3, 8, dtype=D)
+        x = torch.randn(3, 8, dtype=D, device="cpu")
         y0 = model(x)
         if how == "deepcopy":
             clone = copy.deepcopy(model)
@@ -159,7 +159,7 @@ class TestCopies:
 
     def test_copy_keeps_channels_and_is_not_locked(self):
         model = _mlp(channels=True)
-        x = torch.randn(3, 8, dtype=D)
+        x = torch.randn(3, 8, dtype=D, device="cpu")
         model(x)
         assert model[0].channels_locked
         clone = copy.deepcopy(model)
@@ -169,20 +169,20 @@ class TestCopies:
         assert clone.fusion_plan() == model.fusion_plan()
 
     def test_linear_aliases_survive_copy(self):
-        clone = copy.deepcopy(ops.Linear(8, 4, dtype=D))
+        clone = copy.deepcopy(ops.Linear(8, 4, dtype=D, device="cpu"))
         assert clone.weight is clone.basic_ops[0].weight
         assert clone.bias is clone.basic_ops[1].bias
 
     def test_operation_fuser_copy(self):
-        lin, act = ops.Linear(8, 4, dtype=D), ops.GELU()
+        lin, act = ops.Linear(8, 4, dtype=D, device="cpu"), ops.GELU()
         fuser = ops.OperationFuser([lin, act])
-        x = torch.randn(2, 8, dtype=D)
+        x = torch.randn(2, 8, dtype=D, device="cpu")
         clone = copy.deepcopy(fuser)
         torch.testing.assert_close(clone(x), fuser(x), rtol=0, atol=0)
 
     def test_reset_parameters_after_assignment_resets_the_new_parameter(self):
-        lin = ops.Linear(8, 4, dtype=D)
-        new = torch.nn.Parameter(torch.full((4, 8), 100.0, dtype=D))
+        lin = ops.Linear(8, 4, dtype=D, device="cpu")
+        new = torch.nn.Parameter(torch.full((4, 8), 100.0, dtype=D, device="cpu"))
         lin.weight = new
         lin.reset_parameters()
         assert lin.weight is new and new.abs().max() <= 8**-0.5
@@ -219,18 +219,16 @@ class TestMetaAndFake:
         finally:
             torch.set_default_device(None)
         assert ln.weight.is_meta
-        assert (
-            ops.Linear(8, 4).weight.device == torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else ops.Linear(8, 4).weight.device.type == "cpu"
-        )
+        # No context: the current CUDA device when CUDA is available, else the CPU (te.ops).
+        expected = "cuda" if torch.cuda.is_available() else "cpu"
+        assert ops.Linear(8, 4).weight.device.type == expected
 
     def test_fake_tensor_input(self):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         model = _mlp(channels=True)
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            x = mode.from_tensor(torch.randn(6, 8, dtype=D))
+            x = mode.from_tensor(torch.randn(6, 8, dtype=D, device="cpu"))
             y = model(x)
         assert y.shape == (6, 8) and y.dtype == D
         assert type(y).__name__ == "FakeTensor"
@@ -259,7 +257,7 @@ class TestInferenceMode:
 
 class TestDoubleBackward:
     def test_gradgradcheck_raises(self):
-        ln = ops.LayerNorm(4, dtype=D)
+        ln = ops.LayerNorm(4, dtype=D, device="cpu")
         x = torch.randn(3, 4, dtype=D, requires_grad=True)
         with pytest.raises(RuntimeError, match="double backward"):
             torch.autograd.gradgradcheck(ln, (x,))
@@ -284,7 +282,7 @@ class TestDoubleBackward:
 class TestHooks:
     def test_forward_hooks_inside_sequential_see_real_tensors(self):
         model = _mlp()
-        x = torch.randn(3, 8, dtype=D)
+        x = torch.randn(3, 8, dtype=D, device="cpu")
         seen = {}
         model[1].register_forward_pre_hook(lambda m, args: seen.setdefault("in", args[0]))
         model[1].register_forward_hook(lambda m, args, out: seen.setdefault("out", out))
@@ -299,7 +297,7 @@ class TestHooks:
 
     def test_forward_hook_can_replace_output(self):
         model = _mlp()
-        x = torch.randn(3, 8, dtype=D)
+        x = torch.randn(3, 8, dtype=D, device="cpu")
         ref = model(x)
         handle = model[2].register_forward_hook(lambda m, args, out: out * 2)
         y = model(x)
@@ -313,7 +311,7 @@ class TestHooks:
         model = _mlp()
         model[1].register_full_backward_hook(lambda m, gi, go: None)
         with pytest.warns(UserWarning, match="hook the Sequential|on the Sequential"):
-            model(torch.randn(2, 8, dtype=D))
+            model(torch.randn(2, 8, dtype=D, device="cpu"))
 
 
 class TestCompile:
@@ -384,7 +382,7 @@ class TestFSDP2:
             ref = copy.deepcopy(model)
             fully_shard(model)
             assert all(type(p).__name__ == "DTensor" for p in model.parameters())
-            x = torch.randn(4, 8, dtype=D)
+            x = torch.randn(4, 8, dtype=D, device="cpu")
             for m in (model, ref):
                 opt = torch.optim.SGD(m.parameters(), lr=0.1)
                 m(x).square().sum().backward()
@@ -394,3 +392,37 @@ class TestFSDP2:
             torch.testing.assert_close(model(x), ref(x))
         finally:
             dist.destroy_process_group()
+
+
+class TestExportAndTrace:
+    def test_export_lifts_parameters_and_follows_load_state_dict(self):
+        model = _mlp()
+        x = torch.randn(3, 8, dtype=D, device="cpu")
+        ep = torch.export.export(model, (x,))
+        lifted = [s.target for s in ep.graph_signature.input_specs if s.kind.name == "PARAMETER"]
+        assert sorted(lifted) == sorted(k for k, _ in model.named_parameters())
+        buf = io.BytesIO()
+        torch.export.save(ep, buf)
+        buf.seek(0)
+        reloaded = torch.export.load(buf).module()
+        torch.testing.assert_close(reloaded(x), model(x), rtol=0, atol=0)
+        new = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+        reloaded.load_state_dict(new)
+        model.load_state_dict(new)
+        torch.testing.assert_close(reloaded(x), model(x), rtol=0, atol=0)
+
+    def test_jit_trace(self):
+        model = _mlp()
+        x = torch.randn(3, 8, dtype=D, device="cpu")
+        traced = torch.jit.trace(model, (x,), check_trace=False)
+        torch.testing.assert_close(traced(x), model(x), rtol=0, atol=0)
+
+
+def test_swapped_in_parameter_of_wrong_shape_is_a_clear_error():
+    lin = ops.Linear(8, 4, dtype=D, device="cpu")
+    with pytest.raises(RuntimeError, match=r"BasicLinear: expected parameter 'weight' of shape"):
+        torch.func.functional_call(
+            lin,
+            {"weight": torch.zeros(4, 7, dtype=D, device="cpu")},
+            (torch.ones(2, 8, dtype=D, device="cpu"),),
+        )
