@@ -372,6 +372,7 @@ def test_per_call_parameters_on_device(device):
 class TestFSDP2:
     def test_fully_shard_one_process_matches_unsharded_step(self, tmp_path):
         import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         dist.init_process_group(
@@ -380,7 +381,7 @@ class TestFSDP2:
         try:
             model = _mlp(channels=True)
             ref = copy.deepcopy(model)
-            fully_shard(model)
+            fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
             assert all(type(p).__name__ == "DTensor" for p in model.parameters())
             x = torch.randn(4, 8, dtype=D, device="cpu")
             for m in (model, ref):
@@ -388,7 +389,8 @@ class TestFSDP2:
                 m(x).square().sum().backward()
                 opt.step()
             for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-                torch.testing.assert_close(p.full_tensor(), q, msg=name)
+                assert p.device.type == "cpu", name
+                torch.testing.assert_close(p.full_tensor(), q)
             torch.testing.assert_close(model(x), ref(x))
         finally:
             dist.destroy_process_group()
