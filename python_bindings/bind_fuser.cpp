@@ -1,5 +1,6 @@
-// pybind11 bindings for OperationFuser and the fusion registry's introspection.
+// pybind11 bindings for OperationFuser and Sequential (the engine of Python's ops.Sequential).
 #include <fusible/fusible.h>
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -10,6 +11,7 @@ namespace py = pybind11;
 namespace fusible::python {
 
 using fuser::OperationFuser;
+using fuser::Sequential;
 using ops::FusibleOperation;
 
 namespace {
@@ -24,27 +26,12 @@ py::list plan_entries(const std::vector<fuser::PlannedOp>& plan) {
 }  // namespace
 
 void bind_fuser(py::module_& m) {
-  m.def("plan_group_channels",
-        [](const std::vector<std::vector<std::shared_ptr<ops::BasicOperation>>>& groups,
-           const std::set<std::string>& named_inputs) {
-          py::list out;
-          for (const auto& g : fuser::plan_group_channels(groups, named_inputs)) {
-            out.append(py::make_tuple(g.external_inputs, g.export_channels));
-          }
-          return out;
-        });
-
   py::class_<OperationFuser, std::shared_ptr<OperationFuser>>(m, "OperationFuser")
-      .def(py::init([](std::vector<std::shared_ptr<FusibleOperation>> ops, bool lock_channels,
-                       std::set<std::string> external_inputs,
-                       std::set<std::string> export_channels) {
-             fuser::FuserOptions options{lock_channels, std::move(external_inputs),
-                                         std::move(export_channels)};
-             return std::make_shared<OperationFuser>(std::move(ops), std::move(options));
+      .def(py::init([](std::vector<std::shared_ptr<FusibleOperation>> ops, bool lock_channels) {
+             return std::make_shared<OperationFuser>(std::move(ops),
+                                                     fuser::FuserOptions{lock_channels, {}, {}});
            }),
-           py::arg("ops"), py::arg("lock_channels") = true,
-           py::arg("external_inputs") = std::set<std::string>(),
-           py::arg("export_channels") = std::set<std::string>())
+           py::arg("ops"), py::arg("lock_channels") = true)
       .def("forward", &OperationFuser::forward, py::arg("input"), py::arg("extra_inputs"),
            py::arg("named_inputs") = std::vector<std::pair<std::string, at::Tensor>>(),
            py::arg("params") = std::nullopt)
@@ -88,6 +75,40 @@ void bind_fuser(py::module_& m) {
            })
       .def("backward_ops", [](const OperationFuser& f) {
         return f.plan() ? plan_entries(f.plan()->backward) : py::list();
+      });
+
+  // Python modules between fuser groups are plain steps: callables from tensor to tensor.
+  py::class_<Sequential, std::shared_ptr<Sequential>>(m, "Sequential")
+      .def(py::init<>())
+      .def("append_op",
+           py::overload_cast<std::shared_ptr<FusibleOperation>>(&Sequential::push_back))
+      .def("append_step",
+           py::overload_cast<Sequential::TensorFn, std::string>(&Sequential::push_back))
+      .def("__len__", &Sequential::size)
+      .def("set_isolated", &Sequential::set_isolated)
+      .def(
+          "run",
+          [](Sequential& seq, const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+             const Sequential::NamedTensors& named_inputs,
+             const std::optional<std::vector<at::Tensor>>& params,
+             const std::optional<Sequential::AroundFn>& around) {
+            auto out = seq.run(input, extra_inputs, named_inputs, params,
+                               around ? *around : Sequential::AroundFn());
+            return std::make_pair(std::move(out.outputs), std::move(out.named));
+          },
+          py::arg("input"), py::arg("extra_inputs"), py::arg("named_inputs"), py::arg("params"),
+          py::arg("around") = std::nullopt)
+      .def("groups", &Sequential::groups, py::arg("named_inputs") = std::set<std::string>())
+      .def("fusion_plan", [](const Sequential& seq) {
+        py::list out;
+        for (const auto& g : seq.fusion_plan()) {
+          if (!g.module.empty()) {
+            out.append(py::dict(py::arg("module") = g.module));
+          } else {
+            out.append(py::dict(py::arg("forward") = g.forward, py::arg("backward") = g.backward));
+          }
+        }
+        return out;
       });
 }
 

@@ -1,7 +1,8 @@
-// C++ Sequential: grouping and running.
+// C++ Sequential: grouping and running (also the engine behind Python's ops.Sequential).
 #include "fuser/sequential.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 namespace fusible::fuser {
 
@@ -22,6 +23,18 @@ void Sequential::push_back(TensorFn fn, std::string name) {
   invalidate_groups();
 }
 
+void Sequential::set_isolated(const std::vector<bool>& flags) {
+  TORCH_CHECK_VALUE(flags.size() == entries_.size(), "Sequential: expected ", entries_.size(),
+                    " isolation flags, got ", flags.size());
+  bool changed = false;
+  for (size_t i = 0; i < flags.size(); ++i) {
+    const bool isolated = flags[i] && entries_[i].op != nullptr;
+    changed = changed || isolated != entries_[i].isolated;
+    entries_[i].isolated = isolated;
+  }
+  if (changed) invalidate_groups();
+}
+
 void Sequential::invalidate_groups() {
   groups_.clear();  // drops the fusers: releases their channel locks now
   groups_valid_ = false;
@@ -29,23 +42,20 @@ void Sequential::invalidate_groups() {
 
 void Sequential::build_groups(const std::set<std::string>& named_inputs) {
   invalidate_groups();  // also when building fails below: never run stale groups
-  // Consecutive fusible ops form one group; plain steps stand alone.
+  // Consecutive fusible ops form one group; plain steps and isolated ops stand alone.
   std::vector<std::vector<std::shared_ptr<ops::FusibleOperation>>> runs;
-  std::vector<const Entry*> steps;  // per group: the plain step, or null
+  std::vector<size_t> first_entry;  // per group
+  std::vector<bool> is_step;        // per group
   bool in_run = false;
-  for (const auto& e : entries_) {
-    if (e.op) {
-      if (!in_run) {
-        runs.emplace_back();
-        steps.push_back(nullptr);
-      }
-      runs.back().push_back(e.op);
-      in_run = true;
-    } else {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const auto& e = entries_[i];
+    if (!e.op || e.isolated || !in_run) {
       runs.emplace_back();
-      steps.push_back(&e);
-      in_run = false;
+      first_entry.push_back(i);
+      is_step.push_back(!e.op);
     }
+    if (e.op) runs.back().push_back(e.op);
+    in_run = e.op && !e.isolated;
   }
   std::vector<std::vector<std::shared_ptr<ops::BasicOperation>>> basic(runs.size());
   for (size_t g = 0; g < runs.size(); ++g) {
@@ -55,48 +65,90 @@ void Sequential::build_groups(const std::set<std::string>& named_inputs) {
   }
   const auto channels = plan_group_channels(basic, named_inputs);
   std::vector<Group> groups;
+  std::set<std::string> consumed;
   for (size_t g = 0; g < runs.size(); ++g) {
-    if (steps[g]) {
-      groups.push_back({nullptr, steps[g]});
+    if (is_step[g]) {
+      groups.push_back({nullptr, first_entry[g]});
       continue;
     }
     FuserOptions options;
     options.external_inputs = channels[g].external_inputs;
     options.export_channels = channels[g].export_channels;
-    groups.push_back({std::make_shared<OperationFuser>(runs[g], std::move(options)), nullptr});
+    consumed.insert(options.external_inputs.begin(), options.external_inputs.end());
+    groups.push_back(
+        {std::make_shared<OperationFuser>(runs[g], std::move(options)), first_entry[g]});
   }
   groups_ = std::move(groups);
   groups_valid_ = true;
   groups_named_inputs_ = named_inputs;
+  consumed_names_ = std::move(consumed);
+}
+
+void Sequential::ensure_groups(const std::set<std::string>& named_inputs) {
+  if (!groups_valid_ || named_inputs != groups_named_inputs_) build_groups(named_inputs);
+}
+
+std::vector<std::pair<std::shared_ptr<OperationFuser>, size_t>> Sequential::groups(
+    const std::set<std::string>& named_inputs) {
+  ensure_groups(named_inputs);
+  std::vector<std::pair<std::shared_ptr<OperationFuser>, size_t>> out;
+  for (const auto& g : groups_) out.emplace_back(g.fuser, g.entry);
+  return out;
 }
 
 Sequential::Outputs Sequential::run(const at::Tensor& input,
                                     const std::vector<at::Tensor>& extra_inputs,
-                                    const NamedTensors& named_inputs) {
+                                    const NamedTensors& named_inputs,
+                                    const std::optional<std::vector<at::Tensor>>& params,
+                                    const AroundFn& around) {
   std::set<std::string> names;
   for (const auto& [name, t] : named_inputs) names.insert(name);
-  if (!groups_valid_ || names != groups_named_inputs_) build_groups(names);
-  int64_t needed = 0;
-  for (const auto& g : groups_) needed += g.fuser ? g.fuser->num_extra_inputs() : 0;
+  ensure_groups(names);
+  std::vector<std::string> unused;
+  for (const auto& name : names) {
+    if (!consumed_names_.count(name)) unused.push_back(name);
+  }
+  TORCH_CHECK_VALUE(unused.empty(), "Sequential: channel_inputs ", c10::Join(", ", unused),
+                    " feed no bound input that lacks a producer inside the model");
+  int64_t needed = 0, num_params = 0;
+  for (const auto& g : groups_) {
+    if (!g.fuser) continue;
+    needed += g.fuser->num_extra_inputs();
+    num_params += g.fuser->parameter_layout().size;
+  }
   TORCH_CHECK_VALUE(static_cast<int64_t>(extra_inputs.size()) == needed, "Sequential: expected ",
                     needed, " extra inputs, got ", extra_inputs.size());
+  TORCH_CHECK_VALUE(!params || static_cast<int64_t>(params->size()) == num_params,
+                    "Sequential: expected ", num_params, " parameters, got ", params->size());
   at::Tensor x = input;
   Outputs result;
   result.outputs.emplace_back();
   NamedTensors channels = named_inputs;  // tensors by channel name, as groups produce them
-  size_t next_extra = 0;
+  size_t next_extra = 0, next_param = 0;
   for (const auto& g : groups_) {
     if (!g.fuser) {
-      x = g.step->fn(x);
+      x = entries_[g.entry].fn(x);
       continue;
     }
     const auto k = g.fuser->num_extra_inputs();
     std::vector<at::Tensor> extras(extra_inputs.begin() + next_extra,
                                    extra_inputs.begin() + next_extra + k);
     next_extra += k;
-    auto out = g.fuser->forward(x, extras, channels);
-    x = out[0];
+    std::optional<std::vector<at::Tensor>> group_params;
+    if (params) {
+      const auto n = g.fuser->parameter_layout().size;
+      group_params.emplace(params->begin() + next_param, params->begin() + next_param + n);
+      next_param += n;
+    }
+    const GroupRunner run_group = [&](const at::Tensor& in, const std::vector<at::Tensor>& ex) {
+      return g.fuser->forward(in, ex, channels, group_params);
+    };
+    auto out = entries_[g.entry].isolated && around ? around(g.entry, x, extras, run_group)
+                                                    : run_group(x, extras);
     const auto& exported = g.fuser->exported();
+    TORCH_CHECK(out.size() == exported.size() + 1, "Sequential: group at entry ", g.entry,
+                " returned ", out.size(), " tensors, expected ", exported.size() + 1);
+    x = out[0];
     for (size_t i = 0; i < exported.size(); ++i) {
       if (exported[i].is_public) result.outputs.push_back(out[i + 1]);
       if (!exported[i].name.empty()) channels.emplace_back(exported[i].name, out[i + 1]);
@@ -113,7 +165,7 @@ std::vector<GroupPlan> Sequential::fusion_plan() const {
   std::vector<GroupPlan> out;
   for (const auto& g : groups_) {
     if (!g.fuser) {
-      out.push_back({g.step->name, {}, {}});
+      out.push_back({entries_[g.entry].name, {}, {}});
       continue;
     }
     auto [f, b] = g.fuser->fusion_plan();

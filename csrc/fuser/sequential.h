@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -25,6 +26,14 @@ struct GroupPlan {
 class Sequential : public torch::nn::Module {
  public:
   using TensorFn = std::function<at::Tensor(const at::Tensor&)>;
+  /// Runs one fuser group: (x, its extra inputs) -> [y, exported outputs]
+  /// (OperationFuser::forward).
+  using GroupRunner =
+      std::function<std::vector<at::Tensor>(const at::Tensor&, const std::vector<at::Tensor>&)>;
+  /// Called instead of an isolated op's group: (entry index, x, extra inputs, the group's runner)
+  /// -> what the runner returns, possibly changed (a binding runs the op's forward hooks here).
+  using AroundFn = std::function<std::vector<at::Tensor>(
+      size_t, const at::Tensor&, const std::vector<at::Tensor>&, const GroupRunner&)>;
 
   Sequential() : torch::nn::Module("Sequential") {}
   explicit Sequential(std::vector<std::shared_ptr<ops::FusibleOperation>> ops);
@@ -42,9 +51,14 @@ class Sequential : public torch::nn::Module {
   };
 
   /// Runs the groups in order. Extra inputs are consumed by the groups in op order; channels
-  /// connect ops across groups; named_inputs feed bound inputs that have no producer inside.
+  /// connect ops across groups; named_inputs feed bound inputs that have no producer inside (a
+  /// name that feeds none is a ValueError). `params`: the parameters of every fusible op, in
+  /// entry order (each op's as its fuser takes them); without them, the ops' registered ones.
+  /// `around` runs isolated ops' groups (see set_isolated).
   Outputs run(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-              const NamedTensors& named_inputs);
+              const NamedTensors& named_inputs,
+              const std::optional<std::vector<at::Tensor>>& params = std::nullopt,
+              const AroundFn& around = nullptr);
   /// run(...).outputs without named inputs.
   std::vector<at::Tensor> forward(const at::Tensor& input,
                                   const std::vector<at::Tensor>& extra_inputs = {}) {
@@ -52,6 +66,13 @@ class Sequential : public torch::nn::Module {
   }
   /// The plan of the most recent forward, one entry per group.
   std::vector<GroupPlan> fusion_plan() const;
+  /// Per entry: whether that fusible op runs alone, as its own group (a hooked op stays
+  /// unfused). Regroups only when a flag changes.
+  void set_isolated(const std::vector<bool>& flags);
+  /// One per group: its fuser and the entry index of its first op (a plain step: null and its
+  /// entry index). Built on demand for the given named inputs.
+  std::vector<std::pair<std::shared_ptr<OperationFuser>, size_t>> groups(
+      const std::set<std::string>& named_inputs = {});
   /// Re-initializes every op's parameters.
   void reset_parameters();
 
@@ -60,11 +81,13 @@ class Sequential : public torch::nn::Module {
     std::shared_ptr<ops::FusibleOperation> op;  // null for a plain step
     TensorFn fn;
     std::string name;
+    bool isolated = false;
   };
   struct Group {
     std::shared_ptr<OperationFuser> fuser;  // null for a plain step
-    const Entry* step = nullptr;
+    size_t entry = 0;                       // index of its (first) entry
   };
+  void ensure_groups(const std::set<std::string>& named_inputs);
   void build_groups(const std::set<std::string>& named_inputs);
   void invalidate_groups();
 
@@ -72,6 +95,7 @@ class Sequential : public torch::nn::Module {
   std::vector<Group> groups_;
   bool groups_valid_ = false;
   std::set<std::string> groups_named_inputs_;  // the named inputs the groups were wired for
+  std::set<std::string> consumed_names_;       // channels the groups take from outside
 };
 
 }  // namespace fusible::fuser

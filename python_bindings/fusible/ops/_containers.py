@@ -1,5 +1,6 @@
-"""OperationFuser and Sequential: Python faces of the C++ fuser. The per-call path is one C++ call
-per fuser group."""
+"""OperationFuser and Sequential: Python faces of the C++ fuser and of the C++ Sequential, which
+groups the ops, routes channels across groups and calls other Python modules back between them.
+Here: the list API, each call's parameters, forward hooks, and te.ops' call convention."""
 
 import warnings
 
@@ -32,53 +33,59 @@ class OperationFuser:
         ops: a list of fusible ops (composites such as Linear expand into their basic ops).
     """
 
-    def __init__(self, ops, *, _external_inputs=(), _export_channels=()):
+    def __init__(self, ops):
         ops = list(ops)
         for op in ops:
             if not isinstance(op, FusibleOperation):
                 raise TypeError(f"OperationFuser: expected fusible ops, got {type(op).__name__}")
+        self._attach(_C.OperationFuser([op._cpp for op in ops], True), ops)
+
+    @classmethod
+    def _view(cls, cpp_fuser, ops):
+        """The Python face of a fuser group that a C++ Sequential made."""
+        self = cls.__new__(cls)
+        self._attach(cpp_fuser, ops)
+        return self
+
+    def _attach(self, cpp_fuser, ops):
         self._ops = ops
-        self._channels = (set(_external_inputs), set(_export_channels))
         self._basic = _basic_wrappers(ops)
-        self._cpp = _C.OperationFuser([op._cpp for op in ops], True, *self._channels)
-        self._exported = self._cpp.exported()
-        self._public_names = {name for is_public, name in self._exported if is_public and name}
+        self._cpp = cpp_fuser
+        self._exported = cpp_fuser.exported()
         # Where each parameter of a call is read from, in the C++ fuser's order.
         self._param_sources = [src for op in ops for src in op._param_sources()]
-        if len(self._param_sources) != sum(self._cpp.parameter_counts):
+        if len(self._param_sources) != sum(cpp_fuser.parameter_counts):
             raise RuntimeError(
                 f"OperationFuser: the ops report {len(self._param_sources)} parameters but their "
-                f"C++ operations take {sum(self._cpp.parameter_counts)}"
+                f"C++ operations take {sum(cpp_fuser.parameter_counts)}"
             )
 
     def __getstate__(self):
-        return {"ops": self._ops, "channels": self._channels}
+        return {"ops": self._ops}
 
     def __setstate__(self, state):
-        external, export = state["channels"]
-        self.__init__(state["ops"], _external_inputs=external, _export_channels=export)
+        self.__init__(state["ops"])
 
     @property
     def num_extra_inputs(self):
+        """How many public extra inputs a call takes."""
         return self._cpp.num_extra_inputs
 
     @property
     def num_extra_outputs(self):
+        """How many public extra outputs a call returns after y."""
         return self._cpp.num_extra_outputs
 
     @_disable_dynamo
     def __call__(self, input, *extra_inputs):
         """y = fuser(x, *extra_inputs); with public extra outputs, (y, *extra_outputs)."""
         check_tensors("OperationFuser", input, extra_inputs)
-        return unpack_outputs(self._run(input, list(extra_inputs), [])[0])
-
-    def _run(self, input, extra_inputs, named_inputs):
-        """-> ([y, public extra outputs], {name: every exported named output})."""
         params = call_parameters(self._param_sources)
-        out = self._cpp.forward(input, extra_inputs, named_inputs, params)
-        return split_outputs(out, self._exported)
+        out = self._cpp.forward(input, list(extra_inputs), [], params)
+        return unpack_outputs(split_outputs(out, self._exported)[0])
 
     def extra_input_sources(self):
+        """Per basic op, per extra-input slot: the (producer basic op, slot) feeding it, or None."""
         return self._cpp.extra_input_sources()
 
     def _py_op(self, cpp_op, indices):
@@ -91,22 +98,27 @@ class OperationFuser:
         return cpp_op
 
     def forward_ops(self):
+        """The most recent forward plan: [(op, [basic-op indices])], in forward order."""
         return [(self._py_op(op, idx), list(idx)) for op, idx in self._cpp.forward_ops()]
 
     def backward_ops(self):
+        """The most recent backward plan: [(op, [basic-op indices])], in forward order."""
         return [(self._py_op(op, idx), list(idx)) for op, idx in self._cpp.backward_ops()]
 
     def fusion_plan(self):
+        """[{"forward": [op type names], "backward": [...]}] of the most recent forward."""
         forward, backward = self._cpp.fusion_plan()
         return [{"forward": list(forward), "backward": list(backward)}]
 
 
-def _has_forward_hooks(module):
-    return bool(module._forward_hooks or module._forward_pre_hooks)
-
-
-def _has_backward_hooks(module):
-    return bool(module._backward_hooks or module._backward_pre_hooks)
+def _hooks(module):
+    """1 when a fusible op has forward hooks (it then runs unfused, as its own group), 2 when it
+    has backward hooks (which cannot run inside a fuser: a warning), else 0."""
+    if not isinstance(module, FusibleOperation):
+        return 0
+    forward = bool(module._forward_hooks or module._forward_pre_hooks)
+    backward = bool(module._backward_hooks or module._backward_pre_hooks)
+    return forward | 2 * backward
 
 
 _warned_backward_hooks = set()
@@ -122,6 +134,21 @@ def _warn_backward_hooks(op):
         )
 
 
+def _plain_step(module):
+    """A non-fusible module as the C++ Sequential's tensor-to-tensor step."""
+
+    def step(x):
+        out = module(x)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(
+                f"Sequential: {type(module).__name__} between fuser groups must return a tensor, "
+                f"got {type(out).__name__}"
+            )
+        return out
+
+    return step
+
+
 class Sequential(torch.nn.Module):
     """A list of modules; consecutive fusible ops run as one fuser group each, any other module is
     called as usual between groups. Channels connect ops across groups.
@@ -135,18 +162,18 @@ class Sequential(torch.nn.Module):
 
     def __init__(self, *modules):
         super().__init__()
-        self._groups = None
+        self._cpp = None  # the C++ Sequential, built on first use after any change
         for m in modules:
             self.append(m)
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_groups"] = None  # fusers are rebuilt on the copy's first call
+        state["_cpp"] = None  # rebuilt on the copy's first call: a copy is not locked
         return state
 
-    # ---- list API (any change invalidates the grouping)
+    # ---- list API (any change drops the C++ Sequential, and with it the channel locks)
     def _invalidate(self):
-        self._groups = None
+        self._cpp = None
 
     def _entries(self):
         return list(self._modules.values())
@@ -181,25 +208,29 @@ class Sequential(torch.nn.Module):
         self._rebuild(entries)
 
     def append(self, module):
+        """Appends a module; returns self."""
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"Sequential: expected a torch.nn.Module, got {type(module).__name__}")
-        if isinstance(module, FusibleOperation) and _has_backward_hooks(module):
+        if _hooks(module) & 2:
             _warn_backward_hooks(module)
         self.add_module(str(len(self._modules)), module)
         self._invalidate()
         return self
 
     def extend(self, modules):
+        """Appends each module; returns self."""
         for m in modules:
             self.append(m)
         return self
 
     def insert(self, index, module):
+        """Inserts a module before position `index`."""
         entries = self._entries()
         entries.insert(index, module)
         self._rebuild(entries)
 
     def pop(self, index=-1):
+        """Removes and returns the module at `index`."""
         entries = self._entries()
         m = entries.pop(index)
         self._rebuild(entries)
@@ -211,112 +242,70 @@ class Sequential(torch.nn.Module):
     def __iadd__(self, other):
         return self.extend(list(other))
 
-    # ---- grouping and running
-    def _hook_state(self):
-        """Per module: 1 when a fusible op has forward hooks (it then runs unfused, as its own
-        group), 2 when it has backward hooks (they cannot run: a warning), else 0."""
-        return tuple(
-            isinstance(m, FusibleOperation) and (_has_forward_hooks(m) | 2 * _has_backward_hooks(m))
-            for m in self._modules.values()
-        )
-
-    def _build_groups(self, named_inputs=frozenset()):
-        self._groups = None  # drop the old fusers first: releases their channel locks
-        hooked = self._hook_state()
-        runs, run = [], []
-        for m, hooks in zip(self._entries(), hooked):
-            if hooks & 2:
-                _warn_backward_hooks(m)
-            has_hooks = bool(hooks & 1)
-            if isinstance(m, FusibleOperation) and not has_hooks:
-                run.append(m)
-                continue
-            if run:
-                runs.append(run)
-                run = []
-            runs.append([m] if has_hooks else m)
-        if run:
-            runs.append(run)
-        fusible_runs = [r for r in runs if isinstance(r, list)]
-        channels = iter(
-            _C.plan_group_channels(
-                [[op._cpp for op in _basic_wrappers(r)] for r in fusible_runs], set(named_inputs)
-            )
-        )
-        groups = []
-        for r in runs:
-            if isinstance(r, list):
-                external, export = next(channels)
-                groups.append(OperationFuser(r, _external_inputs=external, _export_channels=export))
-            else:
-                groups.append(r)
-        self._groups = groups
-        self._groups_hooks = hooked
-        self._groups_named_inputs = frozenset(named_inputs)
-        self._consumed_names = {
-            n for g in groups if isinstance(g, OperationFuser) for n in g._cpp.external_inputs()
-        }
-
-    def fusers(self):
-        """One entry per group: its OperationFuser, or the module itself."""
-        if self._groups is None:
-            self._build_groups()
-        return list(self._groups)
+    # ---- running: the C++ Sequential groups and routes; this passes parameters and runs hooks
+    def _engine(self):
+        """The C++ Sequential, with its hook flags brought up to date."""
+        hooks = tuple(_hooks(m) for m in self._modules.values())
+        if self._cpp is None:
+            cpp = _C.Sequential()
+            for m in self._modules.values():
+                if isinstance(m, FusibleOperation):
+                    cpp.append_op(m._cpp)
+                else:
+                    cpp.append_step(_plain_step(m), type(m).__name__)
+            self._cpp, self._hook_flags = cpp, None
+            self._fusible = [m for m in self._modules.values() if isinstance(m, FusibleOperation)]
+            self._param_sources = [src for m in self._fusible for src in m._param_sources()]
+        if hooks != self._hook_flags:
+            for m, h in zip(self._modules.values(), hooks):
+                if h & 2:
+                    _warn_backward_hooks(m)
+            self._cpp.set_isolated([bool(h & 1) for h in hooks])
+            self._hook_flags = hooks
+        return self._cpp
 
     @_disable_dynamo
     def forward(self, input, *extra_inputs, channel_inputs=None, return_dict=False):
         check_tensors("Sequential", input, extra_inputs)
-        channel_inputs = dict(channel_inputs or {})
-        names = frozenset(channel_inputs)
-        if (
-            self._groups is None
-            or names != self._groups_named_inputs
-            or self._hook_state() != self._groups_hooks
-        ):
-            self._build_groups(names)
-        needed = sum(g.num_extra_inputs for g in self._groups if isinstance(g, OperationFuser))
-        if len(extra_inputs) != needed:
-            raise ValueError(f"Sequential: expected {needed} extra inputs, got {len(extra_inputs)}")
-        unused = [n for n in channel_inputs if n not in self._consumed_names]
-        if unused:
-            raise ValueError(
-                f"Sequential: channel_inputs {unused} feed no bound input that lacks a "
-                "producer inside the model"
-            )
-        channels = list(channel_inputs.items())  # tensors by name, as groups produce them
-        x, public, named, k = input, [], {}, 0
-        for g in self._groups:
-            if not isinstance(g, OperationFuser):
-                x = g(x)
-                continue
-            n = g.num_extra_inputs
-            group_extras = list(extra_inputs[k : k + n])
-            k += n
-            if len(g._ops) == 1 and _has_forward_hooks(g._ops[0]):
-                (x, *outs), produced = _run_hooked(g, x, group_extras, channels)
-            else:
-                (x, *outs), produced = g._run(x, group_extras, channels)
-            public.extend(outs)
-            channels.extend(produced.items())
-            named.update((name, t) for name, t in produced.items() if name in g._public_names)
+        cpp = self._engine()
+        named_inputs = list((channel_inputs or {}).items())
+        hooked = any(h & 1 for h in self._hook_flags)
+        around = _run_hooked_op(self, {n for n, _ in named_inputs}) if hooked else None
+        params = call_parameters(self._param_sources)
+        outputs, named = cpp.run(input, list(extra_inputs), named_inputs, params, around)
         if return_dict:
-            if len(named) != len(public):
+            if len(named) != len(outputs) - 1:
                 raise ValueError(
                     "Sequential: return_dict=True needs every public extra output to "
                     "be named (set_extra_output_channel)"
                 )
-            return x, named
-        return unpack_outputs([x, *public])
+            return outputs[0], dict(named)
+        return unpack_outputs(outputs)
+
+    def fusers(self, named_inputs=()):
+        """One entry per group: its OperationFuser, or the module itself."""
+        entries = self._entries()
+        groups = []
+        for cpp_fuser, first in self._engine().groups(set(named_inputs)):
+            if cpp_fuser is None:
+                groups.append(entries[first])
+                continue
+            n = len(cpp_fuser.get_basic_ops())
+            ops, k = [], first
+            while sum(len(op._basic_op_list()) for op in ops) < n:
+                ops.append(entries[k])
+                k += 1
+            groups.append(OperationFuser._view(cpp_fuser, ops))
+        return groups
 
     def fusion_plan(self):
         """For the most recent forward, one entry per group: {"forward": [op type names],
         "backward": [...]} for a fuser group, {"module": type name} for another module."""
-        plan = []
-        for g in self.fusers():
-            if isinstance(g, OperationFuser):
-                plan.extend(g.fusion_plan())
-            else:
-                plan.append({"module": type(g).__name__})
+        cpp = self._engine()
+        plan = cpp.fusion_plan()
+        if not plan:  # no forward yet: the grouping, with empty plans
+            self.fusers()
+            plan = cpp.fusion_plan()
         return plan
 
     def reset_parameters(self):
@@ -326,21 +315,31 @@ class Sequential(torch.nn.Module):
                 m.reset_parameters()
 
 
-def _run_hooked(group, x, extra_inputs, channels):
-    """Runs a one-op group through the op's own __call__, so its forward pre-hooks and forward
-    hooks see (and may replace) the real input and output, exactly as torch.nn.Module runs them."""
-    op = group._ops[0]
-    result = {}
+def _run_hooked_op(seq, names):
+    """The C++ Sequential's `around` callback: runs an isolated op's group through the op's own
+    __call__, so its forward pre-hooks and forward hooks see (and may replace) the real input and
+    output, exactly as torch.nn.Module runs them."""
+    entries = seq._entries()
 
-    def run_group(input, *extras):
-        public, produced = group._run(input, list(extras), channels)
-        result["produced"] = produced
-        return unpack_outputs(public)
+    def around(entry, x, extra_inputs, run_group):
+        op = entries[entry]
+        exported = next(f.exported() for f, first in seq._cpp.groups(names) if first == entry)
+        result = {}
 
-    op.__dict__["forward"] = run_group  # what Module.__call__ runs between the hooks
-    try:
-        out = op(x, *extra_inputs)
-    finally:
-        del op.__dict__["forward"]
-    public = list(out) if isinstance(out, tuple) else [out]
-    return public, result["produced"]
+        def forward(input, *extras):
+            result["all"] = run_group(input, list(extras))
+            return unpack_outputs(split_outputs(result["all"], exported)[0])
+
+        op.__dict__["forward"] = forward  # what Module.__call__ runs between the hooks
+        try:
+            out = op(x, *extra_inputs)
+        finally:
+            del op.__dict__["forward"]
+        # Hooks may replace y and public extra outputs; named hidden ones pass through.
+        public = iter(list(out) if isinstance(out, tuple) else [out])
+        merged = [next(public)]
+        for tensor, (is_public, _) in zip(result["all"][1:], exported):
+            merged.append(next(public) if is_public else tensor)
+        return merged
+
+    return around
