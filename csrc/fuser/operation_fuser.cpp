@@ -94,8 +94,10 @@ void OperationFuser::prepare_parameters(const at::Tensor& input,
                                         const std::vector<at::Tensor>& params, bool from_caller) {
   bool any_meta = false;
   for (const auto& p : params) any_meta = any_meta || p.is_meta();
-  // Meta in, meta out: a meta input computes shapes and materializes nothing.
-  if ((first_forward_done_ && !any_meta) || input.is_meta()) return;
+  // Meta in, meta out: a meta input computes shapes and materializes nothing. Without meta
+  // parameters nothing is adopted either: a call's tensors (functional_call's, say) never replace
+  // the module's own.
+  if (!any_meta || input.is_meta()) return;
   if (from_caller) {
     // Materialization and reset act on the ops' registered parameters: make those the caller's.
     for (size_t i = 0; i < basic_ops_.size(); ++i) {
@@ -104,10 +106,9 @@ void OperationFuser::prepare_parameters(const at::Tensor& input,
       basic_ops_[i]->adopt_parameters(own);
     }
   }
-  // First-forward hooks, on the top-level ops in order (a composite can act), before the
-  // parameters decide anything: meta parameters become real on the input's device here, in place.
+  // On the top-level ops in order (a composite can act), before the parameters decide anything:
+  // meta parameters become real on the input's device here, in place.
   for (const auto& op : ops_) op->pre_first_forward(input);
-  first_forward_done_ = true;
 }
 
 int64_t OperationFuser::first_backward_index(const at::Tensor& input,

@@ -106,7 +106,6 @@ class OperationFuser {
   FuserOptions options_;
   std::shared_ptr<const Routing> routing_;
   int64_t routing_version_ = 0;
-  bool first_forward_done_ = false;
 
   std::shared_ptr<const ParamLayout> param_layout_;
 

@@ -62,9 +62,9 @@ class FusibleOperation : public torch::nn::Module {
   /// on default_parameter_device(). Ops with parameters override this.
   virtual void reset_parameters() {}
 
-  /// Runs before this op's first forward in a fuser, before the fuser looks at parameters: basic
-  /// ops materialize meta parameters on the input's device and initialize them. A future op with
-  /// its own first-use state (FP8 weights, GroupedLinear) hooks in here.
+  /// Runs before a fuser call that finds meta parameters among this op's (the call's, adopted
+  /// first), before the fuser looks at them: basic ops materialize meta parameters on the input's
+  /// device and initialize them. A future op with first-use state (FP8 weights) hooks in here.
   virtual void pre_first_forward(const at::Tensor& input) = 0;
 
   /// Something a fuser call must hold until its backward has run (an op written in Python returns
