@@ -1,5 +1,5 @@
-// Operations, fused operations and fusion functions written in Python (te.ops' protocol): C++
-// trampolines that call back into Python, the OperationContext Python sees, and the registry hooks.
+// Operations and fused operations written in Python (te.ops' protocol): C++ trampolines that call
+// back into Python, and the built-in ops' own forward/backward for Python fused ops.
 #include <fusible/fusible.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
@@ -15,36 +15,6 @@ namespace fusible::python {
 using namespace fusible::ops;
 
 namespace {
-
-// Drops a Python reference from C++ code that may run without the GIL (autograd threads) or after
-// the interpreter has shut down (then the reference is leaked rather than touched).
-void release_with_gil(py::object obj) {
-  if (!obj) return;
-  if (!Py_IsInitialized()) {
-    obj.release();
-    return;
-  }
-  py::gil_scoped_acquire gil;
-  obj = py::object();
-}
-
-// Python attributes of a context live in a dict owned by the C++ context (freed with the GIL).
-py::dict& context_dict(OperationContext& ctx) {
-  if (!ctx.binding_state) {
-    ctx.binding_state = std::shared_ptr<void>(new py::dict(), [](void* p) {
-      auto* d = static_cast<py::dict*>(p);
-      release_with_gil(std::move(*d));
-      delete d;
-    });
-  }
-  return *static_cast<py::dict*>(ctx.binding_state.get());
-}
-
-py::list context_list(const std::vector<OperationContext*>& ctxs) {
-  py::list out;
-  for (auto* c : ctxs) out.append(py::cast(c, py::return_value_policy::reference));
-  return out;
-}
 
 py::list tensor_lists(const TensorLists& lists) {
   py::list out;
@@ -82,13 +52,6 @@ py::tuple result_tuple(const py::object& r, size_t n, const std::string& what) {
   return py::tuple(r);
 }
 
-at::Tensor tensor_or_undefined(const py::handle& obj, const std::string& what) {
-  if (obj.is_none()) return {};
-  TORCH_CHECK_TYPE(THPVariable_Check(obj.ptr()), what, ": expected a tensor or None, got ",
-                   std::string(py::str(py::type::of(obj))));
-  return py::cast<at::Tensor>(obj);
-}
-
 std::vector<std::vector<at::Tensor>> nested_lists(const py::handle& obj,
                                                   const std::vector<size_t>& sizes,
                                                   const std::string& what) {
@@ -111,7 +74,7 @@ at::Tensor call_python_forward(const py::object& self, bool fuser_level,
                                const TensorLists& extra_inputs, TensorLists& extra_outputs,
                                const std::string& name) {
   if (!fuser_level) {
-    auto r = self.attr("op_forward")(py::cast(ctxs[0], py::return_value_policy::reference), input,
+    auto r = self.attr("op_forward")(context_object(ctxs[0]), input,
                                      py::arg("prev_op_grad_output_quantizer") = py::none(),
                                      py::arg("next_op_input_quantizer") = py::none());
     return tensor_or_undefined(r, name + ".op_forward");
@@ -139,7 +102,7 @@ BackwardResult call_python_backward(const py::object& self, bool fuser_level,
                                     const std::string& name) {
   py::object dy = grad_output.defined() ? py::cast(grad_output) : py::none();
   if (!fuser_level) {
-    auto r = self.attr("op_backward")(py::cast(ctxs[0], py::return_value_policy::reference), dy);
+    auto r = self.attr("op_backward")(context_object(ctxs[0]), dy);
     const auto what = name + ".op_backward";
     const auto t = result_tuple(r, 2, what + " (grad_input, parameter grads)");
     return {tensor_or_undefined(t[0], what + " grad_input"),
@@ -155,83 +118,99 @@ BackwardResult call_python_backward(const py::object& self, bool fuser_level,
           nested_lists(t[1], num_params, what + " parameter grads"),
           nested_lists(t[2], num_extra_inputs, what + " extra-input grads")};
 }
-
-// A basic op whose computation is a Python object's op_forward/op_backward or
-// fuser_forward/fuser_backward. Holds the Python object weakly: the Python module owns this.
-class PyBasicOperation : public BasicOperation {
+// The Python object behind a trampoline, held weakly: the Python object owns the trampoline (its
+// `_cpp`), so a strong reference back would be a cycle that Python's GC cannot see. Calls and
+// plans hold it strongly through keep_alive() while they need it.
+class PythonSelf {
  public:
-  PyBasicOperation(py::object self, std::string name, int64_t n_in, int64_t n_out,
-                   bool fuser_forward, bool fuser_backward)
-      : BasicOperation(std::move(name), n_in, n_out),
-        self_(py::weakref(self)),
-        fuser_forward_(fuser_forward),
-        fuser_backward_(fuser_backward) {}
-  ~PyBasicOperation() override { release_with_gil(std::move(self_)); }
-
-  std::shared_ptr<void> keep_alive() const override {
+  explicit PythonSelf(const py::object& self) : ref_(py::weakref(self)) {}
+  ~PythonSelf() { release_with_gil(std::move(ref_)); }
+  /// The object (None once Python has dropped it). Needs the GIL.
+  py::object get() const { return ref_(); }
+  /// The object, or an error naming the op. Needs the GIL.
+  py::object checked(const std::string& op) const {
+    auto s = get();
+    TORCH_CHECK(!s.is_none(), op, ": its Python object no longer exists");
+    return s;
+  }
+  /// A strong reference, released with the GIL wherever the last holder drops it.
+  std::shared_ptr<void> keep_alive(const std::string& op) const {
     py::gil_scoped_acquire gil;
-    return std::shared_ptr<void>(new py::object(self()), [](void* p) {
+    return std::shared_ptr<void>(new py::object(checked(op)), [](void* p) {
       auto* obj = static_cast<py::object*>(p);
       release_with_gil(std::move(*obj));
       delete obj;
     });
   }
 
+ private:
+  py::weakref ref_;
+};
+
+// A basic op whose computation is a Python object's op_forward/op_backward or
+// fuser_forward/fuser_backward.
+class PyBasicOperation : public BasicOperation {
+ public:
+  PyBasicOperation(const py::object& self, std::string name, int64_t n_in, int64_t n_out,
+                   bool fuser_forward, bool fuser_backward)
+      : BasicOperation(std::move(name), n_in, n_out),
+        self_(self),
+        fuser_forward_(fuser_forward),
+        fuser_backward_(fuser_backward) {}
+
+  std::shared_ptr<void> keep_alive() const override { return self_.keep_alive(type_name()); }
+
   std::vector<at::Tensor> op_parameters() const override {
     py::gil_scoped_acquire gil;
     std::vector<at::Tensor> out;
-    for (const auto& item : py::reinterpret_borrow<py::dict>(self().attr("_parameters"))) {
+    const auto params = self_.checked(type_name()).attr("_parameters");
+    for (const auto& item : py::reinterpret_borrow<py::dict>(params)) {
       if (!item.second.is_none()) out.push_back(py::cast<at::Tensor>(item.second));
     }
     return out;
   }
   void reset_parameters() override {
     py::gil_scoped_acquire gil;
-    auto s = self();
+    auto s = self_.checked(type_name());
     if (py::hasattr(s, "reset_parameters")) s.attr("reset_parameters")();
   }
   at::Tensor fuser_forward(const std::vector<OperationContext*>& ctxs, const at::Tensor& input,
                            const TensorLists& extra_inputs, TensorLists& extra_outputs,
                            const ForwardArgs&) override {
     py::gil_scoped_acquire gil;
-    return call_python_forward(self(), fuser_forward_, ctxs, input, extra_inputs, extra_outputs,
-                               type_name());
+    return call_python_forward(self_.checked(type_name()), fuser_forward_, ctxs, input,
+                               extra_inputs, extra_outputs, type_name());
   }
   BackwardResult fuser_backward(const std::vector<OperationContext*>& ctxs,
                                 const at::Tensor& grad_output,
                                 const TensorLists& grad_extra_outputs) override {
     py::gil_scoped_acquire gil;
-    return call_python_backward(self(), fuser_backward_, ctxs, grad_output, grad_extra_outputs,
-                                {op_parameters().size()}, {static_cast<size_t>(num_extra_inputs())},
-                                type_name());
+    return call_python_backward(self_.checked(type_name()), fuser_backward_, ctxs, grad_output,
+                                grad_extra_outputs, {op_parameters().size()},
+                                {static_cast<size_t>(num_extra_inputs())}, type_name());
   }
 
  private:
-  py::object self() const {
-    auto s = self_();
-    TORCH_CHECK(!s.is_none(), type_name(), ": its Python object no longer exists");
-    return s;
-  }
-  py::weakref self_;
+  PythonSelf self_;
   bool fuser_forward_;
   bool fuser_backward_;
 };
 
-// A fused op written in Python. Holds its Python object strongly: a fusion function makes it and
-// the fuser's plan owns it. Directions the Python class leaves out run the basic ops unfused.
+// A fused op written in Python. Directions the Python class leaves out run the basic ops unfused.
+// A fusion function's result is owned by the plan, which holds keep_alive() (bind_fusions.cpp).
 class PyFusedOperation : public FusedOperation {
  public:
-  PyFusedOperation(py::object self, std::string name,
+  PyFusedOperation(const py::object& self, std::string name,
                    std::vector<std::shared_ptr<BasicOperation>> ops, bool has_forward,
                    bool has_backward)
       : FusedOperation(std::move(name), std::move(ops)),
-        self_(std::move(self)),
+        self_(self),
         has_forward_(has_forward),
         has_backward_(has_backward) {
     set_fused_directions(has_forward, has_backward);
   }
-  ~PyFusedOperation() override { release_with_gil(std::move(self_)); }
-  py::object python_object() const { return self_; }
+  py::object python_object() const { return self_.get(); }
+  std::shared_ptr<void> keep_alive() const override { return self_.keep_alive(type_name()); }
 
   at::Tensor fuser_forward(const std::vector<OperationContext*>& ctxs, const at::Tensor& input,
                            const TensorLists& extra_inputs, TensorLists& extra_outputs,
@@ -240,7 +219,8 @@ class PyFusedOperation : public FusedOperation {
       return FusedOperation::fuser_forward(ctxs, input, extra_inputs, extra_outputs, args);
     }
     py::gil_scoped_acquire gil;
-    return call_python_forward(self_, true, ctxs, input, extra_inputs, extra_outputs, type_name());
+    return call_python_forward(self_.checked(type_name()), true, ctxs, input, extra_inputs,
+                               extra_outputs, type_name());
   }
   BackwardResult fuser_backward(const std::vector<OperationContext*>& ctxs,
                                 const at::Tensor& grad_output,
@@ -253,107 +233,28 @@ class PyFusedOperation : public FusedOperation {
       num_params.push_back(op->op_parameters().size());
       num_extra.push_back(static_cast<size_t>(op->num_extra_inputs()));
     }
-    return call_python_backward(self_, true, ctxs, grad_output, grad_extra_outputs, num_params,
-                                num_extra, type_name());
+    return call_python_backward(self_.checked(type_name()), true, ctxs, grad_output,
+                                grad_extra_outputs, num_params, num_extra, type_name());
   }
 
  private:
-  py::object self_;
+  PythonSelf self_;
   bool has_forward_;
   bool has_backward_;
 };
 
-// Wraps a Python fusion function f(ops, *, recipe) -> ops for the C++ registry. `to_python` and
-// `to_cpp` (Python callables) translate between C++ op objects and the user's Python objects.
-FusionFunction python_fusion(py::function f) {
-  auto fn = std::make_shared<py::function>(std::move(f));
-  // The registry may outlive the interpreter's tidy-up; drop the function with the GIL held.
-  std::shared_ptr<py::function> holder(fn.get(), [fn](py::function*) mutable {
-    release_with_gil(std::move(*fn));
-    fn.reset();
-  });
-  return [holder](OpList ops, const FusionContext& ctx) -> OpList {
-    py::gil_scoped_acquire gil;
-    py::object result =
-        (*holder)(ops, py::arg("recipe") = ctx.recipe.empty() ? py::object(py::none())
-                                                              : py::object(py::str(ctx.recipe)));
-    return result.cast<OpList>();
-  };
-}
-
 }  // namespace
 
 void bind_python_ops(py::module_& m) {
-  py::class_<OperationContext>(m, "OperationContext", py::dynamic_attr(),
-                               "Per-call state of one basic op, from its forward to its backward: "
-                               "save_for_backward(*tensors), saved_tensors, requires_grad, "
-                               "input_requires_grad, extra_input_requires_grad, compute_dtype, "
-                               "input_dtype, and any attribute the op sets.")
-      .def("save_for_backward",
-           [](OperationContext& ctx, py::args tensors) {
-             std::vector<at::Tensor> ts;
-             for (const auto& t : tensors)
-               ts.push_back(tensor_or_undefined(t, "save_for_backward"));
-             ctx.save_for_backward(std::move(ts));
-           })
-      .def_property_readonly("saved_tensors",
-                             [](OperationContext& ctx) {
-                               py::list out;
-                               const auto& src =
-                                   ctx.saved_tensors.empty() ? ctx.to_save : ctx.saved_tensors;
-                               for (const auto& t : src) {
-                                 out.append(t.defined() ? py::cast(t) : py::none());
-                               }
-                               return py::tuple(out);
-                             })
-      .def_readwrite("requires_grad", &OperationContext::requires_grad)
-      .def_readwrite("input_requires_grad", &OperationContext::input_requires_grad)
-      .def_readwrite("compute_dtype", &OperationContext::compute_dtype)
-      .def_readwrite("input_dtype", &OperationContext::input_dtype)
-      .def_property_readonly("extra_input_requires_grad",
-                             [](const OperationContext& c) {
-                               return std::vector<bool>(c.extra_input_requires_grad.begin(),
-                                                        c.extra_input_requires_grad.end());
-                             })
-      .def("__getattr__",
-           [](OperationContext& ctx, const std::string& name) -> py::object {
-             auto& d = context_dict(ctx);
-             if (d.contains(name)) return d[py::str(name)];
-             throw py::attribute_error("OperationContext has no attribute '" + name + "'");
-           })
-      .def("__setattr__", [](py::object self, const std::string& name, py::object value) {
-        static const std::set<std::string> kFields{"requires_grad", "input_requires_grad",
-                                                   "compute_dtype", "input_dtype"};
-        if (kFields.count(name)) {
-          py::module_::import("builtins").attr("object").attr("__setattr__")(self, name, value);
-          return;
-        }
-        context_dict(self.cast<OperationContext&>())[py::str(name)] = value;
-      });
-
   py::class_<PyBasicOperation, BasicOperation, std::shared_ptr<PyBasicOperation>>(
       m, "PyBasicOperation")
-      .def(py::init<py::object, std::string, int64_t, int64_t, bool, bool>());
+      .def(py::init<const py::object&, std::string, int64_t, int64_t, bool, bool>());
   py::class_<PyFusedOperation, FusedOperation, std::shared_ptr<PyFusedOperation>>(
       m, "PyFusedOperation")
-      .def(py::init<py::object, std::string, std::vector<std::shared_ptr<BasicOperation>>, bool,
-                    bool>())
+      .def(py::init<const py::object&, std::string, std::vector<std::shared_ptr<BasicOperation>>,
+                    bool, bool>())
       .def_property_readonly("python_object", &PyFusedOperation::python_object);
 
-  m.def(
-      "register_fusion",
-      [](py::function f, const std::string& pass, bool prepend, const std::string& name) {
-        const auto p = pass == "forward"    ? FusionPass::kForward
-                       : pass == "backward" ? FusionPass::kBackward
-                                            : FusionPass::kForwardBackward;
-        return FusionRegistry::instance().add(name, p, python_fusion(std::move(f)), prepend);
-      },
-      py::arg("f"), py::arg("pass_"), py::arg("prepend"), py::arg("name"));
-  m.def("unregister_fusion", [](int64_t id) { return FusionRegistry::instance().remove(id); });
-  py::class_<FusionEntry>(m, "FusionEntry").def_readonly("id", &FusionEntry::id);
-  m.def("snapshot_fusions", [] { return FusionRegistry::instance().snapshot(); });
-  m.def("restore_fusions",
-        [](std::vector<FusionEntry> s) { FusionRegistry::instance().restore(std::move(s)); });
   // Built-in ops from Python fused ops: run a basic op's own forward/backward on a context.
   m.def("basic_op_forward", [](BasicOperation& op, OperationContext& ctx, const at::Tensor& x) {
     return op.op_forward(ctx, x, forward_args_for(x));

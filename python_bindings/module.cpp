@@ -12,7 +12,9 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("cuda_built") = false;
 #endif
+  fusible::python::bind_context(m);
   fusible::python::bind_ops(m);
   fusible::python::bind_fuser(m);
   fusible::python::bind_python_ops(m);
+  fusible::python::bind_fusions(m);
 }

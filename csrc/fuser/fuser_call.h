@@ -18,7 +18,8 @@ struct FuserCall : torch::CustomClassHolder {
   // Shared, immutable snapshots: a re-plan or re-route cannot change a pending backward.
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<const Routing> routing;
-  std::vector<ops::OperationContext> ctxs;  // one per basic op
+  // One per basic op; shared, so a binding can hand them out for as long as its callers hold them.
+  std::vector<std::shared_ptr<ops::OperationContext>> ctxs;
   int64_t first_backward = 0;               // first basic op whose backward runs
   bool input_requires_grad = false;
   std::shared_ptr<const ParamLayout> params;      // parameter positions

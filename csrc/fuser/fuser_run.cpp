@@ -11,7 +11,7 @@ namespace {
 std::vector<ops::OperationContext*> contexts_of(FuserCall& call, const PlannedOp& p) {
   std::vector<ops::OperationContext*> out;
   out.reserve(p.basic_indices.size());
-  for (auto i : p.basic_indices) out.push_back(&call.ctxs[i]);
+  for (auto i : p.basic_indices) out.push_back(call.ctxs[i].get());
   return out;
 }
 
@@ -97,7 +97,7 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
       if (pos >= 0) outputs[pos + 1] = produced[i][s];
     }
   }
-  for (auto& c : call.ctxs) c.params.clear();  // the backward needs only what was saved
+  for (auto& c : call.ctxs) c->params.clear();  // the backward needs only what was saved
   call.output_shape = x.sizes().vec();
   call.output_options = x.options();
   return outputs;

@@ -230,9 +230,9 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
     if (auto k = op->keep_alive()) call->keep_alive.push_back(std::move(k));
   }
   const auto n = static_cast<int64_t>(basic_ops_.size());
-  call->ctxs.resize(n);
+  call->ctxs.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
-    auto& ctx = call->ctxs[i];
+    auto& ctx = *call->ctxs.emplace_back(std::make_shared<ops::OperationContext>());
     ctx.requires_grad = i >= first_backward;
     ctx.input_requires_grad = i > first_backward || (i == 0 && call->input_requires_grad);
     for (auto pos : param_layout_->pos[i]) {
@@ -286,9 +286,9 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
     std::vector<at::Tensor> to_save;
     std::vector<int64_t> sizes;
     for (auto& c : call->ctxs) {
-      sizes.push_back(static_cast<int64_t>(c.to_save.size()));
-      for (auto& t : c.to_save) to_save.push_back(std::move(t));
-      c.to_save.clear();
+      sizes.push_back(static_cast<int64_t>(c->to_save.size()));
+      for (auto& t : c->to_save) to_save.push_back(std::move(t));
+      c->to_save.clear();
     }
     ctx->save_for_backward(to_save);
     ctx->saved_data["sizes"] = c10::IValue(sizes);
@@ -322,11 +322,11 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
     const auto sizes = ctx->saved_data["sizes"].toIntVector();
     size_t k = 0;
     for (size_t i = 0; i < call->ctxs.size(); ++i) {
-      call->ctxs[i].saved_tensors.assign(saved.begin() + k, saved.begin() + k + sizes[i]);
+      call->ctxs[i]->saved_tensors.assign(saved.begin() + k, saved.begin() + k + sizes[i]);
       k += sizes[i];
     }
     auto grads = run_backward(*call, grad_outputs);
-    for (auto& c : call->ctxs) c.saved_tensors.clear();
+    for (auto& c : call->ctxs) c->saved_tensors.clear();
     grads.emplace_back();  // for the call argument
     return grads;
   }

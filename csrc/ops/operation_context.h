@@ -12,7 +12,7 @@ namespace fusible::ops {
 
 /// One per basic op per fuser call. The fuser moves every context's `to_save` into one flat
 /// save_for_backward and hands them back as `saved_tensors` before the backward runs.
-struct OperationContext {
+struct OperationContext : std::enable_shared_from_this<OperationContext> {
   /// Tensors the backward needs (set with save_for_backward during the forward).
   std::vector<at::Tensor> to_save;
   /// The saved tensors, restored for the backward.

@@ -401,3 +401,57 @@ class TestReviewRegressions:
         torch.testing.assert_close(
             torch.autograd.grad(y, [x], dy)[0], torch.autograd.grad(ref, [xr], dy)[0]
         )
+
+
+class KeepsContext(ops.BasicOperation):
+    """y = 2x; keeps its context in a list the test reads after everything else is gone."""
+
+    kept = []
+
+    def op_forward(self, ctx, input_, **unused):
+        ctx.note = "forward ran"
+        ctx.save_for_backward(input_)
+        KeepsContext.kept.append(ctx)
+        return 2 * input_
+
+    def op_backward(self, ctx, grad_output):
+        ctx.note = "backward ran"
+        return 2 * grad_output, []
+
+
+class TestLifetimes:
+    def test_context_kept_by_python_outlives_the_call(self):
+        import gc
+
+        KeepsContext.kept.clear()
+        seq = ops.Sequential(KeepsContext(), ops.ConstantScale(3.0))
+        x = _x(4)
+        seq(x).sum().backward()
+        del seq, x
+        gc.collect()
+        (ctx,) = KeepsContext.kept
+        # The C++ context is shared with Python, not borrowed: still valid, attributes intact.
+        assert ctx.note == "backward ran" and ctx.requires_grad and ctx.input_requires_grad
+        KeepsContext.kept.clear()
+
+    def test_fused_op_from_a_fusion_is_freed_with_its_plan(self):
+        import gc
+        import weakref
+
+        made = []
+
+        def fuse_and_record(ops_list, *, recipe):
+            out = fuse_axpy(ops_list, recipe=recipe)
+            made.extend(weakref.ref(op) for op in out if isinstance(op, Axpy))
+            return out
+
+        ops.register_forward_fusion(fuse_and_record)
+        fuser = ops.OperationFuser([ops.ConstantScale(0.25), ops.AddExtraInput()])
+        x, r = _x(5), _x(5)
+        torch.testing.assert_close(fuser(x, r), 0.25 * x + r)
+        assert made and made[-1]() is not None  # alive while the plan uses it
+        assert isinstance(fuser.forward_ops()[0][0], Axpy)
+        del fuser
+        gc.collect()
+        # No cycle through C++ (which Python's GC cannot see): the fused op is gone with the plan.
+        assert all(ref() is None for ref in made)

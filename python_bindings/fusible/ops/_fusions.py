@@ -37,7 +37,8 @@ def _register(f, pass_, prepend):
         result = f([_to_python(o) for o in cpp_ops], recipe=recipe)
         if not isinstance(result, (list, tuple)):
             raise TypeError(f"fusion {name}: expected a list of ops, got {type(result).__name__}")
-        return [_to_cpp(o, name) for o in result]
+        # With each op its Python object: C++ keeps a Python fused op alive while a plan uses it.
+        return [(_to_cpp(o, name), o) for o in result]
 
     _ids.setdefault(f, []).append(_C.register_fusion(call, pass_, bool(prepend), name))
     return f
