@@ -20,7 +20,7 @@ struct FuserCall : torch::CustomClassHolder {
   std::shared_ptr<const Routing> routing;
   // One per basic op; shared, so a binding can hand them out for as long as its callers hold them.
   std::vector<std::shared_ptr<ops::OperationContext>> ctxs;
-  int64_t first_backward = 0;               // first basic op whose backward runs
+  int64_t first_backward = 0;  // first basic op whose backward runs
   bool input_requires_grad = false;
   std::shared_ptr<const ParamLayout> params;      // parameter positions
   std::vector<at::ScalarType> param_dtypes;       // the call's, per flat parameter (grads match)
