@@ -174,6 +174,19 @@ std::vector<GroupPlan> Sequential::fusion_plan() const {
   return out;
 }
 
+std::shared_ptr<torch::nn::Module> Sequential::clone(
+    const std::optional<c10::Device>& device) const {
+  auto copy = std::make_shared<Sequential>();
+  for (const auto& e : entries_) {
+    if (e.op) {
+      copy->push_back(std::dynamic_pointer_cast<ops::FusibleOperation>(e.op->clone(device)));
+    } else {
+      copy->push_back(e.fn, e.name);
+    }
+  }
+  return copy;
+}
+
 void Sequential::reset_parameters() {
   for (auto& e : entries_) {
     if (e.op) e.op->reset_parameters();

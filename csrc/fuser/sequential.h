@@ -73,6 +73,9 @@ class Sequential : public torch::nn::Module {
   /// entry index). Built on demand for the given named inputs.
   std::vector<std::pair<std::shared_ptr<OperationFuser>, size_t>> groups(
       const std::set<std::string>& named_inputs = {});
+  /// A deep copy: copies of the ops (own parameters, same channels), the same plain steps.
+  std::shared_ptr<torch::nn::Module> clone(
+      const std::optional<c10::Device>& device = std::nullopt) const override;
   /// Re-initializes every op's parameters.
   void reset_parameters();
 

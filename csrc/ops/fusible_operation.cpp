@@ -2,6 +2,7 @@
 #include "ops/fusible_operation.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include "ops/parameter_utils.h"
@@ -26,6 +27,23 @@ BasicOperation::BasicOperation(std::string type_name, int64_t num_extra_inputs,
       num_extra_outputs_(num_extra_outputs),
       input_channels_(num_extra_inputs),
       output_channels_(num_extra_outputs) {}
+
+BasicOperation::BasicOperation(const BasicOperation& other)
+    : FusibleOperation(other),
+      type_name_(other.type_name_),
+      num_extra_inputs_(other.num_extra_inputs_),
+      num_extra_outputs_(other.num_extra_outputs_),
+      input_channels_(other.input_channels_),
+      output_channels_(other.output_channels_) {}
+
+void BasicOperation::own_parameter_copies(const std::optional<c10::Device>& device) {
+  const at::NoGradGuard no_grad;
+  for (auto& item : parameters_) {
+    auto& p = item.value();
+    auto data = device && p.device() != *device ? p.to(*device) : p.clone();
+    p = data.detach().requires_grad_(p.requires_grad());
+  }
+}
 
 void BasicOperation::check_channel_index(const char* what, int64_t index, int64_t size) const {
   TORCH_CHECK_INDEX(index >= 0 && index < size, type_name_, ": ", what, " index ", index,

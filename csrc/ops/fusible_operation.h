@@ -84,6 +84,12 @@ class BasicOperation : public FusibleOperation {
  public:
   BasicOperation(std::string type_name, int64_t num_extra_inputs = 0,
                  int64_t num_extra_outputs = 0);
+  /// A copy with the same configuration and channels (held by no fuser yet), sharing the
+  /// parameters until own_parameter_copies(); clone() is built on it.
+  BasicOperation(const BasicOperation& other);
+  BasicOperation& operator=(const BasicOperation&) = delete;
+  /// Makes each registered parameter a copy of its own (on `device` when given).
+  void own_parameter_copies(const std::optional<c10::Device>& device);
 
   std::string type_name() const override { return type_name_; }
   bool is_fused() const override { return false; }
@@ -192,6 +198,22 @@ class FusedOperation : public FusibleOperation {
  private:
   std::string type_name_;
 };
+
+/// torch::nn::Module::clone() of a basic op class: a deep copy (own parameters, same channels).
+template <typename Op>
+std::shared_ptr<torch::nn::Module> clone_basic_op(const Op& op,
+                                                  const std::optional<c10::Device>& device) {
+  auto copy = std::make_shared<Op>(op);
+  copy->own_parameter_copies(device);
+  return copy;
+}
+
+/// Declares clone() in a basic op class (which needs a copy constructor).
+#define FUSIBLE_CLONEABLE_OP                                                          \
+  std::shared_ptr<torch::nn::Module> clone(const std::optional<c10::Device>& device = \
+                                               std::nullopt) const override {         \
+    return ::fusible::ops::clone_basic_op(*this, device);                             \
+  }
 
 /// ForwardArgs for a call whose input is `input` (torch.autocast state of its device).
 ForwardArgs forward_args_for(const at::Tensor& input);

@@ -30,6 +30,12 @@ Linear::Linear(std::shared_ptr<BasicLinear> linear, std::shared_ptr<Bias> bias)
   if (bias_) register_parameter("bias", bias_->bias(), bias_->bias().requires_grad());
 }
 
+std::shared_ptr<torch::nn::Module> Linear::clone(const std::optional<c10::Device>& device) const {
+  auto linear = std::static_pointer_cast<BasicLinear>(linear_->clone(device));
+  auto bias = bias_ ? std::static_pointer_cast<Bias>(bias_->clone(device)) : nullptr;
+  return std::make_shared<Linear>(std::move(linear), std::move(bias));
+}
+
 void Linear::replace_parameter(const std::string& name, const at::Tensor& value) {
   auto* slot = parameters_.find(name);
   TORCH_CHECK_VALUE(slot != nullptr, "Linear: has no parameter '", name, "'");

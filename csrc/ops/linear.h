@@ -19,6 +19,9 @@ class Linear : public FusedOperation {
   /// Null without bias.
   std::shared_ptr<Bias> bias_op() const { return bias_; }
   at::Tensor& weight() { return linear_->weight(); }
+  /// A deep copy over copies of the basic ops.
+  std::shared_ptr<torch::nn::Module> clone(
+      const std::optional<c10::Device>& device = std::nullopt) const override;
   /// Replaces `weight` or `bias` in this op and in the basic op that owns it.
   void replace_parameter(const std::string& name, const at::Tensor& value);
 

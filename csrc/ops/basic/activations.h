@@ -10,6 +10,7 @@ namespace fusible::ops {
 /// y = act(x), computed in the input's dtype (autocast's when on).
 class ElementwiseActivation : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   ElementwiseActivation(std::string type_name, std::string kind)
       : BasicOperation(std::move(type_name)), kind_(std::move(kind)) {}
   /// Kernel kind: gelu, qgelu, relu, srelu or silu.
@@ -26,6 +27,7 @@ class ElementwiseActivation : public BasicOperation {
 /// x = [a, b] on the last dim; y = act(a) * b (the first half is gated).
 class GatedActivation : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   GatedActivation(std::string type_name, std::string kind)
       : BasicOperation(std::move(type_name)), kind_(std::move(kind)) {}
   /// Kernel kind: glu, geglu, qgeglu, reglu, sreglu or swiglu.
@@ -42,6 +44,7 @@ class GatedActivation : public BasicOperation {
 #define FUSIBLE_ACTIVATION_CLASS(Name, Base, kind) \
   class Name : public Base {                       \
    public:                                         \
+    FUSIBLE_CLONEABLE_OP                           \
     Name() : Base(#Name, kind) {}                  \
   };
 
@@ -61,6 +64,7 @@ FUSIBLE_ACTIVATION_CLASS(SwiGLU, GatedActivation, "swiglu")
 /// GPT-OSS SwiGLU: a = min(a, limit), b = clamp(b, -limit, limit), y = a*sigmoid(alpha*a)*(b+1).
 class ClampedSwiGLU : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   explicit ClampedSwiGLU(double limit = 7.0, double alpha = 1.702)
       : BasicOperation("ClampedSwiGLU"), limit_(limit), alpha_(alpha) {}
   double limit() const { return limit_; }
@@ -78,6 +82,7 @@ class ClampedSwiGLU : public BasicOperation {
 /// y = scales[..., None] * swiglu(x); scales (extra input 0) has x's shape without the last dim.
 class ScaledSwiGLU : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   ScaledSwiGLU() : BasicOperation("ScaledSwiGLU", /*num_extra_inputs=*/1) {}
   at::Tensor fuser_forward(const std::vector<OperationContext*>& ctxs, const at::Tensor& input,
                            const TensorLists& extra_inputs, TensorLists& extra_outputs,

@@ -8,6 +8,7 @@ namespace fusible::ops {
 /// Parameter `weight` [out_features, in_features], kaiming-uniform(a=sqrt(5)) like torch.nn.Linear.
 class BasicLinear : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   BasicLinear(int64_t in_features, int64_t out_features,
               std::optional<c10::Device> device = std::nullopt,
               std::optional<at::ScalarType> dtype = std::nullopt);

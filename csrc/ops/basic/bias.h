@@ -8,6 +8,7 @@ namespace fusible::ops {
 /// Parameter `bias` [size], initialized to zeros.
 class Bias : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   Bias(int64_t size, std::optional<c10::Device> device = std::nullopt,
        std::optional<at::ScalarType> dtype = std::nullopt);
   int64_t size() const { return size_; }

@@ -8,6 +8,7 @@ namespace fusible::ops {
 
 class Dropout : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   explicit Dropout(double p);
   double p() const { return p_; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,

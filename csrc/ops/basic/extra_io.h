@@ -9,6 +9,7 @@ namespace fusible::ops {
 /// y = x + extra (extra input 0). in_place: adds into extra's storage and returns it.
 class AddExtraInput : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   explicit AddExtraInput(bool in_place = false)
       : BasicOperation("AddExtraInput", /*num_extra_inputs=*/1), in_place_(in_place) {}
   bool in_place() const { return in_place_; }
@@ -27,6 +28,7 @@ class AddExtraInput : public BasicOperation {
 /// gradient is accumulated into dy's storage when it can be.
 class MakeExtraOutput : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   explicit MakeExtraOutput(bool in_place = false)
       : BasicOperation("MakeExtraOutput", 0, /*num_extra_outputs=*/1), in_place_(in_place) {}
   bool in_place() const { return in_place_; }

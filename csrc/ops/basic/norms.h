@@ -10,6 +10,7 @@ namespace fusible::ops {
 /// normalized_shape. With zero_centered_gamma the scale applied is (1 + weight).
 class LayerNorm : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5,
             std::optional<c10::Device> device = std::nullopt,
             std::optional<at::ScalarType> dtype = std::nullopt, bool zero_centered_gamma = false);
@@ -33,6 +34,7 @@ class LayerNorm : public BasicOperation {
 /// y = x * rsqrt(mean(x^2) + eps) * weight, over the trailing normalized_shape dims.
 class RMSNorm : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   RMSNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5,
           std::optional<c10::Device> device = std::nullopt,
           std::optional<at::ScalarType> dtype = std::nullopt, bool zero_centered_gamma = false);
@@ -55,6 +57,7 @@ class RMSNorm : public BasicOperation {
 /// y = x * rsqrt(sum(x^2) + eps) over the last dim.
 class L2Normalization : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   explicit L2Normalization(double eps = 1e-6) : BasicOperation("L2Normalization"), eps_(eps) {}
   double eps() const { return eps_; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,

@@ -8,6 +8,7 @@ namespace fusible::ops {
 /// y = x. Saves nothing.
 class Identity : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   Identity() : BasicOperation("Identity") {}
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs&) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
@@ -17,6 +18,7 @@ class Identity : public BasicOperation {
 /// y = x.reshape(shape) (one dim may be -1); the backward reshapes to the input's shape.
 class Reshape : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   explicit Reshape(std::vector<int64_t> shape);
   const std::vector<int64_t>& shape() const { return shape_; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs&) override;
@@ -30,6 +32,7 @@ class Reshape : public BasicOperation {
 /// y = scale * x. Saves nothing.
 class ConstantScale : public BasicOperation {
  public:
+  FUSIBLE_CLONEABLE_OP
   explicit ConstantScale(double scale) : BasicOperation("ConstantScale"), scale_(scale) {}
   double scale() const { return scale_; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs&) override;

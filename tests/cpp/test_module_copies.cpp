@@ -1,0 +1,73 @@
+// C++ modules keep torch::nn::Module's promises: clone() is a deep copy that computes the same with
+// its own parameters and channels (held by no fuser yet), and torch::save / torch::load round-trip.
+#include <ATen/ATen.h>
+#include <fusible/fusible.h>
+#include <gtest/gtest.h>
+#include <torch/serialize.h>
+
+#include <sstream>
+
+namespace fusible::test {
+namespace {
+
+std::shared_ptr<fuser::Sequential> residual_mlp() {
+  const auto cpu = c10::Device(c10::kCPU);
+  auto make = std::make_shared<ops::MakeExtraOutput>();
+  auto add = std::make_shared<ops::AddExtraInput>();
+  make->set_extra_output_channel(0, "residual", /*output_to_caller=*/false);
+  add->set_extra_input_channel(0, "residual");
+  return std::make_shared<fuser::Sequential>(std::vector<std::shared_ptr<ops::FusibleOperation>>{
+      make, std::make_shared<ops::LayerNorm>(std::vector<int64_t>{6}, 1e-5, cpu, at::kDouble),
+      std::make_shared<ops::Linear>(6, 12, true, cpu, at::kDouble), std::make_shared<ops::GELU>(),
+      std::make_shared<ops::Linear>(12, 6, true, cpu, at::kDouble), add});
+}
+
+TEST(ModuleCopies, CloneIsDeepAndComputesTheSame) {
+  auto model = residual_mlp();
+  const auto x = at::randn({3, 6}, at::kDouble);
+  const auto y = model->forward(x)[0];
+  auto copy = std::dynamic_pointer_cast<fuser::Sequential>(model->clone());
+  ASSERT_TRUE(copy);
+  const auto a = model->parameters(), b = copy->parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NE(a[i].data_ptr(), b[i].data_ptr());
+    EXPECT_TRUE(at::equal(a[i], b[i]));
+  }
+  EXPECT_TRUE(at::equal(copy->forward(x)[0], y));  // channels copied too
+  auto lin = std::dynamic_pointer_cast<ops::Linear>(copy->children()[2]);
+  ASSERT_TRUE(lin);
+  EXPECT_EQ(lin->weight().unsafeGetTensorImpl(), lin->linear_op()->weight().unsafeGetTensorImpl());
+  {
+    const at::NoGradGuard no_grad;
+    for (auto& p : copy->parameters()) p.add_(1.0);
+  }
+  EXPECT_TRUE(at::equal(model->forward(x)[0], y));  // the original is untouched
+  EXPECT_FALSE(at::equal(copy->forward(x)[0], y));
+}
+
+TEST(ModuleCopies, CloneOfAHeldOpIsNotLocked) {
+  auto op = std::make_shared<ops::MakeExtraOutput>();
+  fuser::OperationFuser holder({op});
+  ASSERT_TRUE(op->channels_locked());
+  auto copy = std::dynamic_pointer_cast<ops::MakeExtraOutput>(op->clone());
+  ASSERT_TRUE(copy);
+  EXPECT_FALSE(copy->channels_locked());
+  copy->set_extra_output_channel(0, "elsewhere");
+}
+
+TEST(ModuleCopies, SaveAndLoadRoundTrip) {
+  auto model = residual_mlp(), other = residual_mlp();
+  {
+    const at::NoGradGuard no_grad;
+    for (auto& p : other->parameters()) p.normal_();
+  }
+  std::stringstream stream;
+  torch::save(model, stream);
+  torch::load(other, stream);
+  const auto x = at::randn({2, 6}, at::kDouble);
+  EXPECT_TRUE(at::equal(other->forward(x)[0], model->forward(x)[0]));
+}
+
+}  // namespace
+}  // namespace fusible::test
