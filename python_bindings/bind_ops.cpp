@@ -41,7 +41,6 @@ void bind_ops(py::module_& m) {
         "Makes param take value's data while staying the same tensor object (meta included).");
 
   py::class_<BasicOperation, FusibleOperation, std::shared_ptr<BasicOperation>>(m, "BasicOperation")
-      .def("replace_parameter", &BasicOperation::replace_parameter)
       .def("adopt_parameters", &BasicOperation::adopt_parameters)
       .def("parameter_names",
            [](const BasicOperation& op) {
@@ -126,8 +125,7 @@ void bind_ops(py::module_& m) {
   py::class_<Linear, FusedOperation, std::shared_ptr<Linear>>(m, "Linear")
       .def(py::init<int64_t, int64_t, bool, OptDevice, OptDtype>())
       .def(py::init<std::shared_ptr<BasicLinear>, std::shared_ptr<Bias>>(), py::arg("linear"),
-           py::arg("bias") = nullptr)
-      .def("replace_parameter", &Linear::replace_parameter);
+           py::arg("bias") = nullptr);
 }
 
 }  // namespace fusible::python

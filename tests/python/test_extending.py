@@ -455,3 +455,22 @@ class TestLifetimes:
         gc.collect()
         # No cycle through C++ (which Python's GC cannot see): the fused op is gone with the plan.
         assert all(ref() is None for ref in made)
+
+
+class TestCopiesOfPythonOps:
+    def test_deepcopy_of_a_python_op_and_a_python_fusion(self):
+        import copy
+
+        ops.register_forward_fusion(fuse_axpy)
+        model = ops.Sequential(LearnableScale(), ops.ConstantScale(0.25), ops.AddExtraInput())
+        x, r = _x(5), _x(5)
+        y = model(x, r)
+        clone = copy.deepcopy(model)
+        assert clone[0].weight is not model[0].weight
+        torch.testing.assert_close(clone(x, r), y, rtol=0, atol=0)
+        assert clone.fusion_plan() == model.fusion_plan()
+        assert clone.fusion_plan()[0]["forward"] == ["LearnableScale", "Axpy"]
+        with torch.no_grad():
+            clone[0].weight.fill_(2.0)
+        torch.testing.assert_close(clone(x, r), 0.25 * (2.0 * x) + r)
+        torch.testing.assert_close(model(x, r), y, rtol=0, atol=0)
