@@ -42,13 +42,6 @@ void bind_ops(py::module_& m) {
 
   py::class_<BasicOperation, FusibleOperation, std::shared_ptr<BasicOperation>>(m, "BasicOperation")
       .def("adopt_parameters", &BasicOperation::adopt_parameters)
-      .def("parameter_names",
-           [](const BasicOperation& op) {
-             std::vector<std::string> names;
-             for (const auto& item : op.named_parameters(/*recurse=*/false))
-               names.push_back(item.key());
-             return names;
-           })
       .def("set_extra_output_channel",
            [](BasicOperation& op, int64_t index, std::optional<std::string> channel,
               bool output_to_caller) {

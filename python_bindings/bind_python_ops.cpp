@@ -1,7 +1,6 @@
 // Operations and fused operations written in Python (te.ops' protocol): C++ trampolines that call
 // back into Python, and the built-in ops' own forward/backward for Python fused ops.
 #include <fusible/fusible.h>
-#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
@@ -159,6 +158,8 @@ class PyBasicOperation : public BasicOperation {
         fuser_backward_(fuser_backward) {}
 
   std::shared_ptr<void> keep_alive() const override { return self_.keep_alive(type_name()); }
+  // Its parameters are Python's own (op_parameters): nothing registered in C++ to replace.
+  void adopt_parameters(const std::vector<at::Tensor>&) override {}
 
   std::vector<at::Tensor> op_parameters() const override {
     py::gil_scoped_acquire gil;
@@ -186,7 +187,7 @@ class PyBasicOperation : public BasicOperation {
                                 const TensorLists& grad_extra_outputs) override {
     py::gil_scoped_acquire gil;
     return call_python_backward(self_.checked(type_name()), fuser_backward_, ctxs, grad_output,
-                                grad_extra_outputs, {op_parameters().size()},
+                                grad_extra_outputs, {ctxs[0]->param_requires_grad.size()},
                                 {static_cast<size_t>(num_extra_inputs())}, type_name());
   }
 
@@ -229,9 +230,9 @@ class PyFusedOperation : public FusedOperation {
       return FusedOperation::fuser_backward(ctxs, grad_output, grad_extra_outputs);
     py::gil_scoped_acquire gil;
     std::vector<size_t> num_params, num_extra;
-    for (const auto& op : basic_ops_) {
-      num_params.push_back(op->op_parameters().size());
-      num_extra.push_back(static_cast<size_t>(op->num_extra_inputs()));
+    for (size_t k = 0; k < basic_ops_.size(); ++k) {
+      num_params.push_back(ctxs[k]->param_requires_grad.size());  // as the call passed them
+      num_extra.push_back(static_cast<size_t>(basic_ops_[k]->num_extra_inputs()));
     }
     return call_python_backward(self_.checked(type_name()), true, ctxs, grad_output,
                                 grad_extra_outputs, num_params, num_extra, type_name());

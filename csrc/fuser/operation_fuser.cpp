@@ -1,4 +1,4 @@
-// OperationFuser: flattening, parameter cache, planning, and the one autograd node per call.
+// OperationFuser: flattening, each call's parameters, planning, and the one autograd node per call.
 #include "fuser/operation_fuser.h"
 
 #include <ATen/core/grad_mode.h>
@@ -98,17 +98,25 @@ void OperationFuser::prepare_parameters(const at::Tensor& input,
   // parameters nothing is adopted either: a call's tensors (functional_call's, say) never replace
   // the module's own.
   if (!any_meta || input.is_meta()) return;
+  // Materialization and reset act on the ops' registered parameters: make those the caller's,
+  // and put them back if materializing fails (the module is left as it was).
+  std::vector<std::vector<at::Tensor>> previous;
   if (from_caller) {
-    // Materialization and reset act on the ops' registered parameters: make those the caller's.
     for (size_t i = 0; i < basic_ops_.size(); ++i) {
+      previous.push_back(basic_ops_[i]->op_parameters());
       std::vector<at::Tensor> own;
       for (auto pos : param_layout_->pos[i]) own.push_back(params[pos]);
       basic_ops_[i]->adopt_parameters(own);
     }
   }
-  // On the top-level ops in order (a composite can act), before the parameters decide anything:
-  // meta parameters become real on the input's device here, in place.
-  for (const auto& op : ops_) op->pre_first_forward(input);
+  try {
+    // On the top-level ops in order (a composite can act), before the parameters decide
+    // anything: meta parameters become real on the input's device here, in place.
+    for (const auto& op : ops_) op->pre_first_forward(input);
+  } catch (...) {
+    for (size_t i = 0; i < previous.size(); ++i) basic_ops_[i]->adopt_parameters(previous[i]);
+    throw;
+  }
 }
 
 int64_t OperationFuser::first_backward_index(const at::Tensor& input,

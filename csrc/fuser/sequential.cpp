@@ -140,11 +140,17 @@ Sequential::Outputs Sequential::run(const at::Tensor& input,
       group_params.emplace(params->begin() + next_param, params->begin() + next_param + n);
       next_param += n;
     }
-    const GroupRunner run_group = [&](const at::Tensor& in, const std::vector<at::Tensor>& ex) {
-      return g.fuser->forward(in, ex, channels, group_params);
-    };
-    auto out = entries_[g.entry].isolated && around ? around(g.entry, x, extras, run_group)
-                                                    : run_group(x, extras);
+    std::vector<at::Tensor> out;
+    if (entries_[g.entry].isolated && around) {
+      const GroupRunner run_group = [fuser = g.fuser, channels, group_params](
+                                        const at::Tensor& in, const std::vector<at::Tensor>& ex,
+                                        const std::optional<std::vector<at::Tensor>>& p) {
+        return fuser->forward(in, ex, channels, p ? p : group_params);
+      };
+      out = around(g.entry, x, extras, run_group);
+    } else {
+      out = g.fuser->forward(x, extras, channels, group_params);
+    }
     const auto& exported = g.fuser->exported();
     TORCH_CHECK(out.size() == exported.size() + 1, "Sequential: group at entry ", g.entry,
                 " returned ", out.size(), " tensors, expected ", exported.size() + 1);

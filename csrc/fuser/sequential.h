@@ -26,10 +26,12 @@ struct GroupPlan {
 class Sequential : public torch::nn::Module {
  public:
   using TensorFn = std::function<at::Tensor(const at::Tensor&)>;
-  /// Runs one fuser group: (x, its extra inputs) -> [y, exported outputs]
-  /// (OperationFuser::forward).
+  /// Runs one fuser group: (x, its extra inputs, its parameters or nullopt for those the
+  /// Sequential was given) -> [y, exported outputs] (OperationFuser::forward). Holds what it
+  /// needs by value: a binding may keep it.
   using GroupRunner =
-      std::function<std::vector<at::Tensor>(const at::Tensor&, const std::vector<at::Tensor>&)>;
+      std::function<std::vector<at::Tensor>(const at::Tensor&, const std::vector<at::Tensor>&,
+                                            const std::optional<std::vector<at::Tensor>>&)>;
   /// Called instead of an isolated op's group: (entry index, x, extra inputs, the group's runner)
   /// -> what the runner returns, possibly changed (a binding runs the op's forward hooks here).
   using AroundFn = std::function<std::vector<at::Tensor>(

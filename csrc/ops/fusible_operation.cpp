@@ -95,18 +95,9 @@ bool BasicOperation::materialize_meta_parameters(c10::Device device) {
   return any;
 }
 
-void BasicOperation::replace_parameter(const std::string& name, const at::Tensor& value) {
-  auto* slot = parameters_.find(name);
-  TORCH_CHECK_VALUE(slot != nullptr, type_name_, ": has no parameter '", name, "'");
-  TORCH_CHECK_VALUE(value.defined(), type_name_, ": expected a tensor for parameter '", name,
-                    "', got None");
-  TORCH_CHECK(value.sizes() == slot->sizes(), type_name_, ": expected parameter '", name,
-              "' of shape ", slot->sizes(), ", got ", value.sizes());
-  *slot = value;
-}
-
 void BasicOperation::adopt_parameters(const std::vector<at::Tensor>& params) {
-  if (parameters_.size() != params.size()) return;
+  TORCH_CHECK(parameters_.size() == params.size(), type_name_, ": expected ", parameters_.size(),
+              " parameters to adopt, got ", params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     auto& slot = parameters_[i].value();
     if (slot.unsafeGetTensorImpl() != params[i].unsafeGetTensorImpl()) slot = params[i];

@@ -117,11 +117,9 @@ class BasicOperation : public FusibleOperation {
   void pre_first_forward(const at::Tensor& input) override;
   /// Materializes this op's meta parameters in place on `device`; returns whether any was meta.
   bool materialize_meta_parameters(c10::Device device);
-  /// Replaces parameter `name` by another tensor object of the same shape.
-  void replace_parameter(const std::string& name, const at::Tensor& value);
   /// Makes the registered parameters the given ones (a call's parameters, in op_parameters()
   /// order), so that reset_parameters() and materialization act on what the caller computes with.
-  /// A no-op for ops whose parameters are not registered in C++ (ops written in Python).
+  /// Ops whose parameters are not registered in C++ (written in Python) override it.
   virtual void adopt_parameters(const std::vector<at::Tensor>& params);
 
   /// A named extra output: `name` routes it to consumers; `to_caller` keeps it public too.

@@ -36,13 +36,4 @@ std::shared_ptr<torch::nn::Module> Linear::clone(const std::optional<c10::Device
   return std::make_shared<Linear>(std::move(linear), std::move(bias));
 }
 
-void Linear::replace_parameter(const std::string& name, const at::Tensor& value) {
-  auto* slot = parameters_.find(name);
-  TORCH_CHECK_VALUE(slot != nullptr, "Linear: has no parameter '", name, "'");
-  (name == "weight" ? std::static_pointer_cast<BasicOperation>(linear_)
-                    : std::static_pointer_cast<BasicOperation>(bias_))
-      ->replace_parameter(name, value);
-  *slot = value;
-}
-
 }  // namespace fusible::ops

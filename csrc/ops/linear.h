@@ -22,8 +22,6 @@ class Linear : public FusedOperation {
   /// A deep copy over copies of the basic ops.
   std::shared_ptr<torch::nn::Module> clone(
       const std::optional<c10::Device>& device = std::nullopt) const override;
-  /// Replaces `weight` or `bias` in this op and in the basic op that owns it.
-  void replace_parameter(const std::string& name, const at::Tensor& value);
 
  private:
   std::shared_ptr<BasicLinear> linear_;

@@ -97,7 +97,7 @@ TEST(CallParameters, SequentialRunsIsolatedOpsThroughAround) {
                                                  const std::vector<at::Tensor>& extras,
                                                  const fuser::Sequential::GroupRunner& run) {
     seen.push_back(entry);
-    auto out = run(x, extras);
+    auto out = run(x, extras, std::nullopt);
     out[0] = out[0] + 1;  // a hook may replace the output
     return out;
   };

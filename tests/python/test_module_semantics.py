@@ -428,3 +428,38 @@ def test_swapped_in_parameter_of_wrong_shape_is_a_clear_error():
             {"weight": torch.zeros(4, 7, dtype=D, device="cpu")},
             (torch.ones(2, 8, dtype=D, device="cpu"),),
         )
+
+
+class TestReviewRegressions:
+    def test_plain_call_follows_a_channel_change(self):
+        make = ops.MakeExtraOutput()
+        x = torch.randn(2, 3, dtype=D)
+        y, extra = make(x)
+        assert torch.equal(y, x) and torch.equal(extra, x)
+        make.set_extra_output_channel(0, "hidden", output_to_caller=False)
+        y = make(x)  # the output is hidden now: y alone
+        assert isinstance(y, torch.Tensor) and torch.equal(y, x)
+
+    def test_pre_hook_that_sets_the_weight_takes_effect(self):
+        model = _mlp()
+        x = torch.randn(3, 8, dtype=D)
+        zeros = torch.nn.Parameter(torch.zeros(16, 8, dtype=D))
+
+        def swap(module, args):
+            module.weight = zeros
+
+        model[1].register_forward_pre_hook(swap)
+        h = model[0](x)
+        y = model(x)
+        fc2 = model[3]
+        ref = fc2(model[2](torch.zeros(3, 16, dtype=D) + model[1].bias))
+        torch.testing.assert_close(y, ref)
+        y.sum().backward()
+        assert zeros.grad is not None and h.shape == (3, 8)
+
+    def test_copy_keeps_eval_mode(self):
+        model = ops.Sequential(ops.Dropout(0.5)).eval()
+        clone = copy.deepcopy(model)
+        x = torch.randn(64, dtype=D)
+        assert not clone[0].training
+        torch.testing.assert_close(clone(x), x, rtol=0, atol=0)

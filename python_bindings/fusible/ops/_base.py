@@ -1,5 +1,6 @@
-"""Python faces of the C++ operations: each op is a torch.nn.Module whose parameters are the very
-tensors the C++ op computes with (one autograd leaf, one storage)."""
+"""Python faces of the C++ operations: each op is a torch.nn.Module over a C++ op. Its Parameters
+start as the C++ op's own tensors (one autograd leaf, one storage) and each call passes the
+module's current ones (DESIGN.md, "Parameters are call inputs")."""
 
 import weakref
 
@@ -91,7 +92,7 @@ class FusibleOperation(torch.nn.Module):
 
     def _param_sources(self):
         """(module, attribute) of every parameter the C++ basic ops take, in the fuser's order."""
-        return [(self, name) for name in self._cpp.parameter_names()]
+        return [(self, name) for name, _ in self._cpp.own_parameters()]
 
     def __setattr__(self, name, value):
         # Linear's weight/bias are also its basic ops' own: keep those aliases on assignment.
@@ -140,13 +141,14 @@ class FusibleOperation(torch.nn.Module):
         channels = state.pop("_channel_state", None)
         super().__setstate__(state)
         self._attach(self._rebuild_cpp())
+        self._cpp.train(self.training)
         self._restore_channels(channels)
 
     def _rebuild_cpp(self):
         """A new C++ op computing as this one does, holding this module's Parameters."""
         params = [p for p in self._parameters.values() if p is not None]
         cpp = self._make_cpp(torch.device("meta"), params[0].dtype if params else None)
-        cpp.adopt_parameters([getattr(self, n) for n in cpp.parameter_names()])
+        cpp.adopt_parameters([getattr(self, n) for n, _ in cpp.own_parameters()])
         return cpp
 
     def _make_cpp(self, device, dtype):
@@ -163,7 +165,7 @@ class FusibleOperation(torch.nn.Module):
         params = call_parameters(self._param_sources())
         k = 0
         for op in self._cpp.get_basic_ops():
-            n = len(op.parameter_names())
+            n = len(op.own_parameters())
             op.adopt_parameters(params[k : k + n])
             k += n
 
@@ -185,10 +187,11 @@ class FusibleOperation(torch.nn.Module):
         if self._fuser is None:
             # A plain op(x) call never locks the op's channels.
             fuser = _C.OperationFuser([self._cpp], lock_channels=False)
-            self._fuser = (fuser, fuser.exported(), self._param_sources())
-        fuser, exported, sources = self._fuser
+            self._fuser = (fuser, self._param_sources())
+        fuser, sources = self._fuser
         out = fuser.forward(input, list(extra_inputs), [], call_parameters(sources))
-        return unpack_outputs(split_outputs(out, exported)[0])
+        # Read after the call: this fuser does not lock the channels, which may have changed.
+        return unpack_outputs(split_outputs(out, fuser.exported())[0])
 
     def train(self, mode=True):
         super().train(mode)

@@ -253,9 +253,9 @@ class Sequential(torch.nn.Module):
                     cpp.append_op(m._cpp)
                 else:
                     cpp.append_step(_plain_step(m), type(m).__name__)
-            self._cpp, self._hook_flags = cpp, None
-            self._fusible = [m for m in self._modules.values() if isinstance(m, FusibleOperation)]
-            self._param_sources = [src for m in self._fusible for src in m._param_sources()]
+            fusible = [m for m in self._modules.values() if isinstance(m, FusibleOperation)]
+            self._param_sources = [src for m in fusible for src in m._param_sources()]
+            self._cpp, self._hook_flags = cpp, None  # last: a failure above leaves no engine
         if hooks != self._hook_flags:
             for m, h in zip(self._modules.values(), hooks):
                 if h & 2:
@@ -327,7 +327,8 @@ def _run_hooked_op(seq, names):
         result = {}
 
         def forward(input, *extras):
-            result["all"] = run_group(input, list(extras))
+            # Read here, after the pre-hooks, which may have set the op's parameters.
+            result["all"] = run_group(input, list(extras), call_parameters(op._param_sources()))
             return unpack_outputs(split_outputs(result["all"], exported)[0])
 
         op.__dict__["forward"] = forward  # what Module.__call__ runs between the hooks
