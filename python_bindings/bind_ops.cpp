@@ -113,8 +113,17 @@ void bind_ops(py::module_& m) {
       .def(py::init<bool>());
   py::class_<Dropout, BasicOperation, std::shared_ptr<Dropout>>(m, "Dropout")
       .def(py::init<double>());
-  py::class_<ForwardLinearBiasActivation, FusedOperation,
-             std::shared_ptr<ForwardLinearBiasActivation>>(m, "ForwardLinearBiasActivation");
+  // The built-in fused ops, as plans hold them (fusible.ops.fused wraps them for Python).
+#define FUSIBLE_BIND_FUSED(Name) py::class_<Name, FusedOperation, std::shared_ptr<Name>>(m, #Name);
+  FUSIBLE_BIND_FUSED(ForwardLinearBiasActivation)
+  FUSIBLE_BIND_FUSED(ForwardLinearBiasAdd)
+  FUSIBLE_BIND_FUSED(ForwardLinearScaleAdd)
+  FUSIBLE_BIND_FUSED(BackwardLinearAdd)
+  FUSIBLE_BIND_FUSED(BackwardLinearScale)
+  FUSIBLE_BIND_FUSED(BackwardActivationBias)
+  FUSIBLE_BIND_FUSED(BackwardLinearActivationBias)
+  FUSIBLE_BIND_FUSED(BackwardAddRMSNorm)
+#undef FUSIBLE_BIND_FUSED
   py::class_<Linear, FusedOperation, std::shared_ptr<Linear>>(m, "Linear")
       .def(py::init<int64_t, int64_t, bool, OptDevice, OptDtype>())
       .def(py::init<std::shared_ptr<BasicLinear>, std::shared_ptr<Bias>>(), py::arg("linear"),

@@ -197,6 +197,7 @@ std::shared_ptr<const Plan> OperationFuser::plan_for(
   ops::FusionContext fctx;
   fctx.first_backward = first_backward;
   for (size_t i = 0; i < basic_ops_.size(); ++i) {
+    fctx.basic_index[basic_ops_[i].get()] = static_cast<int64_t>(i);
     auto& dtypes = fctx.param_dtypes[basic_ops_[i].get()];
     for (auto pos : param_layout_->pos[i]) dtypes.push_back(param_dtypes[pos]);
   }
@@ -302,16 +303,21 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
     ctx->saved_data["sizes"] = c10::IValue(sizes);
 
     // An output that repeats an earlier output needs its own tensor, or both would share one
-    // gradient slot; an output that is a caller's extra input was written in place.
+    // gradient slot; an output that is a caller's extra input was written in place, and is
+    // marked so, unless it is a leaf that requires grad (as te.ops: its storage holds the sum,
+    // and the output is a view of it whose gradient flows back through this node).
     std::unordered_set<const c10::TensorImpl*> seen;
     std::vector<at::Tensor> dirty;
+    const auto written = [&](const at::Tensor& e, const c10::TensorImpl* impl) {
+      return e.unsafeGetTensorImpl() == impl && !(e.is_leaf() && e.requires_grad());
+    };
     for (auto& out : outputs) {
       const auto* impl = out.unsafeGetTensorImpl();
       for (const auto& e : extras) {
-        if (e.unsafeGetTensorImpl() == impl) dirty.push_back(out);
+        if (written(e, impl)) dirty.push_back(out);
       }
       for (const auto& e : external) {
-        if (e.unsafeGetTensorImpl() == impl) dirty.push_back(out);
+        if (written(e, impl)) dirty.push_back(out);
       }
       if (!seen.insert(impl).second) out = out.alias();
     }

@@ -11,10 +11,29 @@ TORCH_LIBRARY(fusible, m) {
 
   // y = x W^T (+ bias). x: [..., K], weight: [N, K], bias: [N] -> [..., N].
   m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
-  // dx = dy W. dy: [..., N], weight: [N, K] -> [..., K].
-  m.def("linear_dgrad(Tensor dy, Tensor weight) -> Tensor");
-  // dW = dy^T x over all leading dims. dy: [..., N], x: [..., K] -> [N, K].
-  m.def("linear_wgrad(Tensor dy, Tensor x) -> Tensor");
+  // dx = alpha * dy W. dy: [..., N], weight: [N, K] -> [..., K].
+  m.def("linear_dgrad(Tensor dy, Tensor weight, float alpha=1.0) -> Tensor");
+  // dW = alpha * dy^T x over all leading dims. dy: [..., N], x: [..., K] -> [N, K].
+  m.def("linear_wgrad(Tensor dy, Tensor x, float alpha=1.0) -> Tensor");
+
+  // GEMMs with fused epilogues (ForwardLinear*/BackwardLinear* fused ops):
+  // (y, pre) with pre = x W^T + bias and y = act(pre); act in {gelu (tanh), relu}.
+  m.def("linear_bias_act_fwd(Tensor x, Tensor weight, Tensor? bias, str act) -> (Tensor, Tensor)");
+  // alpha * x W^T + bias + other, into a new tensor (other: the output's shape and dtype).
+  m.def("linear_add(Tensor x, Tensor weight, Tensor? bias, Tensor other, float alpha) -> Tensor");
+  // out += alpha * x W^T + bias, in place.
+  m.def("linear_add_(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, float alpha) -> ()");
+  // alpha * dy W + other, into a new tensor (other: dx's shape and dtype).
+  m.def("linear_dgrad_add(Tensor dy, Tensor weight, Tensor other, float alpha) -> Tensor");
+  // The dgrad of the linear after a bias + activation, with the activation's backward and the
+  // bias gradient in its epilogue: dz = dy W, -> (dpre = act'(pre) * dz, dbias = sum of dpre).
+  m.def("linear_dgrad_act_bias(Tensor dy, Tensor weight, Tensor pre, str act) -> (Tensor, Tensor)");
+  // Bias + activation backward: -> (dpre = act'(pre) * dy, dbias = sum of dpre).
+  m.def("bias_act_bwd(Tensor dy, Tensor pre, str act) -> (Tensor, Tensor)");
+  // RMSNorm backward plus the residual's gradient: -> (rmsnorm dx + dextra, dweight).
+  m.def(
+      "rmsnorm_bwd_add(Tensor dy, Tensor x, Tensor rstd, Tensor weight, bool zero_centered_gamma, "
+      "Tensor dextra) -> (Tensor, Tensor)");
 
   // LayerNorm over the trailing weight.shape dims -> (y, mean, rstd), stats over x's leading dims,
   // stats in fp32/fp64.
@@ -95,7 +114,14 @@ TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
                            "add_fwd",
                            "add_",
                            "dropout_fwd",
-                           "dropout_bwd"}) {
+                           "dropout_bwd",
+                           "linear_bias_act_fwd",
+                           "linear_add",
+                           "linear_add_",
+                           "linear_dgrad_add",
+                           "linear_dgrad_act_bias",
+                           "bias_act_bwd",
+                           "rmsnorm_bwd_add"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }
 }

@@ -33,13 +33,14 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight,
   return at::linear(x, weight, bias).contiguous();
 }
 
-at::Tensor linear_dgrad(const at::Tensor& dy, const at::Tensor& weight) {
+at::Tensor linear_dgrad(const at::Tensor& dy, const at::Tensor& weight, double alpha) {
   check_linear_args("linear_dgrad", "dy", dy, weight, weight.size(0),
                     "weight.size(0), out_features");
-  return at::matmul(dy, weight).contiguous();
+  auto dx = at::matmul(dy, weight).contiguous();
+  return alpha == 1.0 ? dx : dx.mul_(alpha);
 }
 
-at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x) {
+at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x, double alpha) {
   FUSIBLE_CHECK_FLOATING("linear_wgrad", "dy", dy);
   FUSIBLE_CHECK_FLOATING("linear_wgrad", "x", x);
   FUSIBLE_CHECK_MIN_DIM("linear_wgrad", "dy", dy, 1);
@@ -50,7 +51,8 @@ at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x) {
   const auto x2 = x.reshape({-1, x.size(-1)});
   TORCH_CHECK(dy2.size(0) == x2.size(0), "linear_wgrad: expected dy and x with the same number of ",
               "rows, got ", dy2.size(0), " and ", x2.size(0));
-  return at::mm(dy2.t(), x2);
+  auto dw = at::mm(dy2.t(), x2);
+  return alpha == 1.0 ? dw : dw.mul_(alpha);
 }
 
 }  // namespace

@@ -32,13 +32,42 @@ T linear_fwd(CT x, CT weight, const std::optional<at::Tensor>& bias) {
   FUSIBLE_OP("linear_fwd", T(CT, CT, const std::optional<at::Tensor>&));
   return op.call(x, weight, bias);
 }
-T linear_dgrad(CT dy, CT weight) {
-  FUSIBLE_OP("linear_dgrad", T(CT, CT));
-  return op.call(dy, weight);
+T linear_dgrad(CT dy, CT weight, double alpha) {
+  FUSIBLE_OP("linear_dgrad", T(CT, CT, double));
+  return op.call(dy, weight, alpha);
 }
-T linear_wgrad(CT dy, CT x) {
-  FUSIBLE_OP("linear_wgrad", T(CT, CT));
-  return op.call(dy, x);
+T linear_wgrad(CT dy, CT x, double alpha) {
+  FUSIBLE_OP("linear_wgrad", T(CT, CT, double));
+  return op.call(dy, x, alpha);
+}
+T2 linear_bias_act_fwd(CT x, CT weight, const std::optional<at::Tensor>& bias,
+                       const std::string& act) {
+  FUSIBLE_OP("linear_bias_act_fwd", T2(CT, CT, const std::optional<at::Tensor>&, c10::string_view));
+  return op.call(x, weight, bias, act);
+}
+T linear_add(CT x, CT weight, const std::optional<at::Tensor>& bias, CT other, double alpha) {
+  FUSIBLE_OP("linear_add", T(CT, CT, const std::optional<at::Tensor>&, CT, double));
+  return op.call(x, weight, bias, other, alpha);
+}
+void linear_add_(CT out, CT x, CT weight, const std::optional<at::Tensor>& bias, double alpha) {
+  FUSIBLE_OP("linear_add_", void(CT, CT, CT, const std::optional<at::Tensor>&, double));
+  op.call(out, x, weight, bias, alpha);
+}
+T linear_dgrad_add(CT dy, CT weight, CT other, double alpha) {
+  FUSIBLE_OP("linear_dgrad_add", T(CT, CT, CT, double));
+  return op.call(dy, weight, other, alpha);
+}
+T2 linear_dgrad_act_bias(CT dy, CT weight, CT pre, const std::string& act) {
+  FUSIBLE_OP("linear_dgrad_act_bias", T2(CT, CT, CT, c10::string_view));
+  return op.call(dy, weight, pre, act);
+}
+T2 bias_act_bwd(CT dy, CT pre, const std::string& act) {
+  FUSIBLE_OP("bias_act_bwd", T2(CT, CT, c10::string_view));
+  return op.call(dy, pre, act);
+}
+T2 rmsnorm_bwd_add(CT dy, CT x, CT rstd, CT weight, bool zero_centered_gamma, CT dextra) {
+  FUSIBLE_OP("rmsnorm_bwd_add", T2(CT, CT, CT, CT, bool, CT));
+  return op.call(dy, x, rstd, weight, zero_centered_gamma, dextra);
 }
 T3 layernorm_fwd(CT x, CT weight, CT bias, double eps, bool zcg) {
   FUSIBLE_OP("layernorm_fwd", T3(CT, CT, CT, double, bool));

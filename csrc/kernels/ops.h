@@ -18,10 +18,39 @@ at::Tensor bias_bwd(const at::Tensor& dy);
 /// y = x W^T (+ bias). x: [..., K], weight: [N, K] -> [..., N].
 at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight,
                       const std::optional<at::Tensor>& bias);
-/// dx = dy W. dy: [..., N] -> [..., K].
-at::Tensor linear_dgrad(const at::Tensor& dy, const at::Tensor& weight);
-/// dW = dy^T x. -> [N, K].
-at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x);
+/// dx = alpha * dy W. dy: [..., N] -> [..., K].
+at::Tensor linear_dgrad(const at::Tensor& dy, const at::Tensor& weight, double alpha = 1.0);
+/// dW = alpha * dy^T x. -> [N, K].
+at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x, double alpha = 1.0);
+
+/// GEMMs with fused epilogues; act in {gelu, relu}.
+/// -> (act(pre), pre) with pre = x W^T + bias.
+std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,
+                                                       const at::Tensor& weight,
+                                                       const std::optional<at::Tensor>& bias,
+                                                       const std::string& act);
+/// alpha * x W^T + bias + other (a new tensor).
+at::Tensor linear_add(const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias, const at::Tensor& other, double alpha);
+/// out += alpha * x W^T + bias.
+void linear_add_(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                 const std::optional<at::Tensor>& bias, double alpha);
+/// alpha * dy W + other (a new tensor).
+at::Tensor linear_dgrad_add(const at::Tensor& dy, const at::Tensor& weight, const at::Tensor& other,
+                            double alpha);
+/// -> (act'(pre) * (dy W), its sum over leading dims).
+std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias(const at::Tensor& dy,
+                                                         const at::Tensor& weight,
+                                                         const at::Tensor& pre,
+                                                         const std::string& act);
+/// -> (act'(pre) * dy, its sum over leading dims).
+std::tuple<at::Tensor, at::Tensor> bias_act_bwd(const at::Tensor& dy, const at::Tensor& pre,
+                                                const std::string& act);
+/// -> (rmsnorm_bwd's dx + dextra, dweight).
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor& dy, const at::Tensor& x,
+                                                   const at::Tensor& rstd, const at::Tensor& weight,
+                                                   bool zero_centered_gamma,
+                                                   const at::Tensor& dextra);
 
 /// -> (y, mean, rstd), stats over x's leading dims.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd(const at::Tensor& x,

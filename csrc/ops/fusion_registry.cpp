@@ -3,10 +3,16 @@
 
 #include <algorithm>
 
+#include "ops/fused/builtin_fusions.h"
+
 namespace fusible::ops {
 
 FusionRegistry& FusionRegistry::instance() {
-  static FusionRegistry registry;
+  static FusionRegistry registry = [] {
+    FusionRegistry r;
+    register_builtin_fusions(r);
+    return r;
+  }();
   return registry;
 }
 

@@ -25,6 +25,14 @@ struct FusionContext {
   /// The call's parameter dtypes, per basic op (fusion preconditions may compare them: a plan is
   /// cached per dtype signature).
   std::unordered_map<const BasicOperation*, std::vector<at::ScalarType>> param_dtypes;
+  /// Each basic op's index in the fuser (backward fusions compare it with first_backward).
+  std::unordered_map<const BasicOperation*, int64_t> basic_index;
+
+  /// Whether `op`'s backward runs in the call being planned.
+  bool runs_backward(const BasicOperation& op) const {
+    const auto it = basic_index.find(&op);
+    return it != basic_index.end() && it->second >= first_backward;
+  }
 
   /// Dtype of parameter i of `op` in the call being planned.
   at::ScalarType param_dtype(const BasicOperation& op, size_t i) const {

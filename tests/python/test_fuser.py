@@ -32,20 +32,27 @@ class TestOperationFuser:
         y = fuser(x)
         torch.testing.assert_close(y, _ref_mlp(mods, x))
         plan = fuser.forward_ops()
-        assert [idx for _, idx in plan] == [[0], [1, 2], [3], [4, 5]]
-        assert plan[0][0] is mods[0] and plan[2][0] is mods[2]
+        # GELU goes into the first GEMM's epilogue; the second linear has no activation after it.
+        assert [idx for _, idx in plan] == [[0], [1, 2, 3], [4, 5]]
+        assert plan[0][0] is mods[0]
         fused = plan[1][0]
         assert isinstance(fused, ops.fused.ForwardLinearBiasActivation)
-        assert fused.basic_ops == mods[1].basic_ops
+        assert list(fused.basic_ops) == [*mods[1].basic_ops, mods[2]]
         assert fuser.fusion_plan()[0]["forward"] == [
             "LayerNorm",
             "ForwardLinearBiasActivation",
-            "GELU",
             "ForwardLinearBiasActivation",
         ]
+        # Backward: Bias + GELU go into the second linear's dgrad epilogue.
         backward = fuser.backward_ops()
-        assert [idx for _, idx in backward] == [[0], [1], [2], [3], [4], [5]]
+        assert [idx for _, idx in backward] == [[0], [1], [2, 3, 4], [5]]
         assert backward[1][0] is mods[1].basic_ops[0]
+        assert fuser.fusion_plan()[0]["backward"] == [
+            "LayerNorm",
+            "BasicLinear",
+            "BackwardLinearActivationBias",
+            "Bias",
+        ]
 
     def test_one_autograd_node_and_gradients(self):
         mods = _mlp()
@@ -238,8 +245,8 @@ class TestSequential:
         plan = seq.fusion_plan()
         assert plan == [
             {
-                "forward": ["ForwardLinearBiasActivation", "GELU"],
-                "backward": ["BasicLinear", "Bias", "GELU"],
+                "forward": ["ForwardLinearBiasActivation"],
+                "backward": ["BasicLinear", "BackwardActivationBias"],
             },
             {"module": "Tanh"},
             {"forward": ["Bias"], "backward": ["Bias"]},

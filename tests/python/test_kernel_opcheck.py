@@ -44,6 +44,16 @@ def _cases(device):
         (F.dropout_bwd, (dy8, mask, 0.3)),
         (F.bias_fwd, (x, lnb)),
         (F.bias_bwd, (dy8,)),
+        *[(F.linear_bias_act_fwd, (x, w, bb, act)) for bb in (b, None) for act in ("gelu", "relu")],
+        (F.linear_add, (x, w, b, r(6, 5), 0.5)),
+        (F.linear_add, (x, w, None, r(6, 5), 1.0)),
+        (F.linear_add_, (r(6, 5), x, w, b, 2.0)),
+        (F.linear_dgrad, (dy5, w, 0.25)),
+        (F.linear_wgrad, (dy5, x, 0.25)),
+        (F.linear_dgrad_add, (dy5, w, r(6, 8), 0.5)),
+        *[(F.linear_dgrad_act_bias, (dy5, w, r(6, 8), act)) for act in ("gelu", "relu")],
+        *[(F.bias_act_bwd, (dy8, r(6, 8), act)) for act in ("gelu", "relu")],
+        (F.rmsnorm_bwd_add, (dy8, x, rrstd, lnw, False, r(6, 8))),
     ]
 
 

@@ -21,12 +21,17 @@ void check_even_last_dim(const char* op, const at::Tensor& x) {
 
 }  // namespace
 
+at::Tensor ElementwiseActivation::prepare_forward(OperationContext& ctx, const at::Tensor& x,
+                                                  const ForwardArgs& args) {
+  ctx.compute_dtype = activation_dtype(type_name().c_str(), x, args);
+  auto xc = cast_to(x, ctx.compute_dtype);
+  if (ctx.requires_grad) ctx.save_for_backward({xc});
+  return xc;
+}
+
 at::Tensor ElementwiseActivation::op_forward(OperationContext& ctx, const at::Tensor& x,
                                              const ForwardArgs& args) {
-  ctx.compute_dtype = activation_dtype(type_name().c_str(), x, args);
-  const auto xc = cast_to(x, ctx.compute_dtype);
-  if (ctx.requires_grad) ctx.save_for_backward({xc});
-  return kernels::activation_fwd(xc, kind_);
+  return kernels::activation_fwd(prepare_forward(ctx, x, args), kind_);
 }
 
 std::pair<at::Tensor, std::vector<at::Tensor>> ElementwiseActivation::op_backward(

@@ -17,6 +17,9 @@ class ElementwiseActivation : public BasicOperation {
   const std::string& kind() const { return kind_; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
+  /// Checks x, fills ctx as the forward does (saves x in the compute dtype) and returns x in that
+  /// dtype; a fused forward that applies the activation itself calls this.
+  at::Tensor prepare_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args);
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
 

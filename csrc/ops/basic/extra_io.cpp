@@ -15,15 +15,15 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ct
               input.sizes(), " (the input's), got ", extra.sizes());
   TORCH_CHECK(extra.device() == input.device(), "AddExtraInput: expected extra input on ",
               input.device(), ", got ", extra.device());
-  // In place only into a tensor the caller supplied: a tensor from a channel may be another op's
-  // input or saved tensor (MakeExtraOutput hands out its input itself).
-  const bool from_caller =
-      ctxs.at(0)->extra_input_from_caller.empty() || ctxs.at(0)->extra_input_from_caller.at(0);
-  if (!in_place_ || !from_caller || extra.unsafeGetTensorImpl() == input.unsafeGetTensorImpl()) {
-    return kernels::add_fwd(input, extra);
-  }
+  if (!writes_in_place(*ctxs.at(0), input, extra)) return kernels::add_fwd(input, extra);
   kernels::add_(extra, input);
   return extra;
+}
+
+bool AddExtraInput::writes_in_place(const OperationContext& ctx, const at::Tensor& x,
+                                    const at::Tensor& extra) const {
+  const bool from_caller = ctx.extra_input_from_caller.empty() || ctx.extra_input_from_caller.at(0);
+  return in_place_ && from_caller && extra.unsafeGetTensorImpl() != x.unsafeGetTensorImpl();
 }
 
 BackwardResult AddExtraInput::fuser_backward(const std::vector<OperationContext*>&,

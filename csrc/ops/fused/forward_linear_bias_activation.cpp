@@ -1,15 +1,21 @@
-// ForwardLinearBiasActivation and its registration as a built-in forward fusion.
+// ForwardLinearBiasActivation.
 #include "ops/fused/forward_linear_bias_activation.h"
 
 #include "kernels/ops.h"
+#include "ops/fused/fusion_window.h"
 
 namespace fusible::ops {
 
-ForwardLinearBiasActivation::ForwardLinearBiasActivation(std::shared_ptr<BasicLinear> linear,
-                                                         std::shared_ptr<Bias> bias)
-    : FusedOperation("ForwardLinearBiasActivation", {linear, bias}),
+ForwardLinearBiasActivation::ForwardLinearBiasActivation(
+    std::shared_ptr<BasicLinear> linear, std::shared_ptr<Bias> bias,
+    std::shared_ptr<ElementwiseActivation> activation)
+    : FusedOperation("ForwardLinearBiasActivation",
+                     activation
+                         ? std::vector<std::shared_ptr<BasicOperation>>{linear, bias, activation}
+                         : std::vector<std::shared_ptr<BasicOperation>>{linear, bias}),
       linear_(std::move(linear)),
-      bias_(std::move(bias)) {
+      bias_(std::move(bias)),
+      activation_(std::move(activation)) {
   set_fused_directions(/*forward=*/true, /*backward=*/false);
 }
 
@@ -22,30 +28,28 @@ at::Tensor ForwardLinearBiasActivation::fuser_forward(const std::vector<Operatio
   // The bias op sees the GEMM's output: same device and dtype as x after the cast.
   bias_ctx.input_dtype = linear_ctx.compute_dtype;
   const auto b = bias_->prepare_forward(bias_ctx, args);
-  return kernels::linear_fwd(x, w, b);
+  if (!activation_) return kernels::linear_fwd(x, w, b);
+  auto [y, pre] = kernels::linear_bias_act_fwd(x, w, b, activation_->kind());
+  ctxs.at(2)->input_dtype = bias_ctx.compute_dtype;
+  activation_->prepare_forward(*ctxs.at(2), pre, args);  // saves pre, as the unfused op would
+  return y;
 }
 
 OpList fuse_forward_linear_bias_activation(OpList ops, const FusionContext& fctx) {
-  OpList out;
-  out.reserve(ops.size());
-  for (size_t i = 0; i < ops.size(); ++i) {
-    auto linear = std::dynamic_pointer_cast<BasicLinear>(ops[i]);
-    auto bias = i + 1 < ops.size() ? std::dynamic_pointer_cast<Bias>(ops[i + 1]) : nullptr;
-    if (linear && bias && bias->size() == linear->out_features() &&
-        fctx.param_dtype(*bias, 0) == fctx.param_dtype(*linear, 0)) {
-      out.push_back(std::make_shared<ForwardLinearBiasActivation>(linear, bias));
-      ++i;
-    } else {
-      out.push_back(ops[i]);
+  return fuse_windows(ops, [&](const OpList& list, size_t i) {
+    std::pair<std::shared_ptr<FusibleOperation>, size_t> none{nullptr, 0};
+    auto linear = op_at<BasicLinear>(list, i);
+    auto bias = op_at<Bias>(list, i + 1);
+    if (!linear || !bias || bias->size() != linear->out_features() ||
+        fctx.param_dtype(*bias, 0) != fctx.param_dtype(*linear, 0)) {
+      return none;
     }
-  }
-  return out;
+    // The epilogue activations cuBLASLt has: GELU (tanh) and ReLU.
+    std::shared_ptr<ElementwiseActivation> act = op_at<GELU>(list, i + 2);
+    if (!act) act = op_at<ReLU>(list, i + 2);
+    return std::pair<std::shared_ptr<FusibleOperation>, size_t>{
+        std::make_shared<ForwardLinearBiasActivation>(linear, bias, act), act ? 3 : 2};
+  });
 }
-
-namespace {
-// Built-in fusions register when libfusible loads, before any user registration.
-[[maybe_unused]] const int64_t kRegistered = FusionRegistry::instance().add(
-    "ForwardLinearBiasActivation", FusionPass::kForward, fuse_forward_linear_bias_activation);
-}  // namespace
 
 }  // namespace fusible::ops

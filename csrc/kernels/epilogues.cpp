@@ -1,0 +1,106 @@
+// The ops behind the fused ops (GEMMs with epilogues, bias + activation backward, RMSNorm backward
+// with the residual gradient): their reference implementation composes the basic kernel ops, so it
+// rounds as the unfused ops do and runs on CPU, CUDA and Meta. CUDA gets its own kernels (cuBLASLt
+// epilogues) registered under the CUDA key.
+#include <torch/library.h>
+
+#include <string_view>
+
+#include "common/checks.h"
+#include "kernels/ops.h"
+
+namespace fusible::kernels {
+namespace {
+
+// The activations a GEMM epilogue can apply (cuBLASLt: GELU tanh, ReLU).
+void check_epilogue_act(const char* op, std::string_view act) {
+  TORCH_CHECK_VALUE(act == "gelu" || act == "relu", op, ": expected act in {gelu, relu}, got '",
+                    act, "'");
+}
+
+void check_other(const char* op, const char* name, const at::Tensor& other,
+                 const at::Tensor& result) {
+  TORCH_CHECK(other.sym_sizes().equals(result.sym_sizes()), op, ": expected ", name, " of shape ",
+              result.sym_sizes(), ", got ", other.sym_sizes());
+  FUSIBLE_CHECK_SAME_DTYPE(op, "the result", result, name, other);
+  FUSIBLE_CHECK_SAME_DEVICE(op, "the result", result, name, other);
+}
+
+// alpha * x W^T + bias.
+at::Tensor scaled_linear(const at::Tensor& x, const at::Tensor& weight,
+                         const std::optional<at::Tensor>& bias, double alpha) {
+  if (alpha == 1.0) return linear_fwd(x, weight, bias);
+  auto y = scale_fwd(linear_fwd(x, weight, std::nullopt), alpha);
+  return bias ? bias_fwd(y, *bias) : y;
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd_ref(const at::Tensor& x,
+                                                           const at::Tensor& weight,
+                                                           const std::optional<at::Tensor>& bias,
+                                                           c10::string_view act) {
+  check_epilogue_act("linear_bias_act_fwd", act);
+  auto pre = linear_fwd(x, weight, bias);
+  auto y = activation_fwd(pre, std::string(act));
+  return {std::move(y), std::move(pre)};
+}
+
+at::Tensor linear_add_ref(const at::Tensor& x, const at::Tensor& weight,
+                          const std::optional<at::Tensor>& bias, const at::Tensor& other,
+                          double alpha) {
+  auto y = scaled_linear(x, weight, bias, alpha);
+  check_other("linear_add", "other", other, y);
+  return add_fwd(y, other);
+}
+
+void linear_add__ref(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                     const std::optional<at::Tensor>& bias, double alpha) {
+  const auto y = scaled_linear(x, weight, bias, alpha);
+  check_other("linear_add_", "out", out, y);
+  add_(out, y);
+}
+
+at::Tensor linear_dgrad_add_ref(const at::Tensor& dy, const at::Tensor& weight,
+                                const at::Tensor& other, double alpha) {
+  auto dx = linear_dgrad(dy, weight, alpha);
+  check_other("linear_dgrad_add", "other", other, dx);
+  return add_fwd(dx, other);
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_act_bwd_ref(const at::Tensor& dy, const at::Tensor& pre,
+                                                    c10::string_view act) {
+  check_epilogue_act("bias_act_bwd", act);
+  auto dpre = activation_bwd(dy, pre, std::string(act));
+  auto dbias = bias_bwd(dpre);
+  return {std::move(dpre), std::move(dbias)};
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias_ref(const at::Tensor& dy,
+                                                             const at::Tensor& weight,
+                                                             const at::Tensor& pre,
+                                                             c10::string_view act) {
+  check_epilogue_act("linear_dgrad_act_bias", act);
+  return bias_act_bwd_ref(linear_dgrad(dy, weight), pre, act);
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_ref(const at::Tensor& dy, const at::Tensor& x,
+                                                       const at::Tensor& rstd,
+                                                       const at::Tensor& weight,
+                                                       bool zero_centered_gamma,
+                                                       const at::Tensor& dextra) {
+  auto [dx, dw] = rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
+  return {add_fwd(dx, dextra), std::move(dw)};  // in dx's dtype; add_fwd checks the shape
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
+  m.impl("linear_bias_act_fwd", &linear_bias_act_fwd_ref);
+  m.impl("linear_add", &linear_add_ref);
+  m.impl("linear_add_", &linear_add__ref);
+  m.impl("linear_dgrad_add", &linear_dgrad_add_ref);
+  m.impl("linear_dgrad_act_bias", &linear_dgrad_act_bias_ref);
+  m.impl("bias_act_bwd", &bias_act_bwd_ref);
+  m.impl("rmsnorm_bwd_add", &rmsnorm_bwd_add_ref);
+}
+
+}  // namespace fusible::kernels

@@ -1,0 +1,52 @@
+// BackwardLinearActivationBias.
+#include "ops/fused/backward_linear_activation_bias.h"
+
+#include "kernels/ops.h"
+#include "ops/fused/backward_activation_bias.h"
+#include "ops/fused/fusion_window.h"
+
+namespace fusible::ops {
+
+BackwardLinearActivationBias::BackwardLinearActivationBias(
+    std::shared_ptr<Bias> bias, std::shared_ptr<ElementwiseActivation> activation,
+    std::shared_ptr<BasicLinear> linear)
+    : FusedOperation("BackwardLinearActivationBias", {bias, activation, linear}),
+      kind_(activation->kind()) {
+  set_fused_directions(/*forward=*/false, /*backward=*/true);
+}
+
+BackwardResult BackwardLinearActivationBias::fuser_backward(
+    const std::vector<OperationContext*>& ctxs, const at::Tensor& grad_output, const TensorLists&) {
+  const auto& act_ctx = *ctxs.at(1);
+  const auto& linear_ctx = *ctxs.at(2);
+  const auto& h = linear_ctx.saved_tensors.at(0);  // the activation's output, for the wgrad
+  const auto& w = linear_ctx.saved_tensors.at(1);  // saved: the bias's backward runs
+  const auto& pre = act_ctx.saved_tensors.at(0);
+  const auto dy = cast_to(grad_output, linear_ctx.compute_dtype);
+  at::Tensor dw;
+  if (h.defined()) dw = kernels::linear_wgrad(dy, h);
+  at::Tensor dpre, dbias;
+  if (pre.scalar_type() == linear_ctx.compute_dtype) {
+    std::tie(dpre, dbias) = kernels::linear_dgrad_act_bias(dy, w, pre, kind_);
+  } else {  // mixed dtypes: the dgrad rounds to the activation's dtype first, as unfused
+    std::tie(dpre, dbias) =
+        kernels::bias_act_bwd(cast_to(kernels::linear_dgrad(dy, w), pre.scalar_type()), pre, kind_);
+  }
+  if (!ctxs.at(0)->param_requires_grad.at(0)) dbias = at::Tensor();
+  return {dpre, {{dbias}, {}, {dw}}, {{}, {}, {}}};
+}
+
+OpList fuse_backward_linear_activation_bias(OpList ops, const FusionContext& fctx) {
+  return fuse_windows(ops, [&](const OpList& list, size_t i) {
+    auto bias = op_at<Bias>(list, i);
+    auto act = epilogue_activation_at(list, i + 1);
+    auto linear = op_at<BasicLinear>(list, i + 2);
+    if (!bias || !act || !linear || !fctx.runs_backward(*bias)) {
+      return std::pair<std::shared_ptr<FusibleOperation>, size_t>{nullptr, 0};
+    }
+    return std::pair<std::shared_ptr<FusibleOperation>, size_t>{
+        std::make_shared<BackwardLinearActivationBias>(bias, act, linear), 3};
+  });
+}
+
+}  // namespace fusible::ops

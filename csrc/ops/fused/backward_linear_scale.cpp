@@ -1,0 +1,40 @@
+// BackwardLinearScale.
+#include "ops/fused/backward_linear_scale.h"
+
+#include "kernels/ops.h"
+#include "ops/fused/fusion_window.h"
+
+namespace fusible::ops {
+
+BackwardLinearScale::BackwardLinearScale(std::shared_ptr<BasicLinear> linear,
+                                         std::shared_ptr<ConstantScale> scale)
+    : FusedOperation("BackwardLinearScale", {linear, scale}), scale_(scale->scale()) {
+  set_fused_directions(/*forward=*/false, /*backward=*/true);
+}
+
+BackwardResult BackwardLinearScale::fuser_backward(const std::vector<OperationContext*>& ctxs,
+                                                   const at::Tensor& grad_output,
+                                                   const TensorLists&) {
+  const auto& ctx = *ctxs.at(0);
+  const auto& x = ctx.saved_tensors.at(0);
+  const auto& w = ctx.saved_tensors.at(1);
+  const auto dy = cast_to(grad_output, ctx.compute_dtype);
+  at::Tensor dx, dw;
+  if (w.defined()) dx = kernels::linear_dgrad(dy, w, scale_);
+  if (x.defined()) dw = kernels::linear_wgrad(dy, x, scale_);
+  return {dx, {{dw}, {}}, {{}, {}}};
+}
+
+OpList fuse_backward_linear_scale(OpList ops, const FusionContext& fctx) {
+  return fuse_windows(ops, [&](const OpList& list, size_t i) {
+    auto linear = op_at<BasicLinear>(list, i);
+    auto scale = op_at<ConstantScale>(list, i + 1);
+    if (!linear || !scale || !fctx.runs_backward(*linear)) {
+      return std::pair<std::shared_ptr<FusibleOperation>, size_t>{nullptr, 0};
+    }
+    return std::pair<std::shared_ptr<FusibleOperation>, size_t>{
+        std::make_shared<BackwardLinearScale>(linear, scale), 2};
+  });
+}
+
+}  // namespace fusible::ops

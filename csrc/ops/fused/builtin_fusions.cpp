@@ -1,0 +1,31 @@
+// The ordered registration of every built-in fusion.
+#include "ops/fused/builtin_fusions.h"
+
+#include "ops/fused/backward_activation_bias.h"
+#include "ops/fused/backward_add_rmsnorm.h"
+#include "ops/fused/backward_linear_activation_bias.h"
+#include "ops/fused/backward_linear_add.h"
+#include "ops/fused/backward_linear_scale.h"
+#include "ops/fused/forward_linear_bias_activation.h"
+#include "ops/fused/forward_linear_bias_add.h"
+#include "ops/fused/forward_linear_scale_add.h"
+
+namespace fusible::ops {
+
+void register_builtin_fusions(FusionRegistry& registry) {
+  // Forward: the residual add first (it takes the Bias that BiasActivation would otherwise take).
+  registry.add("ForwardLinearBiasAdd", FusionPass::kForward, fuse_forward_linear_bias_add);
+  registry.add("ForwardLinearBiasActivation", FusionPass::kForward,
+               fuse_forward_linear_bias_activation);
+  registry.add("ForwardLinearScaleAdd", FusionPass::kForward, fuse_forward_linear_scale_add);
+  // Backward: ours (Bias + activation inside the next linear's dgrad) before
+  // BackwardActivationBias, which would otherwise take the Bias + activation pair alone.
+  registry.add("BackwardLinearAdd", FusionPass::kBackward, fuse_backward_linear_add);
+  registry.add("BackwardLinearScale", FusionPass::kBackward, fuse_backward_linear_scale);
+  registry.add("BackwardLinearActivationBias", FusionPass::kBackward,
+               fuse_backward_linear_activation_bias);
+  registry.add("BackwardActivationBias", FusionPass::kBackward, fuse_backward_activation_bias);
+  registry.add("BackwardAddRMSNorm", FusionPass::kBackward, fuse_backward_add_rmsnorm);
+}
+
+}  // namespace fusible::ops

@@ -1,0 +1,72 @@
+// ForwardLinearBiasAdd.
+#include "ops/fused/forward_linear_bias_add.h"
+
+#include "kernels/ops.h"
+#include "ops/fused/fusion_window.h"
+
+namespace fusible::ops {
+
+ForwardLinearBiasAdd::ForwardLinearBiasAdd(std::shared_ptr<BasicLinear> linear,
+                                           std::shared_ptr<Bias> bias,
+                                           std::shared_ptr<AddExtraInput> add)
+    : FusedOperation("ForwardLinearBiasAdd",
+                     bias ? std::vector<std::shared_ptr<BasicOperation>>{linear, bias, add}
+                          : std::vector<std::shared_ptr<BasicOperation>>{linear, add}),
+      linear_(std::move(linear)),
+      bias_(std::move(bias)),
+      add_(std::move(add)) {
+  set_fused_directions(/*forward=*/true, /*backward=*/false);
+}
+
+at::Tensor linear_then_add(AddExtraInput& add, OperationContext& add_ctx, const at::Tensor& x,
+                           const at::Tensor& w, const std::optional<at::Tensor>& b, double alpha,
+                           const at::Tensor& extra, const ForwardArgs& args) {
+  TORCH_CHECK(extra.defined(), add.type_name(), ": expected an extra input tensor");
+  if (extra.scalar_type() != x.scalar_type()) {
+    // The add op's own forward casts as it needs (rare: a residual in another dtype).
+    auto y = kernels::linear_fwd(x, w, std::nullopt);
+    if (alpha != 1.0) y = kernels::scale_fwd(y, alpha);
+    if (b) y = kernels::bias_fwd(y, *b);
+    TensorLists unused_out(1);
+    return add.fuser_forward({&add_ctx}, y, {{extra}}, unused_out, args);
+  }
+  if (add.writes_in_place(add_ctx, x, extra)) {
+    kernels::linear_add_(extra, x, w, b, alpha);
+    return extra;
+  }
+  return kernels::linear_add(x, w, b, extra, alpha);
+}
+
+at::Tensor ForwardLinearBiasAdd::fuser_forward(const std::vector<OperationContext*>& ctxs,
+                                               const at::Tensor& input,
+                                               const TensorLists& extra_inputs, TensorLists&,
+                                               const ForwardArgs& args) {
+  auto& linear_ctx = *ctxs.at(0);
+  const auto [x, w] = linear_->prepare_forward(linear_ctx, input, args);
+  std::optional<at::Tensor> b;
+  if (bias_) {
+    ctxs.at(1)->input_dtype = linear_ctx.compute_dtype;
+    b = bias_->prepare_forward(*ctxs.at(1), args);
+  }
+  ctxs.back()->input_dtype = linear_ctx.compute_dtype;
+  return linear_then_add(*add_, *ctxs.back(), x, w, b, 1.0, extra_inputs.back().at(0), args);
+}
+
+OpList fuse_forward_linear_bias_add(OpList ops, const FusionContext& fctx) {
+  return fuse_windows(ops, [&](const OpList& list, size_t i) {
+    std::pair<std::shared_ptr<FusibleOperation>, size_t> none{nullptr, 0};
+    auto linear = op_at<BasicLinear>(list, i);
+    if (!linear) return none;
+    auto bias = op_at<Bias>(list, i + 1);
+    if (bias && (bias->size() != linear->out_features() ||
+                 fctx.param_dtype(*bias, 0) != fctx.param_dtype(*linear, 0))) {
+      return none;
+    }
+    auto add = op_at<AddExtraInput>(list, i + (bias ? 2 : 1));
+    if (!add || !add->in_place()) return none;
+    return std::pair<std::shared_ptr<FusibleOperation>, size_t>{
+        std::make_shared<ForwardLinearBiasAdd>(linear, bias, add), bias ? 3 : 2};
+  });
+}
+
+}  // namespace fusible::ops

@@ -1,0 +1,38 @@
+// The loop every built-in fusion function shares: walk the op list and replace matching windows.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <utility>
+
+#include "ops/fusion_registry.h"
+
+namespace fusible::ops {
+
+/// The op at position i as a T, or null (past the end, or another type).
+template <typename T>
+std::shared_ptr<T> op_at(const OpList& ops, size_t i) {
+  return i < ops.size() ? std::dynamic_pointer_cast<T>(ops[i]) : nullptr;
+}
+
+/// At position i: the fused op for the window starting there and how many ops it replaces, or
+/// {nullptr, 0} to keep ops[i].
+using WindowMatch = std::function<std::pair<std::shared_ptr<FusibleOperation>, size_t>(
+    const OpList& ops, size_t i)>;
+
+inline OpList fuse_windows(const OpList& ops, const WindowMatch& match) {
+  OpList out;
+  out.reserve(ops.size());
+  for (size_t i = 0; i < ops.size();) {
+    auto [fused, n] = match(ops, i);
+    if (fused) {
+      out.push_back(std::move(fused));
+      i += n;
+    } else {
+      out.push_back(ops[i++]);
+    }
+  }
+  return out;
+}
+
+}  // namespace fusible::ops
