@@ -8,6 +8,7 @@ import torch
 from torch import _disable_dynamo
 
 from .. import _C
+from . import fused
 from ._base import (
     FusibleOperation,
     call_parameters,
@@ -93,9 +94,10 @@ class OperationFuser:
             return self._basic[indices[0]]
         if isinstance(cpp_op, _C.PyFusedOperation):
             return cpp_op.python_object
-        # A built-in fused op made by a fusion: its basic ops as the user's own Python objects.
-        cpp_op.basic_ops = [self._basic[i] for i in indices]
-        return cpp_op
+        # A built-in fused op made by a fusion: a module over the user's own basic ops.
+        return getattr(fused, cpp_op.type_name)._from_plan(
+            cpp_op, [self._basic[i] for i in indices]
+        )
 
     def forward_ops(self):
         """The most recent forward plan: [(op, [basic-op indices])], in forward order."""

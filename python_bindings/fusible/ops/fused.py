@@ -1,5 +1,74 @@
-"""Built-in fused operation classes, as they appear in fuser.forward_ops() / backward_ops()."""
+"""Built-in fused operations, as fuser.forward_ops() / backward_ops() show them: modules over the
+C++ fused op a fusion made, with the user's own basic ops in `basic_ops` (an nn.ModuleList)."""
 
-from .._C import ForwardLinearBiasActivation
+import torch
 
-__all__ = ["ForwardLinearBiasActivation"]
+from ._base import FusedOperation, FusibleOperation
+
+
+class _BuiltinFused(FusedOperation):
+    @classmethod
+    def _from_plan(cls, cpp_op, basic_ops):
+        """The Python face of a plan's fused op over the user's basic ops."""
+        self = cls.__new__(cls)
+        FusibleOperation.__init__(self, cpp_op)
+        self.basic_ops = torch.nn.ModuleList(basic_ops)
+        return self
+
+    def _basic_op_list(self):
+        return list(self.basic_ops)
+
+
+def _fused(name, doc):
+    return type(name, (_BuiltinFused,), {"__doc__": doc, "__module__": __name__})
+
+
+ForwardLinearBiasActivation = _fused(
+    "ForwardLinearBiasActivation",
+    "BasicLinear + Bias (+ GELU or ReLU) forward: one GEMM with the bias and the activation in its "
+    "epilogue. Conditions: the Bias matches out_features and the weight's dtype.",
+)
+ForwardLinearBiasAdd = _fused(
+    "ForwardLinearBiasAdd",
+    "BasicLinear (+ Bias) + AddExtraInput(in_place=True) forward: one GEMM accumulating into the "
+    "extra tensor (beta = 1).",
+)
+ForwardLinearScaleAdd = _fused(
+    "ForwardLinearScaleAdd",
+    "BasicLinear + ConstantScale + AddExtraInput(in_place=True) forward: one GEMM with "
+    "alpha = scale accumulating into the extra tensor.",
+)
+BackwardLinearAdd = _fused(
+    "BackwardLinearAdd",
+    "MakeExtraOutput(in_place=True) + BasicLinear backward: the dgrad GEMM adds the extra "
+    "output's gradient in its epilogue.",
+)
+BackwardLinearScale = _fused(
+    "BackwardLinearScale",
+    "BasicLinear + ConstantScale backward: dgrad and wgrad GEMMs with alpha = scale.",
+)
+BackwardActivationBias = _fused(
+    "BackwardActivationBias",
+    "Bias + GELU or ReLU backward: the activation's gradient and the bias gradient in one pass.",
+)
+BackwardLinearActivationBias = _fused(
+    "BackwardLinearActivationBias",
+    "Bias + GELU or ReLU + BasicLinear backward: the activation's gradient and the bias gradient "
+    "in the epilogue of the linear's dgrad GEMM (beyond te.ops).",
+)
+BackwardAddRMSNorm = _fused(
+    "BackwardAddRMSNorm",
+    "MakeExtraOutput(in_place=False) + RMSNorm backward: the extra output's gradient added in the "
+    "norm's backward.",
+)
+
+__all__ = [
+    "BackwardActivationBias",
+    "BackwardAddRMSNorm",
+    "BackwardLinearActivationBias",
+    "BackwardLinearAdd",
+    "BackwardLinearScale",
+    "ForwardLinearBiasActivation",
+    "ForwardLinearBiasAdd",
+    "ForwardLinearScaleAdd",
+]

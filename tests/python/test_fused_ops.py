@@ -1,0 +1,302 @@
+"""The built-in fused ops: for each, the plan names it, and outputs and every gradient match a plain
+PyTorch float64 reference; each declines when its conditions fail; the in-place semantics of
+AddExtraInput / MakeExtraOutput (te.ops' test_add_extra_input ground)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DEVICES, tols
+from fusible import ops
+
+D = torch.float64
+
+
+def _randomize(model):
+    """Random parameters (never the zeros / ones of the default init)."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+
+
+def _act(kind):
+    return {"gelu": lambda t: F.gelu(t, approximate="tanh"), "relu": F.relu}[kind]
+
+
+def _check(
+    ops_list,
+    ref_fn,
+    n_extra_in,
+    forward,
+    backward,
+    device="cpu",
+    dtype=D,
+    shape=(5, 8),
+    dy_cols=None,
+):
+    """Runs ops_list in one OperationFuser against ref_fn(x, extras, params) -> outputs; checks the
+    plan and every gradient (input, extra inputs, parameters)."""
+    for op in ops_list:
+        if any(True for _ in op.parameters()):
+            op.to(device=device, dtype=dtype)
+        _randomize(op)
+    fuser = ops.OperationFuser(ops_list)
+    torch.manual_seed(2)
+    x = torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
+    extras = [torch.randn(*shape[:-1], dy_cols or shape[-1], device=device, dtype=dtype)]
+    extras = [e.requires_grad_() for e in extras[:n_extra_in]]
+    params = [p for op in ops_list for p in op.parameters()]
+    # The reference sees copies: an in-place fused add writes into the extra tensors.
+    x_ref = x.detach().clone().requires_grad_()
+    extras_ref = [e.detach().clone().requires_grad_() for e in extras]
+    params_ref = [p.detach().clone().requires_grad_() for p in params]
+    out = fuser(x, *extras)
+    out = list(out) if isinstance(out, tuple) else [out]
+    ref = ref_fn(x_ref, extras_ref, params_ref)
+    ref = list(ref) if isinstance(ref, tuple) else [ref]
+    plan = fuser.fusion_plan()[0]
+    assert plan["forward"] == forward and plan["backward"] == backward, plan
+    rtol, atol = tols(dtype, gemm=True, device=device)
+    for a, b in zip(out, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+    dys = [torch.randn_like(o) for o in out]
+    grads = torch.autograd.grad(out, [x, *extras, *params], dys)
+    grads_ref = torch.autograd.grad(ref, [x_ref, *extras_ref, *params_ref], dys)
+    for g, r in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, r, rtol=rtol, atol=atol)
+    return fuser
+
+
+class TestForwardFusions:
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("kind", ["gelu", "relu"])
+    def test_linear_bias_activation(self, kind, device):
+        act = ops.GELU() if kind == "gelu" else ops.ReLU()
+        fuser = _check(
+            [ops.Linear(8, 6), act],
+            lambda x, e, p: _act(kind)(F.linear(x, p[0], p[1])),
+            0,
+            ["ForwardLinearBiasActivation"],
+            ["BasicLinear", "BackwardActivationBias"],
+            device=device,
+        )
+        fused = fuser.forward_ops()[0][0]
+        assert isinstance(fused, ops.fused.ForwardLinearBiasActivation)
+        assert isinstance(fused.basic_ops, torch.nn.ModuleList) and fused.basic_ops[2] is act
+
+    def test_linear_bias_without_activation(self):
+        _check(
+            [ops.Linear(8, 6), ops.Identity()],
+            lambda x, e, p: F.linear(x, p[0], p[1]),
+            0,
+            ["ForwardLinearBiasActivation", "Identity"],
+            ["BasicLinear", "Bias", "Identity"],
+        )
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("bias", [True, False])
+    def test_linear_bias_add(self, bias, device):
+        linear = ops.Linear(8, 8, bias=bias)
+        fwd = "ForwardLinearBiasAdd"
+        _check(
+            [linear, ops.AddExtraInput(in_place=True)],
+            lambda x, e, p: F.linear(x, p[0], p[1] if bias else None) + e[0],
+            1,
+            [fwd],
+            ["BasicLinear", "Bias", "AddExtraInput"] if bias else ["BasicLinear", "AddExtraInput"],
+            device=device,
+        )
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_linear_scale_add(self, device):
+        _check(
+            [ops.BasicLinear(8, 8), ops.ConstantScale(-0.5), ops.AddExtraInput(in_place=True)],
+            lambda x, e, p: -0.5 * F.linear(x, p[0]) + e[0],
+            1,
+            ["ForwardLinearScaleAdd"],
+            ["BackwardLinearScale", "AddExtraInput"],
+            device=device,
+        )
+
+    def test_in_place_add_writes_into_the_callers_tensor(self):
+        linear = ops.Linear(8, 8, dtype=D, device="cpu")
+        fuser = ops.OperationFuser([linear, ops.AddExtraInput(in_place=True)])
+        x, r = torch.randn(3, 8, dtype=D), torch.randn(3, 8, dtype=D)
+        expected = F.linear(x, linear.weight, linear.bias) + r
+        y = fuser(x, r)
+        assert y.data_ptr() == r.data_ptr()  # the sum is in r's storage
+        torch.testing.assert_close(r, expected)
+        torch.testing.assert_close(y, expected)
+
+
+class TestBackwardFusions:
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_linear_add(self, device):
+        _check(
+            [ops.MakeExtraOutput(in_place=True), ops.BasicLinear(8, 4)],
+            lambda x, e, p: (F.linear(x, p[0]), x),
+            0,
+            ["MakeExtraOutput", "BasicLinear"],
+            ["BackwardLinearAdd"],
+            device=device,
+        )
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_linear_scale(self, device):
+        _check(
+            [ops.BasicLinear(8, 4), ops.ConstantScale(0.75)],
+            lambda x, e, p: 0.75 * F.linear(x, p[0]),
+            0,
+            ["BasicLinear", "ConstantScale"],
+            ["BackwardLinearScale"],
+            device=device,
+        )
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("kind", ["gelu", "relu"])
+    def test_activation_bias(self, kind, device):
+        act = ops.GELU() if kind == "gelu" else ops.ReLU()
+        _check(
+            [ops.Identity(), ops.Bias(8), act],
+            lambda x, e, p: _act(kind)(x + p[0]),
+            0,
+            ["Identity", "Bias", kind.upper() if kind == "gelu" else "ReLU"],
+            ["Identity", "BackwardActivationBias"],
+            device=device,
+        )
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("kind", ["gelu", "relu"])
+    def test_linear_activation_bias(self, kind, device):
+        act = ops.GELU() if kind == "gelu" else ops.ReLU()
+        _check(
+            [ops.Bias(8), act, ops.BasicLinear(8, 4)],
+            lambda x, e, p: F.linear(_act(kind)(x + p[0]), p[1]),
+            0,
+            ["Bias", act._cpp.type_name, "BasicLinear"],
+            ["BackwardLinearActivationBias"],
+            device=device,
+        )
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("zero_centered_gamma", [False, True])
+    def test_add_rmsnorm(self, zero_centered_gamma, device):
+        norm = ops.RMSNorm(8, zero_centered_gamma=zero_centered_gamma)
+
+        def ref(x, e, p):
+            w = p[0] + 1 if zero_centered_gamma else p[0]
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w, x
+
+        _check(
+            [ops.MakeExtraOutput(), norm],
+            ref,
+            0,
+            ["MakeExtraOutput", "RMSNorm"],
+            ["BackwardAddRMSNorm"],
+            device=device,
+        )
+
+    def test_mlp_block_plan(self):
+        make, add = ops.MakeExtraOutput(), ops.AddExtraInput()
+        make.set_extra_output_channel(0, "residual", output_to_caller=False)
+        add.set_extra_input_channel(0, "residual")
+        seq = ops.Sequential(
+            make,
+            ops.RMSNorm(8, dtype=D, device="cpu"),
+            ops.Linear(8, 16, dtype=D, device="cpu"),
+            ops.GELU(),
+            ops.Linear(16, 8, dtype=D, device="cpu"),
+            add,
+        )
+        seq(torch.randn(3, 8, dtype=D, requires_grad=True)).sum().backward()
+        assert seq.fusion_plan() == [
+            {
+                "forward": [
+                    "MakeExtraOutput",
+                    "RMSNorm",
+                    "ForwardLinearBiasActivation",
+                    "ForwardLinearBiasActivation",
+                    "AddExtraInput",
+                ],
+                "backward": [
+                    "BackwardAddRMSNorm",
+                    "BasicLinear",
+                    "BackwardLinearActivationBias",
+                    "Bias",
+                    "AddExtraInput",
+                ],
+            }
+        ]
+
+
+class TestDeclines:
+    def test_bias_in_another_dtype(self):
+        linear = ops.BasicLinear(8, 4, dtype=D, device="cpu")
+        bias = ops.Bias(4, dtype=torch.float32, device="cpu")
+        fuser = ops.OperationFuser([linear, bias])
+        fuser(torch.randn(2, 8, dtype=D))
+        assert fuser.fusion_plan()[0]["forward"] == ["BasicLinear", "Bias"]
+
+    def test_add_not_in_place(self):
+        fuser = ops.OperationFuser([ops.Linear(8, 8, dtype=D, device="cpu"), ops.AddExtraInput()])
+        fuser(torch.randn(2, 8, dtype=D), torch.randn(2, 8, dtype=D))
+        assert fuser.fusion_plan()[0]["forward"] == ["ForwardLinearBiasActivation", "AddExtraInput"]
+
+    def test_make_extra_output_in_place_is_not_add_rmsnorm(self):
+        fuser = ops.OperationFuser(
+            [ops.MakeExtraOutput(in_place=True), ops.RMSNorm(8, dtype=D, device="cpu")]
+        )
+        y, extra = fuser(torch.randn(2, 8, dtype=D, requires_grad=True))
+        (y.sum() + extra.sum()).backward()
+        assert fuser.fusion_plan()[0]["backward"] == ["MakeExtraOutput", "RMSNorm"]
+
+    def test_make_extra_output_not_in_place_is_not_linear_add(self):
+        fuser = ops.OperationFuser(
+            [ops.MakeExtraOutput(), ops.BasicLinear(8, 4, dtype=D, device="cpu")]
+        )
+        y, extra = fuser(torch.randn(2, 8, dtype=D, requires_grad=True))
+        (y.sum() + extra.sum()).backward()
+        assert fuser.fusion_plan()[0]["backward"] == ["MakeExtraOutput", "BasicLinear"]
+
+    def test_no_backward_fusion_where_the_backward_does_not_run(self):
+        bias = ops.Bias(8, dtype=D, device="cpu")
+        bias.bias.requires_grad_(False)
+        fuser = ops.OperationFuser([bias, ops.GELU(), ops.BasicLinear(8, 4, dtype=D, device="cpu")])
+        fuser(torch.randn(2, 8, dtype=D)).sum().backward()  # only the linear's weight needs a grad
+        assert fuser.fusion_plan()[0]["backward"] == ["Bias", "GELU", "BasicLinear"]
+
+    def test_other_activations_stay_unfused(self):
+        fuser = ops.OperationFuser([ops.Linear(8, 4, dtype=D, device="cpu"), ops.SiLU()])
+        fuser(torch.randn(2, 8, dtype=D, requires_grad=True)).sum().backward()
+        plan = fuser.fusion_plan()[0]
+        assert plan == {
+            "forward": ["ForwardLinearBiasActivation", "SiLU"],
+            "backward": ["BasicLinear", "Bias", "SiLU"],
+        }
+
+
+class TestInPlaceSemantics:
+    """te.ops' test_add_extra_input ground: values, exact gradients, storage identity."""
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("in_place", [False, True])
+    def test_add_extra_input(self, in_place, device):
+        x1 = torch.randn(32, 32, dtype=D, device=device, requires_grad=True)
+        x2 = torch.randn(32, 32, dtype=D, device=device, requires_grad=True)
+        expected = x1.detach() + x2.detach()
+        y = ops.AddExtraInput(in_place=in_place)(x1, x2)
+        torch.testing.assert_close(y, expected)
+        assert (y.data_ptr() == x2.data_ptr()) == in_place
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        torch.testing.assert_close(x1.grad, dy, rtol=0, atol=0)
+        torch.testing.assert_close(x2.grad, dy, rtol=0, atol=0)
+
+    @pytest.mark.parametrize("in_place", [False, True])
+    def test_make_extra_output(self, in_place):
+        x = torch.randn(4, 8, dtype=D, requires_grad=True)
+        y, extra = ops.MakeExtraOutput(in_place=in_place)(x)
+        assert y.data_ptr() == x.data_ptr() and extra.data_ptr() == x.data_ptr()
+        dy, de = torch.randn_like(y), torch.randn_like(extra)
+        torch.autograd.backward([y, extra], [dy, de])
+        torch.testing.assert_close(x.grad, dy + de, rtol=0, atol=0)
