@@ -4,16 +4,14 @@
 // epilogues) registered under the CUDA key.
 #include <torch/library.h>
 
-#include <string_view>
-
 #include "common/checks.h"
+#include "kernels/linear.h"
 #include "kernels/ops.h"
 
 namespace fusible::kernels {
-namespace {
+namespace reference {
 
-// The activations a GEMM epilogue can apply (cuBLASLt: GELU tanh, ReLU).
-void check_epilogue_act(const char* op, std::string_view act) {
+void check_epilogue_act(const char* op, c10::string_view act) {
   TORCH_CHECK_VALUE(act == "gelu" || act == "relu", op, ": expected act in {gelu, relu}, got '",
                     act, "'");
 }
@@ -26,6 +24,8 @@ void check_other(const char* op, const char* name, const at::Tensor& other,
   FUSIBLE_CHECK_SAME_DEVICE(op, "the result", result, name, other);
 }
 
+namespace {
+
 // alpha * x W^T + bias.
 at::Tensor scaled_linear(const at::Tensor& x, const at::Tensor& weight,
                          const std::optional<at::Tensor>& bias, double alpha) {
@@ -34,52 +34,58 @@ at::Tensor scaled_linear(const at::Tensor& x, const at::Tensor& weight,
   return bias ? bias_fwd(y, *bias) : y;
 }
 
-std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd_ref(const at::Tensor& x,
-                                                           const at::Tensor& weight,
-                                                           const std::optional<at::Tensor>& bias,
-                                                           c10::string_view act) {
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,
+                                                       const at::Tensor& weight,
+                                                       const std::optional<at::Tensor>& bias,
+                                                       c10::string_view act) {
   check_epilogue_act("linear_bias_act_fwd", act);
   auto pre = linear_fwd(x, weight, bias);
   auto y = activation_fwd(pre, std::string(act));
   return {std::move(y), std::move(pre)};
 }
 
-at::Tensor linear_add_ref(const at::Tensor& x, const at::Tensor& weight,
-                          const std::optional<at::Tensor>& bias, const at::Tensor& other,
-                          double alpha) {
+at::Tensor linear_add(const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias, const at::Tensor& other,
+                      double alpha) {
   auto y = scaled_linear(x, weight, bias, alpha);
   check_other("linear_add", "other", other, y);
   return add_fwd(y, other);
 }
 
-void linear_add__ref(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
-                     const std::optional<at::Tensor>& bias, double alpha) {
+void linear_add_(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                 const std::optional<at::Tensor>& bias, double alpha) {
   const auto y = scaled_linear(x, weight, bias, alpha);
   check_other("linear_add_", "out", out, y);
   add_(out, y);
 }
 
-at::Tensor linear_dgrad_add_ref(const at::Tensor& dy, const at::Tensor& weight,
-                                const at::Tensor& other, double alpha) {
+at::Tensor linear_dgrad_add(const at::Tensor& dy, const at::Tensor& weight, const at::Tensor& other,
+                            double alpha) {
   auto dx = linear_dgrad(dy, weight, alpha);
   check_other("linear_dgrad_add", "other", other, dx);
   return add_fwd(dx, other);
 }
 
+std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias(const at::Tensor& dy,
+                                                         const at::Tensor& weight,
+                                                         const at::Tensor& pre,
+                                                         c10::string_view act) {
+  check_epilogue_act("linear_dgrad_act_bias", act);
+  return kernels::bias_act_bwd(kernels::linear_dgrad(dy, weight), pre, std::string(act));
+}
+
+}  // namespace reference
+
+namespace {
+
 std::tuple<at::Tensor, at::Tensor> bias_act_bwd_ref(const at::Tensor& dy, const at::Tensor& pre,
                                                     c10::string_view act) {
-  check_epilogue_act("bias_act_bwd", act);
+  reference::check_epilogue_act("bias_act_bwd", act);
   auto dpre = activation_bwd(dy, pre, std::string(act));
   auto dbias = bias_bwd(dpre);
   return {std::move(dpre), std::move(dbias)};
-}
-
-std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias_ref(const at::Tensor& dy,
-                                                             const at::Tensor& weight,
-                                                             const at::Tensor& pre,
-                                                             c10::string_view act) {
-  check_epilogue_act("linear_dgrad_act_bias", act);
-  return bias_act_bwd_ref(linear_dgrad(dy, weight), pre, act);
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_ref(const at::Tensor& dy, const at::Tensor& x,
@@ -94,11 +100,11 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_ref(const at::Tensor& dy, con
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
-  m.impl("linear_bias_act_fwd", &linear_bias_act_fwd_ref);
-  m.impl("linear_add", &linear_add_ref);
-  m.impl("linear_add_", &linear_add__ref);
-  m.impl("linear_dgrad_add", &linear_dgrad_add_ref);
-  m.impl("linear_dgrad_act_bias", &linear_dgrad_act_bias_ref);
+  m.impl("linear_bias_act_fwd", &reference::linear_bias_act_fwd);
+  m.impl("linear_add", &reference::linear_add);
+  m.impl("linear_add_", &reference::linear_add_);
+  m.impl("linear_dgrad_add", &reference::linear_dgrad_add);
+  m.impl("linear_dgrad_act_bias", &reference::linear_dgrad_act_bias);
   m.impl("bias_act_bwd", &bias_act_bwd_ref);
   m.impl("rmsnorm_bwd_add", &rmsnorm_bwd_add_ref);
 }

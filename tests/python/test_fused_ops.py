@@ -31,7 +31,7 @@ def _check(
     backward,
     device="cpu",
     dtype=D,
-    shape=(5, 8),
+    shape=(6, 16),
     dy_cols=None,
 ):
     """Runs ops_list in one OperationFuser against ref_fn(x, extras, params) -> outputs; checks the
@@ -68,17 +68,19 @@ def _check(
 
 
 class TestForwardFusions:
+    @pytest.mark.parametrize("dtype", [D, torch.float32])
     @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize("kind", ["gelu", "relu"])
-    def test_linear_bias_activation(self, kind, device):
+    def test_linear_bias_activation(self, kind, device, dtype):
         act = ops.GELU() if kind == "gelu" else ops.ReLU()
         fuser = _check(
-            [ops.Linear(8, 6), act],
+            [ops.Linear(16, 8), act],
             lambda x, e, p: _act(kind)(F.linear(x, p[0], p[1])),
             0,
             ["ForwardLinearBiasActivation"],
             ["BasicLinear", "BackwardActivationBias"],
             device=device,
+            dtype=dtype,
         )
         fused = fuser.forward_ops()[0][0]
         assert isinstance(fused, ops.fused.ForwardLinearBiasActivation)
@@ -86,17 +88,18 @@ class TestForwardFusions:
 
     def test_linear_bias_without_activation(self):
         _check(
-            [ops.Linear(8, 6), ops.Identity()],
+            [ops.Linear(16, 8), ops.Identity()],
             lambda x, e, p: F.linear(x, p[0], p[1]),
             0,
             ["ForwardLinearBiasActivation", "Identity"],
             ["BasicLinear", "Bias", "Identity"],
         )
 
+    @pytest.mark.parametrize("dtype", [D, torch.float32])
     @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize("bias", [True, False])
-    def test_linear_bias_add(self, bias, device):
-        linear = ops.Linear(8, 8, bias=bias)
+    def test_linear_bias_add(self, bias, device, dtype):
+        linear = ops.Linear(16, 16, bias=bias)
         fwd = "ForwardLinearBiasAdd"
         _check(
             [linear, ops.AddExtraInput(in_place=True)],
@@ -105,17 +108,20 @@ class TestForwardFusions:
             [fwd],
             ["BasicLinear", "Bias", "AddExtraInput"] if bias else ["BasicLinear", "AddExtraInput"],
             device=device,
+            dtype=dtype,
         )
 
+    @pytest.mark.parametrize("dtype", [D, torch.float32])
     @pytest.mark.parametrize("device", DEVICES)
-    def test_linear_scale_add(self, device):
+    def test_linear_scale_add(self, device, dtype):
         _check(
-            [ops.BasicLinear(8, 8), ops.ConstantScale(-0.5), ops.AddExtraInput(in_place=True)],
+            [ops.BasicLinear(16, 16), ops.ConstantScale(-0.5), ops.AddExtraInput(in_place=True)],
             lambda x, e, p: -0.5 * F.linear(x, p[0]) + e[0],
             1,
             ["ForwardLinearScaleAdd"],
             ["BackwardLinearScale", "AddExtraInput"],
             device=device,
+            dtype=dtype,
         )
 
     def test_in_place_add_writes_into_the_callers_tensor(self):
@@ -130,58 +136,67 @@ class TestForwardFusions:
 
 
 class TestBackwardFusions:
+    @pytest.mark.parametrize("dtype", [D, torch.float32])
     @pytest.mark.parametrize("device", DEVICES)
-    def test_linear_add(self, device):
+    def test_linear_add(self, device, dtype):
         _check(
-            [ops.MakeExtraOutput(in_place=True), ops.BasicLinear(8, 4)],
+            [ops.MakeExtraOutput(in_place=True), ops.BasicLinear(16, 8)],
             lambda x, e, p: (F.linear(x, p[0]), x),
             0,
             ["MakeExtraOutput", "BasicLinear"],
             ["BackwardLinearAdd"],
             device=device,
+            dtype=dtype,
         )
 
+    @pytest.mark.parametrize("dtype", [D, torch.float32])
     @pytest.mark.parametrize("device", DEVICES)
-    def test_linear_scale(self, device):
+    def test_linear_scale(self, device, dtype):
         _check(
-            [ops.BasicLinear(8, 4), ops.ConstantScale(0.75)],
+            [ops.BasicLinear(16, 8), ops.ConstantScale(0.75)],
             lambda x, e, p: 0.75 * F.linear(x, p[0]),
             0,
             ["BasicLinear", "ConstantScale"],
             ["BackwardLinearScale"],
             device=device,
+            dtype=dtype,
         )
 
+    @pytest.mark.parametrize("dtype", [D, torch.float32])
     @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize("kind", ["gelu", "relu"])
-    def test_activation_bias(self, kind, device):
+    def test_activation_bias(self, kind, device, dtype):
         act = ops.GELU() if kind == "gelu" else ops.ReLU()
         _check(
-            [ops.Identity(), ops.Bias(8), act],
+            [ops.Identity(), ops.Bias(16), act],
             lambda x, e, p: _act(kind)(x + p[0]),
             0,
             ["Identity", "Bias", kind.upper() if kind == "gelu" else "ReLU"],
             ["Identity", "BackwardActivationBias"],
             device=device,
+            dtype=dtype,
         )
 
+    @pytest.mark.parametrize("dtype", [D, torch.float32])
     @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize("kind", ["gelu", "relu"])
-    def test_linear_activation_bias(self, kind, device):
+    def test_linear_activation_bias(self, kind, device, dtype):
         act = ops.GELU() if kind == "gelu" else ops.ReLU()
         _check(
-            [ops.Bias(8), act, ops.BasicLinear(8, 4)],
+            [ops.Bias(16), act, ops.BasicLinear(16, 8)],
             lambda x, e, p: F.linear(_act(kind)(x + p[0]), p[1]),
             0,
             ["Bias", act._cpp.type_name, "BasicLinear"],
             ["BackwardLinearActivationBias"],
             device=device,
+            dtype=dtype,
         )
 
+    @pytest.mark.parametrize("dtype", [D, torch.float32])
     @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize("zero_centered_gamma", [False, True])
-    def test_add_rmsnorm(self, zero_centered_gamma, device):
-        norm = ops.RMSNorm(8, zero_centered_gamma=zero_centered_gamma)
+    def test_add_rmsnorm(self, zero_centered_gamma, device, dtype):
+        norm = ops.RMSNorm(16, zero_centered_gamma=zero_centered_gamma)
 
         def ref(x, e, p):
             w = p[0] + 1 if zero_centered_gamma else p[0]
@@ -194,6 +209,7 @@ class TestBackwardFusions:
             ["MakeExtraOutput", "RMSNorm"],
             ["BackwardAddRMSNorm"],
             device=device,
+            dtype=dtype,
         )
 
     def test_mlp_block_plan(self):

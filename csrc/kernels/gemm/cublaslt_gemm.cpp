@@ -1,0 +1,237 @@
+// cuBLASLt GEMM: descriptors (RAII), the row-major to column-major mapping, the heuristics cache.
+//
+// Mapping: cuBLASLt is column-major, and a row-major [r, c] matrix is, in the same memory, the
+// column-major [c, r] matrix (its transpose), leading dim c. So the row-major d = op(a) op(b) is
+// the column-major d^T = op(b)^T op(a)^T: cuBLASLt's A is our b, its B is our a, its m is our n and
+// its n is our m. The bias (one per row of cuBLASLt's D) is one per column of our d, as a linear's
+// bias.
+#include "kernels/gemm/cublaslt_gemm.h"
+
+#include <ATen/Context.h>
+#include <ATen/cuda/CUDAContextLight.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+namespace fusible::kernels::gemm {
+namespace {
+
+#define FUSIBLE_CUBLASLT_CHECK(expr)                                                    \
+  do {                                                                                  \
+    const cublasStatus_t status_ = (expr);                                              \
+    TORCH_CHECK(status_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt: ", #expr, " failed with ", \
+                cublasLtGetStatusString(status_));                                      \
+  } while (0)
+
+// Descriptors freed by their destructor.
+template <typename T, cublasStatus_t (*Destroy)(T)>
+struct Owned {
+  T handle = nullptr;
+  Owned() = default;
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  ~Owned() {
+    if (handle) Destroy(handle);
+  }
+};
+using MatmulDesc = Owned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
+using Layout = Owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using Preference = Owned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+
+cudaDataType_t cuda_type(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16:
+      return CUDA_R_16BF;
+    case at::kHalf:
+      return CUDA_R_16F;
+    case at::kFloat:
+      return CUDA_R_32F;
+    default:
+      TORCH_CHECK(false, "cuBLASLt GEMM: expected bf16, fp16 or fp32, got ", t);
+  }
+}
+
+cublasLtEpilogue_t lt_epilogue(Epilogue e) {
+  switch (e) {
+    case Epilogue::kNone:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case Epilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::kGeluAuxBias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epilogue::kDGeluBGrad:
+      return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  }
+  TORCH_INTERNAL_ASSERT(false);
+}
+
+bool aligned16(const at::Tensor& t) {
+  return !t.defined() || reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// What a cached algorithm depends on.
+struct Key {
+  int64_t m, n, k;
+  bool trans_a, trans_b, has_c, c_is_d;
+  at::ScalarType dtype;
+  Epilogue epilogue;
+  cublasComputeType_t compute;
+  bool operator==(const Key& o) const {
+    return std::tie(m, n, k, trans_a, trans_b, has_c, c_is_d, dtype, epilogue, compute) ==
+           std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b, o.has_c, o.c_is_d, o.dtype, o.epilogue,
+                    o.compute);
+  }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = std::hash<int64_t>()(k.m);
+    for (int64_t v :
+         {k.n, k.k, int64_t(k.trans_a), int64_t(k.trans_b), int64_t(k.has_c), int64_t(k.c_is_d),
+          int64_t(k.dtype), int64_t(k.epilogue), int64_t(k.compute)}) {
+      h = h * 1000003u ^ std::hash<int64_t>()(v);
+    }
+    return h;
+  }
+};
+
+std::mutex cache_mutex;
+std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash> algo_cache;
+
+int64_t rows_of_op(const at::Tensor& t, bool trans) { return trans ? t.size(1) : t.size(0); }
+int64_t cols_of_op(const at::Tensor& t, bool trans) { return trans ? t.size(0) : t.size(1); }
+
+// A row-major [rows, cols] tensor as a column-major layout [cols, rows].
+void make_layout(Layout& layout, cudaDataType_t type, int64_t rows, int64_t cols) {
+  FUSIBLE_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(
+      &layout.handle, type, static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), cols));
+}
+
+}  // namespace
+
+const char* epilogue_name(Epilogue e) {
+  switch (e) {
+    case Epilogue::kNone:
+      return "none";
+    case Epilogue::kBias:
+      return "BIAS";
+    case Epilogue::kGeluAuxBias:
+      return "GELU_AUX_BIAS";
+    case Epilogue::kDGeluBGrad:
+      return "DGELU_BGRAD";
+  }
+  return "?";
+}
+
+bool can_run(const RowMajorGemm& g) {
+  const auto t = g.d.scalar_type();
+  if (t != at::kBFloat16 && t != at::kHalf && t != at::kFloat) return false;
+  const auto elem = g.d.element_size();
+  for (const auto* x : {&g.a, &g.b, &g.c, &g.d, &g.bias, &g.aux}) {
+    if (!x->defined()) continue;
+    if (!x->is_cuda() || x->scalar_type() != t || !x->is_contiguous() || !aligned16(*x)) {
+      return false;
+    }
+    if (x->dim() == 2 && (x->size(1) * elem) % 16 != 0) return false;  // rows 16-byte aligned
+  }
+  if (g.a.size(0) == 0 || g.a.size(1) == 0 || g.b.size(0) == 0 || g.b.size(1) == 0) return false;
+  const bool uses_aux = g.epilogue == Epilogue::kGeluAuxBias || g.epilogue == Epilogue::kDGeluBGrad;
+  return !uses_aux || g.d.size(1) % 8 == 0;
+}
+
+void run(const RowMajorGemm& g) {
+  const int64_t m = rows_of_op(g.a, g.trans_a);
+  const int64_t k = cols_of_op(g.a, g.trans_a);
+  const int64_t n = cols_of_op(g.b, g.trans_b);
+  TORCH_CHECK(rows_of_op(g.b, g.trans_b) == k && g.d.size(0) == m && g.d.size(1) == n,
+              "cuBLASLt GEMM: inconsistent shapes (m ", m, ", n ", n, ", k ", k, ")");
+  const c10::cuda::CUDAGuard guard(g.d.device());
+  const auto dtype = g.d.scalar_type();
+  const auto type = cuda_type(dtype);
+  const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS();
+  const auto compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+
+  MatmulDesc desc;
+  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&desc.handle, compute, CUDA_R_32F));
+  // cuBLASLt's A is our b, its B is our a (see the mapping above).
+  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                        &op_a, sizeof(op_a)));
+  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                        &op_b, sizeof(op_b)));
+  const auto epilogue = lt_epilogue(g.epilogue);
+  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                        &epilogue, sizeof(epilogue)));
+  if (g.epilogue != Epilogue::kNone) {
+    TORCH_CHECK(g.bias.defined() && g.bias.numel() == n, "cuBLASLt GEMM: epilogue ",
+                epilogue_name(g.epilogue), " expects a bias of ", n, " elements");
+    const void* bias = g.bias.data_ptr();
+    FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(
+        desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  if (g.epilogue == Epilogue::kGeluAuxBias || g.epilogue == Epilogue::kDGeluBGrad) {
+    TORCH_CHECK(g.aux.defined() && g.aux.size(0) == m && g.aux.size(1) == n,
+                "cuBLASLt GEMM: epilogue ", epilogue_name(g.epilogue), " expects aux [", m, ", ", n,
+                "]");
+    const void* aux = g.aux.data_ptr();
+    const int64_t aux_ld = n;
+    FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(
+        desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(
+        desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+  }
+
+  Layout la, lb, lc, ld;
+  make_layout(la, type, g.b.size(0), g.b.size(1));  // our b, as stored
+  make_layout(lb, type, g.a.size(0), g.a.size(1));  // our a, as stored
+  make_layout(lc, type, m, n);
+  make_layout(ld, type, m, n);
+
+  const bool has_c = g.c.defined() && g.beta != 0.0;
+  if (has_c) {
+    TORCH_CHECK(g.c.size(0) == m && g.c.size(1) == n, "cuBLASLt GEMM: expected c of shape [", m,
+                ", ", n, "]");
+  }
+  const Key key{m,     n,          k,      g.trans_a, g.trans_b, has_c, has_c && g.c.is_same(g.d),
+                dtype, g.epilogue, compute};
+  auto handle = at::cuda::getCurrentCUDABlasLtHandle();
+  const size_t workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
+  cublasLtMatmulAlgo_t algo;
+  {
+    const std::lock_guard<std::mutex> lock(cache_mutex);
+    auto it = algo_cache.find(key);
+    if (it != algo_cache.end()) {
+      algo = it->second;
+    } else {
+      Preference pref;
+      FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref.handle));
+      FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_size,
+          sizeof(workspace_size)));
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc.handle, la.handle,
+                                                            lb.handle, lc.handle, ld.handle,
+                                                            pref.handle, 1, &result, &found));
+      TORCH_CHECK(found > 0, "cuBLASLt GEMM: no algorithm for m=", m, ", n=", n, ", k=", k,
+                  ", dtype ", dtype, ", epilogue ", epilogue_name(g.epilogue),
+                  g.trans_a ? ", a transposed" : "", g.trans_b ? ", b transposed" : "");
+      algo = result.algo;
+      algo_cache.emplace(key, algo);
+    }
+  }
+  const float alpha = static_cast<float>(g.alpha);
+  const float beta = has_c ? static_cast<float>(g.beta) : 0.0f;
+  const void* c_ptr = has_c ? g.c.data_ptr() : g.d.data_ptr();
+  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmul(
+      handle, desc.handle, &alpha, g.b.data_ptr(), la.handle, g.a.data_ptr(), lb.handle, &beta,
+      c_ptr, lc.handle, g.d.data_ptr(), ld.handle, &algo, at::cuda::getCUDABlasLtWorkspace(),
+      workspace_size, c10::cuda::getCurrentCUDAStream()));
+}
+
+}  // namespace fusible::kernels::gemm

@@ -1,0 +1,170 @@
+// The linear family on CUDA: cuBLASLt GEMMs with fused epilogues (bias, GELU with its input kept
+// for the backward, GELU gradient with the bias gradient, a residual added with beta = 1). What
+// cuBLASLt cannot run here (fp64, unaligned rows, ReLU epilogues, which need a bit mask where the
+// unfused ReLU backward keeps its input) runs the ATen reference.
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "kernels/gemm/cublaslt_gemm.h"
+#include "kernels/linear.h"
+
+namespace fusible::kernels {
+namespace {
+
+using gemm::Epilogue;
+using gemm::RowMajorGemm;
+
+at::Tensor rows(const at::Tensor& t) { return t.contiguous().reshape({-1, t.size(-1)}); }
+
+std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
+  auto shape = t.sizes().vec();
+  shape.back() = last;
+  return shape;
+}
+
+// x @ w^T (+ bias): a = x [M, K], b = w [N, K] transposed.
+RowMajorGemm forward_gemm(const at::Tensor& x, const at::Tensor& weight,
+                          const std::optional<at::Tensor>& bias, double alpha) {
+  RowMajorGemm g;
+  g.a = rows(x);
+  g.b = weight.contiguous();
+  g.trans_b = true;
+  g.d = at::empty({g.a.size(0), weight.size(0)}, x.options());
+  g.alpha = alpha;
+  if (bias) {
+    g.epilogue = Epilogue::kBias;
+    g.bias = bias->contiguous();
+  }
+  return g;
+}
+
+// dy @ w: a = dy [M, N], b = w [N, K].
+RowMajorGemm dgrad_gemm(const at::Tensor& dy, const at::Tensor& weight, double alpha) {
+  RowMajorGemm g;
+  g.a = rows(dy);
+  g.b = weight.contiguous();
+  g.d = at::empty({g.a.size(0), weight.size(1)}, dy.options());
+  g.alpha = alpha;
+  return g;
+}
+
+at::Tensor linear_fwd_cuda(const at::Tensor& x, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias) {
+  reference::check_fwd_args("linear_fwd", x, weight, bias);
+  auto g = forward_gemm(x, weight, bias, 1.0);
+  if (!gemm::can_run(g)) return reference::linear_fwd(x, weight, bias);
+  gemm::run(g);
+  return g.d.view(with_last(x, weight.size(0)));
+}
+
+at::Tensor linear_dgrad_cuda(const at::Tensor& dy, const at::Tensor& weight, double alpha) {
+  reference::check_linear_args("linear_dgrad", "dy", dy, weight, weight.size(0),
+                               "weight.size(0), out_features");
+  auto g = dgrad_gemm(dy, weight, alpha);
+  if (!gemm::can_run(g)) return reference::linear_dgrad(dy, weight, alpha);
+  gemm::run(g);
+  return g.d.view(with_last(dy, weight.size(1)));
+}
+
+at::Tensor linear_wgrad_cuda(const at::Tensor& dy, const at::Tensor& x, double alpha) {
+  reference::check_wgrad_args(dy, x);
+  RowMajorGemm g;  // dy^T @ x: a = dy [M, N] transposed, b = x [M, K]
+  g.a = rows(dy);
+  g.trans_a = true;
+  g.b = rows(x);
+  g.d = at::empty({dy.size(-1), x.size(-1)}, dy.options());
+  g.alpha = alpha;
+  if (!gemm::can_run(g)) return reference::linear_wgrad(dy, x, alpha);
+  gemm::run(g);
+  return g.d;
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd_cuda(const at::Tensor& x,
+                                                            const at::Tensor& weight,
+                                                            const std::optional<at::Tensor>& bias,
+                                                            c10::string_view act) {
+  reference::check_fwd_args("linear_bias_act_fwd", x, weight, bias);
+  reference::check_epilogue_act("linear_bias_act_fwd", act);
+  if (act != "gelu" || !bias) return reference::linear_bias_act_fwd(x, weight, bias, act);
+  auto g = forward_gemm(x, weight, bias, 1.0);
+  g.epilogue = Epilogue::kGeluAuxBias;
+  g.aux = at::empty_like(g.d);
+  if (!gemm::can_run(g)) return reference::linear_bias_act_fwd(x, weight, bias, act);
+  gemm::run(g);
+  const auto shape = with_last(x, weight.size(0));
+  return {g.d.view(shape), g.aux.view(shape)};
+}
+
+at::Tensor linear_add_cuda(const at::Tensor& x, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, const at::Tensor& other,
+                           double alpha) {
+  reference::check_fwd_args("linear_add", x, weight, bias);
+  auto g = forward_gemm(x, weight, bias, alpha);
+  const auto shape = with_last(x, weight.size(0));
+  reference::check_other("linear_add", "other", other, g.d.view(shape));
+  g.c = rows(other);
+  g.beta = 1.0;
+  if (!gemm::can_run(g)) return reference::linear_add(x, weight, bias, other, alpha);
+  gemm::run(g);
+  return g.d.view(shape);
+}
+
+void linear_add__cuda(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias, double alpha) {
+  reference::check_fwd_args("linear_add_", x, weight, bias);
+  auto g = forward_gemm(x, weight, bias, alpha);
+  reference::check_other("linear_add_", "out", out, g.d.view(with_last(x, weight.size(0))));
+  if (!out.is_contiguous()) return reference::linear_add_(out, x, weight, bias, alpha);
+  g.d = g.c = out.view({-1, out.size(-1)});  // in place: C and D are out
+  g.beta = 1.0;
+  if (!gemm::can_run(g)) return reference::linear_add_(out, x, weight, bias, alpha);
+  gemm::run(g);
+}
+
+at::Tensor linear_dgrad_add_cuda(const at::Tensor& dy, const at::Tensor& weight,
+                                 const at::Tensor& other, double alpha) {
+  reference::check_linear_args("linear_dgrad_add", "dy", dy, weight, weight.size(0),
+                               "weight.size(0), out_features");
+  auto g = dgrad_gemm(dy, weight, alpha);
+  const auto shape = with_last(dy, weight.size(1));
+  reference::check_other("linear_dgrad_add", "other", other, g.d.view(shape));
+  g.c = rows(other);
+  g.beta = 1.0;
+  if (!gemm::can_run(g)) return reference::linear_dgrad_add(dy, weight, other, alpha);
+  gemm::run(g);
+  return g.d.view(shape);
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias_cuda(const at::Tensor& dy,
+                                                              const at::Tensor& weight,
+                                                              const at::Tensor& pre,
+                                                              c10::string_view act) {
+  reference::check_linear_args("linear_dgrad_act_bias", "dy", dy, weight, weight.size(0),
+                               "weight.size(0), out_features");
+  reference::check_epilogue_act("linear_dgrad_act_bias", act);
+  if (act != "gelu") return reference::linear_dgrad_act_bias(dy, weight, pre, act);
+  auto g = dgrad_gemm(dy, weight, 1.0);
+  const auto shape = with_last(dy, weight.size(1));
+  reference::check_other("linear_dgrad_act_bias", "pre", pre, g.d.view(shape));
+  g.epilogue = Epilogue::kDGeluBGrad;
+  g.aux = rows(pre);
+  g.bias = at::empty({weight.size(1)}, dy.options());
+  if (!gemm::can_run(g)) return reference::linear_dgrad_act_bias(dy, weight, pre, act);
+  gemm::run(g);
+  return {g.d.view(shape), g.bias};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
+  m.impl("linear_fwd", &linear_fwd_cuda);
+  m.impl("linear_dgrad", &linear_dgrad_cuda);
+  m.impl("linear_wgrad", &linear_wgrad_cuda);
+  m.impl("linear_bias_act_fwd", &linear_bias_act_fwd_cuda);
+  m.impl("linear_add", &linear_add_cuda);
+  m.impl("linear_add_", &linear_add__cuda);
+  m.impl("linear_dgrad_add", &linear_dgrad_add_cuda);
+  m.impl("linear_dgrad_act_bias", &linear_dgrad_act_bias_cuda);
+}
+
+}  // namespace fusible::kernels
