@@ -56,6 +56,17 @@ def make_models(T, H, F_, dev):
     return {"fusible": fusible_fn, "eager": eager_fn, "compile": torch.compile(eager_fn)}
 
 
+def cuda_kernels(fn):
+    """CUDA kernels one call of fn launches (torch.profiler), after a warm-up call."""
+    fn()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def run_part(name, reps):
     s = SHAPES[name]
     dev = "cuda"
@@ -74,6 +85,10 @@ def run_part(name, reps):
 
         fb = median_ms(step, reps)
         rows[label] = {"forward_ms": fwd, "fwd_bwd_ms": fb}
+        if label != "compile":
+            with torch.no_grad():
+                rows[label]["kernels_fwd"] = cuda_kernels(lambda: fn(x))
+            rows[label]["kernels_fwd_bwd"] = cuda_kernels(step)
     return rows
 
 
@@ -105,6 +120,11 @@ def main():
                 f"{part:6} {impl:8} {r['forward_ms']:9.3f} {r['fwd_bwd_ms']:9.3f} "
                 f"{fwd_ratio:12.2f}x {fb_ratio:12.2f}x"
             )
+    print("CUDA kernels per call (torch.profiler): forward / forward+backward")
+    for part in args.parts.split(","):
+        for impl, r in results[part].items():
+            if "kernels_fwd" in r:
+                print(f"{part:6} {impl:8} {r['kernels_fwd']:4d} / {r['kernels_fwd_bwd']:4d}")
 
 
 if __name__ == "__main__":

@@ -41,4 +41,4 @@ echo "pytest: $(tail -1 "$OUT/pytest.log")"
 grep -E "^FAILED" "$OUT/pytest.log" | head -10
 echo "demo: $(tail -1 "$OUT/demo.log")"
 echo "demo (C++): $(tail -1 "$OUT/demo_cpp.log")"
-echo "bench:"; tail -23 "$OUT/bench.log"
+echo "bench:"; tail -30 "$OUT/bench.log"
