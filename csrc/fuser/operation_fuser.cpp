@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <unordered_set>
 
@@ -271,6 +272,23 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
 
 namespace {
 
+// A caller's tensor that an op wrote in place (returned as an output) gets a new version, so a node
+// that saved it earlier fails loudly instead of using the sum (our kernels and cuBLASLt write
+// through raw pointers, which bumps nothing).
+void bump_written_inputs(const std::vector<at::Tensor>& outputs,
+                         const std::vector<at::Tensor>& extras,
+                         const std::vector<at::Tensor>& external) {
+  for (const auto& out : outputs) {
+    for (const auto* inputs : {&extras, &external}) {
+      for (const auto& e : *inputs) {
+        if (out.defined() && e.unsafeGetTensorImpl() == out.unsafeGetTensorImpl()) {
+          torch::autograd::impl::bump_version(e);
+        }
+      }
+    }
+  }
+}
+
 // "[LayerNorm, BasicLinear, ...]": the ops of a plan, for error messages.
 std::string op_names(const Plan& plan) {
   std::string out = "[";
@@ -306,6 +324,7 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
     // gradient slot; an output that is a caller's extra input was written in place, and is
     // marked so, unless it is a leaf that requires grad (as te.ops: its storage holds the sum,
     // and the output is a view of it whose gradient flows back through this node).
+    bump_written_inputs(outputs, extras, external);
     std::unordered_set<const c10::TensorImpl*> seen;
     std::vector<at::Tensor> dirty;
     const auto written = [&](const at::Tensor& e, const c10::TensorImpl* impl) {
@@ -390,7 +409,9 @@ std::vector<at::Tensor> OperationFuser::forward(
   if (first_backward == static_cast<int64_t>(basic_ops_.size())) {
     // Nothing needs a gradient: no node, nothing saved.
     const at::NoGradGuard no_grad;
-    return run_forward(*call, input, extra_inputs, external);
+    auto outputs = run_forward(*call, input, extra_inputs, external);
+    bump_written_inputs(outputs, extra_inputs, external);
+    return outputs;
   }
   return FuserAutograd::apply(input, at::TensorList(params), at::TensorList(extra_inputs),
                               at::TensorList(external), call);

@@ -5,7 +5,7 @@ AddExtraInput / MakeExtraOutput (te.ops' test_add_extra_input ground)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICES, tols
+from conftest import DEVICES, cuda_only, tols
 from fusible import ops
 
 D = torch.float64
@@ -316,3 +316,98 @@ class TestInPlaceSemantics:
         dy, de = torch.randn_like(y), torch.randn_like(extra)
         torch.autograd.backward([y, extra], [dy, de])
         torch.testing.assert_close(x.grad, dy + de, rtol=0, atol=0)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mlp_fused_matches_unfused_on_cuda(dtype):
+    """The cuBLASLt epilogues (GELU aux, GELU gradient + bias gradient, residual) end to end:
+    the fused plan against the same model with every fusion removed, in 16-bit on the GPU."""
+
+    def build():
+        torch.manual_seed(0)
+        seq = ops.Sequential(
+            ops.RMSNorm(64, device="cuda", dtype=dtype),
+            ops.Linear(64, 128, device="cuda", dtype=dtype),
+            ops.GELU(),
+            ops.Linear(128, 64, device="cuda", dtype=dtype),
+            ops.AddExtraInput(in_place=True),
+        )
+        _randomize(seq)
+        return seq
+
+    def run(seq):
+        torch.manual_seed(3)
+        x = torch.randn(32, 64, device="cuda", dtype=dtype, requires_grad=True)
+        r = torch.randn(32, 64, device="cuda", dtype=dtype)
+        y = seq(x, r)
+        grads = torch.autograd.grad(y, [x, *seq.parameters()], torch.ones_like(y))
+        return [y.float(), *[g.float() for g in grads]]
+
+    fused_model, plain_model = build(), build()
+    fused = run(fused_model)
+    plan = fused_model.fusion_plan()[0]
+    assert plan["forward"][1:] == ["ForwardLinearBiasActivation", "ForwardLinearBiasAdd"]
+    assert "BackwardLinearActivationBias" in plan["backward"]
+    snap = ops.snapshot_fusions()
+    ops.restore_fusions(([], {}))
+    try:
+        plain = run(plain_model)
+        assert plain_model.fusion_plan()[0]["forward"][1] == "BasicLinear"
+    finally:
+        ops.restore_fusions(snap)
+    for a, b in zip(fused, plain, strict=True):
+        scale = b.abs().max().clamp_min(1e-3)
+        assert (a - b).abs().max() <= 3e-2 * scale
+
+
+class TestFusedEdgeCases:
+    def _unfused(self, fn):
+        snap = ops.snapshot_fusions()
+        ops.restore_fusions(([], {}))
+        try:
+            return fn()
+        finally:
+            ops.restore_fusions(snap)
+
+    @pytest.mark.parametrize("norm", ["rmsnorm", "linear"])
+    def test_autocast_residual_gradient_matches_unfused(self, norm):
+        def run():
+            torch.manual_seed(0)
+            second = (
+                ops.RMSNorm(16, device="cpu")
+                if norm == "rmsnorm"
+                else ops.BasicLinear(16, 8, device="cpu")
+            )
+            make = ops.MakeExtraOutput(in_place=norm == "linear")
+            fuser = ops.OperationFuser([make, second])
+            _randomize(second)
+            x = torch.randn(4, 16, requires_grad=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y, extra = fuser(x)
+            (y.float().square().sum() + extra.float().sum()).backward()
+            return fuser.fusion_plan()[0]["backward"], x.grad
+
+        plan, fused = run()
+        assert plan == ["BackwardAddRMSNorm" if norm == "rmsnorm" else "BackwardLinearAdd"]
+        _, plain = self._unfused(run)
+        # Mixed dtypes: the fused op adds in the input's dtype, exactly as the unfused ops do.
+        torch.testing.assert_close(fused, plain, rtol=0, atol=0)
+
+    def test_in_place_add_into_a_saved_leaf_is_detected(self):
+        r = torch.randn(3, 8, dtype=D, requires_grad=True)
+        z = r * r  # saves r
+        ops.AddExtraInput(in_place=True)(torch.randn(3, 8, dtype=D), r)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            z.sum().backward()
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_extra_sharing_memory_with_the_input_is_added_out_of_place(self, device):
+        linear = ops.Linear(16, 16, dtype=torch.float32, device=device)
+        _randomize(linear)
+        fuser = ops.OperationFuser([linear, ops.AddExtraInput(in_place=True)])
+        x = torch.randn(4, 16, device=device)
+        expected = F.linear(x, linear.weight, linear.bias) + x
+        y = fuser(x, x.view(4, 16))  # another tensor over x's memory
+        torch.testing.assert_close(y, expected, rtol=1e-3, atol=1e-5)
+        assert fuser.fusion_plan()[0]["forward"] == ["ForwardLinearBiasAdd"]

@@ -74,6 +74,13 @@ bool aligned16(const at::Tensor& t) {
   return !t.defined() || reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
+// The largest power of two (up to 256) dividing the pointer: what the algorithm may assume.
+uint32_t alignment(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
 // What a cached algorithm depends on.
 struct Key {
   int64_t m, n, k;
@@ -81,18 +88,21 @@ struct Key {
   at::ScalarType dtype;
   Epilogue epilogue;
   cublasComputeType_t compute;
+  uint32_t align_a, align_b, align_c, align_d;
   bool operator==(const Key& o) const {
-    return std::tie(m, n, k, trans_a, trans_b, has_c, c_is_d, dtype, epilogue, compute) ==
+    return std::tie(m, n, k, trans_a, trans_b, has_c, c_is_d, dtype, epilogue, compute, align_a,
+                    align_b, align_c, align_d) ==
            std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b, o.has_c, o.c_is_d, o.dtype, o.epilogue,
-                    o.compute);
+                    o.compute, o.align_a, o.align_b, o.align_c, o.align_d);
   }
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = std::hash<int64_t>()(k.m);
-    for (int64_t v :
-         {k.n, k.k, int64_t(k.trans_a), int64_t(k.trans_b), int64_t(k.has_c), int64_t(k.c_is_d),
-          int64_t(k.dtype), int64_t(k.epilogue), int64_t(k.compute)}) {
+    for (int64_t v : {k.n, k.k, int64_t(k.trans_a), int64_t(k.trans_b), int64_t(k.has_c),
+                      int64_t(k.c_is_d), int64_t(k.dtype), int64_t(k.epilogue), int64_t(k.compute),
+                      int64_t(k.align_a) << 27 | int64_t(k.align_b) << 18 |
+                          int64_t(k.align_c) << 9 | int64_t(k.align_d)}) {
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     }
     return h;
@@ -197,8 +207,22 @@ void run(const RowMajorGemm& g) {
     TORCH_CHECK(g.c.size(0) == m && g.c.size(1) == n, "cuBLASLt GEMM: expected c of shape [", m,
                 ", ", n, "]");
   }
-  const Key key{m,     n,          k,      g.trans_a, g.trans_b, has_c, has_c && g.c.is_same(g.d),
-                dtype, g.epilogue, compute};
+  const void* c_ptr = has_c ? g.c.data_ptr() : g.d.data_ptr();
+  // cuBLASLt's A is our b and its B our a (the mapping above).
+  const Key key{m,
+                n,
+                k,
+                g.trans_a,
+                g.trans_b,
+                has_c,
+                has_c && g.c.is_same(g.d),
+                dtype,
+                g.epilogue,
+                compute,
+                alignment(g.b.data_ptr()),
+                alignment(g.a.data_ptr()),
+                alignment(c_ptr),
+                alignment(g.d.data_ptr())};
   auto handle = at::cuda::getCurrentCUDABlasLtHandle();
   const size_t workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
   cublasLtMatmulAlgo_t algo;
@@ -213,6 +237,16 @@ void run(const RowMajorGemm& g) {
       FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(
           pref.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_size,
           sizeof(workspace_size)));
+      // The pointers' real alignment (the default assumes 256 bytes).
+      const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+      for (const auto& [attr, align] : aligns) {
+        FUSIBLE_CUBLASLT_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(pref.handle, attr, &align, sizeof(align)));
+      }
       cublasLtMatmulHeuristicResult_t result{};
       int found = 0;
       FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc.handle, la.handle,
@@ -227,7 +261,6 @@ void run(const RowMajorGemm& g) {
   }
   const float alpha = static_cast<float>(g.alpha);
   const float beta = has_c ? static_cast<float>(g.beta) : 0.0f;
-  const void* c_ptr = has_c ? g.c.data_ptr() : g.d.data_ptr();
   FUSIBLE_CUBLASLT_CHECK(cublasLtMatmul(
       handle, desc.handle, &alpha, g.b.data_ptr(), la.handle, g.a.data_ptr(), lb.handle, &beta,
       c_ptr, lc.handle, g.d.data_ptr(), ld.handle, &algo, at::cuda::getCUDABlasLtWorkspace(),

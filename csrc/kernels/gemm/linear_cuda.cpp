@@ -24,12 +24,13 @@ std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
 
 // x @ w^T (+ bias): a = x [M, K], b = w [N, K] transposed.
 RowMajorGemm forward_gemm(const at::Tensor& x, const at::Tensor& weight,
-                          const std::optional<at::Tensor>& bias, double alpha) {
+                          const std::optional<at::Tensor>& bias, double alpha,
+                          const at::Tensor& out = {}) {
   RowMajorGemm g;
   g.a = rows(x);
   g.b = weight.contiguous();
   g.trans_b = true;
-  g.d = at::empty({g.a.size(0), weight.size(0)}, x.options());
+  g.d = out.defined() ? out : at::empty({g.a.size(0), weight.size(0)}, x.options());
   g.alpha = alpha;
   if (bias) {
     g.epilogue = Epilogue::kBias;
@@ -112,10 +113,14 @@ at::Tensor linear_add_cuda(const at::Tensor& x, const at::Tensor& weight,
 void linear_add__cuda(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                       const std::optional<at::Tensor>& bias, double alpha) {
   reference::check_fwd_args("linear_add_", x, weight, bias);
-  auto g = forward_gemm(x, weight, bias, alpha);
+  // In place needs out contiguous and sharing no memory with what the GEMM reads.
+  if (!out.is_contiguous() || out.is_alias_of(x) || out.is_alias_of(weight) ||
+      (bias && out.is_alias_of(*bias)) || out.dim() < 1 || out.size(-1) != weight.size(0)) {
+    return reference::linear_add_(out, x, weight, bias, alpha);  // checks and reports
+  }
+  auto g = forward_gemm(x, weight, bias, alpha, out.view({-1, out.size(-1)}));
   reference::check_other("linear_add_", "out", out, g.d.view(with_last(x, weight.size(0))));
-  if (!out.is_contiguous()) return reference::linear_add_(out, x, weight, bias, alpha);
-  g.d = g.c = out.view({-1, out.size(-1)});  // in place: C and D are out
+  g.c = g.d;  // in place: C and D are out
   g.beta = 1.0;
   if (!gemm::can_run(g)) return reference::linear_add_(out, x, weight, bias, alpha);
   gemm::run(g);

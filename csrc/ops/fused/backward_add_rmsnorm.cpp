@@ -17,8 +17,12 @@ BackwardResult BackwardAddRMSNorm::fuser_backward(const std::vector<OperationCon
                                                   const TensorLists& grad_extra_outputs) {
   auto& ctx = *ctxs.at(1);
   const auto& dextra = grad_extra_outputs.at(0).at(0);
-  if (!dextra.defined()) {  // nothing to add: the norm's own backward
+  if (!dextra.defined() || dextra.scalar_type() != ctx.compute_dtype ||
+      ctx.input_dtype != ctx.compute_dtype) {
+    // Nothing to add, or mixed dtypes (autocast): the norm's own backward, then the add in the
+    // input's dtype, as MakeExtraOutput would.
     auto [dx, dparams] = norm_->op_backward(ctx, grad_output);
+    if (dextra.defined()) dx = kernels::add_fwd(cast_to(dx, ctx.input_dtype), dextra);
     return {dx, {{}, std::move(dparams)}, {{}, {}}};
   }
   const auto& s = ctx.saved_tensors;

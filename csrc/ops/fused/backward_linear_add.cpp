@@ -21,10 +21,14 @@ BackwardResult BackwardLinearAdd::fuser_backward(const std::vector<OperationCont
   const auto dy = cast_to(grad_output, ctx.compute_dtype);
   const auto& dextra = grad_extra_outputs.at(0).at(0);
   at::Tensor dx = dextra;
-  if (w.defined()) {
-    dx = dextra.defined()
-             ? kernels::linear_dgrad_add(dy, w, cast_to(dextra, ctx.compute_dtype), 1.0)
-             : kernels::linear_dgrad(dy, w);
+  if (w.defined() && !dextra.defined()) {
+    dx = kernels::linear_dgrad(dy, w);
+  } else if (w.defined() && dextra.scalar_type() == ctx.compute_dtype &&
+             ctx.input_dtype == ctx.compute_dtype) {
+    dx = kernels::linear_dgrad_add(dy, w, dextra, 1.0);  // the add in the GEMM's epilogue
+  } else if (w.defined()) {
+    // Mixed dtypes (autocast): add in the input's dtype, as MakeExtraOutput would.
+    dx = kernels::add_fwd(cast_to(kernels::linear_dgrad(dy, w), ctx.input_dtype), dextra);
   }
   at::Tensor dw;
   if (x.defined()) dw = kernels::linear_wgrad(dy, x);

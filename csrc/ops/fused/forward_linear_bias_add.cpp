@@ -30,7 +30,7 @@ at::Tensor linear_then_add(AddExtraInput& add, OperationContext& add_ctx, const 
     TensorLists unused_out(1);
     return add.fuser_forward({&add_ctx}, y, {{extra}}, unused_out, args);
   }
-  if (add.writes_in_place(add_ctx, x, extra)) {
+  if (add.writes_in_place(add_ctx, x, extra) && !extra.is_alias_of(x) && !extra.is_alias_of(w)) {
     kernels::linear_add_(extra, x, w, b, alpha);
     return extra;
   }

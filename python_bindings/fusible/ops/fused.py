@@ -3,7 +3,7 @@ C++ fused op a fusion made, with the user's own basic ops in `basic_ops` (an nn.
 
 import torch
 
-from ._base import FusedOperation, FusibleOperation
+from ._base import FusedOperation
 
 
 class _BuiltinFused(FusedOperation):
@@ -11,7 +11,9 @@ class _BuiltinFused(FusedOperation):
     def _from_plan(cls, cpp_op, basic_ops):
         """The Python face of a plan's fused op over the user's basic ops."""
         self = cls.__new__(cls)
-        FusibleOperation.__init__(self, cpp_op)
+        torch.nn.Module.__init__(self)
+        # Not _attach: the C++ op must not point back at this short-lived face.
+        self._cpp, self._fuser = cpp_op, None
         self.basic_ops = torch.nn.ModuleList(basic_ops)
         return self
 
