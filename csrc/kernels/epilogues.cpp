@@ -46,6 +46,11 @@ std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,
   return {std::move(y), std::move(pre)};
 }
 
+at::Tensor linear_bias_relu_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias) {
+  return activation_fwd(linear_fwd(x, weight, bias), "relu");
+}
+
 at::Tensor linear_add(const at::Tensor& x, const at::Tensor& weight,
                       const std::optional<at::Tensor>& bias, const at::Tensor& other,
                       double alpha) {
@@ -101,6 +106,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_ref(const at::Tensor& dy, con
 
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("linear_bias_act_fwd", &reference::linear_bias_act_fwd);
+  m.impl("linear_bias_relu_fwd", &reference::linear_bias_relu_fwd);
   m.impl("linear_add", &reference::linear_add);
   m.impl("linear_add_", &reference::linear_add_);
   m.impl("linear_dgrad_add", &reference::linear_dgrad_add);

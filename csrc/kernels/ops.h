@@ -29,6 +29,9 @@ std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,
                                                        const at::Tensor& weight,
                                                        const std::optional<at::Tensor>& bias,
                                                        const std::string& act);
+/// relu(x W^T + bias).
+at::Tensor linear_bias_relu_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias);
 /// alpha * x W^T + bias + other (a new tensor).
 at::Tensor linear_add(const at::Tensor& x, const at::Tensor& weight,
                       const std::optional<at::Tensor>& bias, const at::Tensor& other, double alpha);

@@ -49,6 +49,8 @@ TEST_P(GemmCuda, ForwardDgradWgradWithAlpha) {
   const auto x = rand({m_, k_}), w = rand({n_, k_}), b = rand({n_}), dy = rand({m_, n_});
   expect_close(kernels::linear_fwd(x, w, b), at::linear(d64(x), d64(w), d64(b)), "linear_fwd");
   expect_close(kernels::linear_fwd(x, w, std::nullopt), at::linear(d64(x), d64(w)), "no bias");
+  expect_close(kernels::linear_bias_relu_fwd(x, w, b), at::relu(at::linear(d64(x), d64(w), d64(b))),
+               "RELU_BIAS");
   expect_close(kernels::linear_dgrad(dy, w, 0.5), 0.5 * at::matmul(d64(dy), d64(w)), "dgrad");
   expect_close(kernels::linear_wgrad(dy, x, -2.0), -2.0 * at::matmul(d64(dy).t(), d64(x)), "wgrad");
 }

@@ -62,6 +62,8 @@ cublasLtEpilogue_t lt_epilogue(Epilogue e) {
       return CUBLASLT_EPILOGUE_DEFAULT;
     case Epilogue::kBias:
       return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::kReluBias:
+      return CUBLASLT_EPILOGUE_RELU_BIAS;
     case Epilogue::kGeluAuxBias:
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case Epilogue::kDGeluBGrad:
@@ -129,6 +131,8 @@ const char* epilogue_name(Epilogue e) {
       return "none";
     case Epilogue::kBias:
       return "BIAS";
+    case Epilogue::kReluBias:
+      return "RELU_BIAS";
     case Epilogue::kGeluAuxBias:
       return "GELU_AUX_BIAS";
     case Epilogue::kDGeluBGrad:

@@ -9,6 +9,7 @@ namespace fusible::kernels::gemm {
 enum class Epilogue {
   kNone,
   kBias,         // d += bias[n]
+  kReluBias,     // d = relu(d + bias)
   kGeluAuxBias,  // aux = d + bias; d = gelu_tanh(aux)
   kDGeluBGrad,   // d = gelu_tanh'(aux) * d; bias = sum of d over rows (an output)
 };
@@ -27,7 +28,7 @@ struct RowMajorGemm {
   double alpha = 1.0;
   double beta = 0.0;
   Epilogue epilogue = Epilogue::kNone;
-  at::Tensor bias;  // [n]: input (kBias, kGeluAuxBias) or output (kDGeluBGrad)
+  at::Tensor bias;  // [n]: input (kBias, kReluBias, kGeluAuxBias) or output (kDGeluBGrad)
   at::Tensor aux;   // [m, n]: output (kGeluAuxBias) or input (kDGeluBGrad)
 };
 

@@ -1,7 +1,7 @@
-// The linear family on CUDA: cuBLASLt GEMMs with fused epilogues (bias, GELU with its input kept
-// for the backward, GELU gradient with the bias gradient, a residual added with beta = 1). What
-// cuBLASLt cannot run here (fp64, unaligned rows, ReLU epilogues, which need a bit mask where the
-// unfused ReLU backward keeps its input, the GELU gradient in fp32) runs the ATen reference.
+// The linear family on CUDA: cuBLASLt GEMMs with fused epilogues (bias, bias + ReLU, GELU with its
+// input kept for the backward, GELU gradient with the bias gradient, a residual added with
+// beta = 1). What cuBLASLt cannot run here (fp64, unaligned rows, the ReLU gradient, whose
+// epilogue needs a bit mask we do not keep, the GELU gradient in fp32) runs the ATen reference.
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -96,6 +96,17 @@ std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd_cuda(const at::Tensor& x,
   return {g.d.view(shape), g.aux.view(shape)};
 }
 
+at::Tensor linear_bias_relu_fwd_cuda(const at::Tensor& x, const at::Tensor& weight,
+                                     const std::optional<at::Tensor>& bias) {
+  reference::check_fwd_args("linear_bias_relu_fwd", x, weight, bias);
+  if (!bias) return reference::linear_bias_relu_fwd(x, weight, bias);
+  auto g = forward_gemm(x, weight, bias, 1.0);
+  g.epilogue = Epilogue::kReluBias;
+  if (!gemm::can_run(g)) return reference::linear_bias_relu_fwd(x, weight, bias);
+  gemm::run(g);
+  return g.d.view(with_last(x, weight.size(0)));
+}
+
 at::Tensor linear_add_cuda(const at::Tensor& x, const at::Tensor& weight,
                            const std::optional<at::Tensor>& bias, const at::Tensor& other,
                            double alpha) {
@@ -170,6 +181,7 @@ TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
   m.impl("linear_dgrad", &linear_dgrad_cuda);
   m.impl("linear_wgrad", &linear_wgrad_cuda);
   m.impl("linear_bias_act_fwd", &linear_bias_act_fwd_cuda);
+  m.impl("linear_bias_relu_fwd", &linear_bias_relu_fwd_cuda);
   m.impl("linear_add", &linear_add_cuda);
   m.impl("linear_add_", &linear_add__cuda);
   m.impl("linear_dgrad_add", &linear_dgrad_add_cuda);

@@ -21,21 +21,23 @@ void check_even_last_dim(const char* op, const at::Tensor& x) {
 
 }  // namespace
 
-at::Tensor ElementwiseActivation::prepare_forward(OperationContext& ctx, const at::Tensor& x,
-                                                  const ForwardArgs& args) {
-  ctx.compute_dtype = activation_dtype(type_name().c_str(), x, args);
-  auto xc = cast_to(x, ctx.compute_dtype);
-  if (ctx.requires_grad) ctx.save_for_backward({xc});
-  return xc;
+void ElementwiseActivation::fill_context(OperationContext& ctx, const at::Tensor& x,
+                                         const at::Tensor& y, const ForwardArgs& args) {
+  ctx.compute_dtype = activation_dtype(type_name().c_str(), saves_output() ? y : x, args);
+  if (ctx.requires_grad) ctx.save_for_backward({saves_output() ? y : x});
 }
 
 at::Tensor ElementwiseActivation::op_forward(OperationContext& ctx, const at::Tensor& x,
                                              const ForwardArgs& args) {
-  return kernels::activation_fwd(prepare_forward(ctx, x, args), kind_);
+  const auto xc = cast_to(x, activation_dtype(type_name().c_str(), x, args));
+  auto y = kernels::activation_fwd(xc, kind_);
+  fill_context(ctx, xc, y, args);
+  return y;
 }
 
 std::pair<at::Tensor, std::vector<at::Tensor>> ElementwiseActivation::op_backward(
     OperationContext& ctx, const at::Tensor& dy) {
+  // For ReLU the saved tensor is the output: relu_bwd's [saved > 0] is the same mask.
   return {kernels::activation_bwd(cast_to(dy, ctx.compute_dtype), ctx.saved_tensors.at(0), kind_),
           {}};
 }

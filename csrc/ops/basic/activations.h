@@ -17,9 +17,13 @@ class ElementwiseActivation : public BasicOperation {
   const std::string& kind() const { return kind_; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
-  /// Checks x, fills ctx as the forward does (saves x in the compute dtype) and returns x in that
-  /// dtype; a fused forward that applies the activation itself calls this.
-  at::Tensor prepare_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs& args);
+  /// Fills ctx as the forward does, for a fused forward that computed (x, y = act(x)) itself in
+  /// the compute dtype: saves x, or y for ReLU (whose derivative [x > 0] is [y > 0]: a GEMM
+  /// epilogue need not keep x). x may be undefined for ReLU.
+  void fill_context(OperationContext& ctx, const at::Tensor& x, const at::Tensor& y,
+                    const ForwardArgs& args);
+  /// Whether the backward reads the output (ReLU) rather than the input.
+  bool saves_output() const { return kind_ == "relu"; }
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
 

@@ -29,9 +29,14 @@ at::Tensor ForwardLinearBiasActivation::fuser_forward(const std::vector<Operatio
   bias_ctx.input_dtype = linear_ctx.compute_dtype;
   const auto b = bias_->prepare_forward(bias_ctx, args);
   if (!activation_) return kernels::linear_fwd(x, w, b);
-  auto [y, pre] = kernels::linear_bias_act_fwd(x, w, b, activation_->kind());
   ctxs.at(2)->input_dtype = bias_ctx.compute_dtype;
-  activation_->prepare_forward(*ctxs.at(2), pre, args);  // saves pre, as the unfused op would
+  if (activation_->saves_output()) {  // ReLU: its backward needs only y, no aux output
+    auto y = kernels::linear_bias_relu_fwd(x, w, b);
+    activation_->fill_context(*ctxs.at(2), at::Tensor(), y, args);
+    return y;
+  }
+  auto [y, pre] = kernels::linear_bias_act_fwd(x, w, b, activation_->kind());
+  activation_->fill_context(*ctxs.at(2), pre, y, args);  // saves pre, as the unfused op would
   return y;
 }
 
