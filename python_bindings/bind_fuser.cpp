@@ -32,9 +32,18 @@ void bind_fuser(py::module_& m) {
                                                      fuser::FuserOptions{lock_channels, {}, {}});
            }),
            py::arg("ops"), py::arg("lock_channels") = true)
-      .def("forward", &OperationFuser::forward, py::arg("input"), py::arg("extra_inputs"),
-           py::arg("named_inputs") = std::vector<std::pair<std::string, at::Tensor>>(),
-           py::arg("params") = std::nullopt)
+      .def(
+          "forward",
+          [](OperationFuser& f, const at::Tensor& input,
+             const std::vector<at::Tensor>& extra_inputs,
+             const std::vector<std::pair<std::string, at::Tensor>>& named_inputs,
+             const std::optional<std::vector<at::Tensor>>& params) {
+            return f.forward(input, extra_inputs, named_inputs,
+                             params ? std::optional<at::TensorList>(*params) : std::nullopt);
+          },
+          py::arg("input"), py::arg("extra_inputs"),
+          py::arg("named_inputs") = std::vector<std::pair<std::string, at::Tensor>>(),
+          py::arg("params") = std::nullopt)
       .def_property_readonly("parameter_counts",
                              [](const OperationFuser& f) {
                                std::vector<size_t> counts;

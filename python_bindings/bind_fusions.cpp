@@ -34,16 +34,12 @@ FusionFunction python_fusion(py::function f) {
     // (C++ op, the object the function returned). A fused op the function made (written in
     // Python) lives as long as the plan that holds it: the plan's pointer shares ownership of the
     // op and of its Python object (which holds the op, so the op cannot hold it back).
+    // `pairs` holds the Python objects until each fused op has taken its own reference.
     auto pairs =
         result.cast<std::vector<std::pair<std::shared_ptr<FusibleOperation>, py::object>>>();
     OpList out;
     for (auto& [op, obj] : pairs) {
-      if (op->is_fused() && op->keep_alive()) {
-        auto python_object = std::shared_ptr<void>(new py::object(std::move(obj)), [](void* p) {
-          auto* o = static_cast<py::object*>(p);
-          release_with_gil(std::move(*o));
-          delete o;
-        });
+      if (auto python_object = op->is_fused() ? op->keep_alive() : nullptr) {
         auto owner =
             std::make_shared<std::pair<std::shared_ptr<FusibleOperation>, std::shared_ptr<void>>>(
                 op, python_object);

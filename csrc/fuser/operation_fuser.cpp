@@ -91,8 +91,8 @@ std::vector<at::Tensor> OperationFuser::registered_parameters() {
   return params;
 }
 
-void OperationFuser::prepare_parameters(const at::Tensor& input,
-                                        const std::vector<at::Tensor>& params, bool from_caller) {
+void OperationFuser::prepare_parameters(const at::Tensor& input, at::TensorList params,
+                                        bool from_caller) {
   bool any_meta = false;
   for (const auto& p : params) any_meta = any_meta || p.is_meta();
   // Meta in, meta out: a meta input computes shapes and materializes nothing. Without meta
@@ -120,8 +120,7 @@ void OperationFuser::prepare_parameters(const at::Tensor& input,
   }
 }
 
-int64_t OperationFuser::first_backward_index(const at::Tensor& input,
-                                             const std::vector<at::Tensor>& params,
+int64_t OperationFuser::first_backward_index(const at::Tensor& input, at::TensorList params,
                                              const std::vector<at::Tensor>& extra_inputs,
                                              const std::vector<at::Tensor>& external) const {
   const auto n = static_cast<int64_t>(basic_ops_.size());
@@ -224,7 +223,7 @@ std::pair<std::vector<std::string>, std::vector<std::string>> OperationFuser::fu
 }
 
 c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
-                                                        const std::vector<at::Tensor>& params,
+                                                        at::TensorList params,
                                                         const std::vector<at::Tensor>& extra_inputs,
                                                         const std::vector<at::Tensor>& external,
                                                         int64_t first_backward) {
@@ -368,7 +367,7 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
 std::vector<at::Tensor> OperationFuser::forward(
     const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
     const std::vector<std::pair<std::string, at::Tensor>>& named_inputs,
-    const std::optional<std::vector<at::Tensor>>& caller_params) {
+    std::optional<at::TensorList> caller_params) {
   reroute_if_changed();
   TORCH_CHECK_VALUE(input.defined(), "OperationFuser: expected an input tensor, got None");
   TORCH_CHECK_TYPE(input.is_floating_point(),
@@ -391,17 +390,20 @@ std::vector<at::Tensor> OperationFuser::forward(
                       "' has no producer and no named input was supplied for it");
     external.push_back(*found);
   }
-  std::vector<at::Tensor> params;
+  // A view of the caller's tensors (no copy on the per-call path), or of the registered ones.
+  std::vector<at::Tensor> registered;
+  at::TensorList params;
   if (caller_params) {
-    TORCH_CHECK_VALUE(static_cast<int64_t>(caller_params->size()) == param_layout_->size,
-                      "OperationFuser: expected ", param_layout_->size, " parameters, got ",
-                      caller_params->size());
     params = *caller_params;
+    TORCH_CHECK_VALUE(static_cast<int64_t>(params.size()) == param_layout_->size,
+                      "OperationFuser: expected ", param_layout_->size, " parameters, got ",
+                      params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       TORCH_CHECK_VALUE(params[i].defined(), "OperationFuser: parameter ", i, " is None");
     }
   } else {
-    params = registered_parameters();
+    registered = registered_parameters();
+    params = registered;
   }
   prepare_parameters(input, params, caller_params.has_value());
   const auto first_backward = first_backward_index(input, params, extra_inputs, external);
@@ -413,8 +415,8 @@ std::vector<at::Tensor> OperationFuser::forward(
     bump_written_inputs(outputs, extra_inputs, external);
     return outputs;
   }
-  return FuserAutograd::apply(input, at::TensorList(params), at::TensorList(extra_inputs),
-                              at::TensorList(external), call);
+  return FuserAutograd::apply(input, params, at::TensorList(extra_inputs), at::TensorList(external),
+                              call);
 }
 
 }  // namespace fusible::fuser

@@ -65,7 +65,7 @@ class OperationFuser {
   std::vector<at::Tensor> forward(
       const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
       const std::vector<std::pair<std::string, at::Tensor>>& named_inputs = {},
-      const std::optional<std::vector<at::Tensor>>& params = std::nullopt);
+      std::optional<at::TensorList> params = std::nullopt);
   /// How a call's flat parameter list maps to the basic ops.
   const ParamLayout& parameter_layout() const { return *param_layout_; }
 
@@ -87,13 +87,11 @@ class OperationFuser {
   std::shared_ptr<const Plan> plan_for(int64_t first_backward,
                                        const std::vector<at::ScalarType>& param_dtypes);
   std::vector<at::Tensor> registered_parameters();
-  void prepare_parameters(const at::Tensor& input, const std::vector<at::Tensor>& params,
-                          bool from_caller);
-  int64_t first_backward_index(const at::Tensor& input, const std::vector<at::Tensor>& params,
+  void prepare_parameters(const at::Tensor& input, at::TensorList params, bool from_caller);
+  int64_t first_backward_index(const at::Tensor& input, at::TensorList params,
                                const std::vector<at::Tensor>& extra_inputs,
                                const std::vector<at::Tensor>& external) const;
-  c10::intrusive_ptr<FuserCall> make_call(const at::Tensor& input,
-                                          const std::vector<at::Tensor>& params,
+  c10::intrusive_ptr<FuserCall> make_call(const at::Tensor& input, at::TensorList params,
                                           const std::vector<at::Tensor>& extra_inputs,
                                           const std::vector<at::Tensor>& external,
                                           int64_t first_backward);

@@ -134,18 +134,23 @@ Sequential::Outputs Sequential::run(const at::Tensor& input,
     std::vector<at::Tensor> extras(extra_inputs.begin() + next_extra,
                                    extra_inputs.begin() + next_extra + k);
     next_extra += k;
-    std::optional<std::vector<at::Tensor>> group_params;
+    std::optional<at::TensorList> group_params;
     if (params) {
       const auto n = g.fuser->parameter_layout().size;
-      group_params.emplace(params->begin() + next_param, params->begin() + next_param + n);
+      group_params = at::TensorList(*params).slice(next_param, n);
       next_param += n;
     }
     std::vector<at::Tensor> out;
     if (entries_[g.entry].isolated && around) {
-      const GroupRunner run_group = [fuser = g.fuser, channels, group_params](
+      // By value: a binding may keep the runner past this call.
+      std::optional<std::vector<at::Tensor>> own_params;
+      if (group_params) own_params = group_params->vec();
+      const GroupRunner run_group = [fuser = g.fuser, channels, own_params](
                                         const at::Tensor& in, const std::vector<at::Tensor>& ex,
                                         const std::optional<std::vector<at::Tensor>>& p) {
-        return fuser->forward(in, ex, channels, p ? p : group_params);
+        const auto& use = p ? p : own_params;
+        return fuser->forward(in, ex, channels,
+                              use ? std::optional<at::TensorList>(*use) : std::nullopt);
       };
       out = around(g.entry, x, extras, run_group);
     } else {

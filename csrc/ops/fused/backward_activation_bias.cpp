@@ -22,11 +22,6 @@ BackwardResult BackwardActivationBias::fuser_backward(const std::vector<Operatio
   return {dpre, {{dbias}, {}}, {{}, {}}};
 }
 
-std::shared_ptr<ElementwiseActivation> epilogue_activation_at(const OpList& ops, size_t i) {
-  std::shared_ptr<ElementwiseActivation> act = op_at<GELU>(ops, i);
-  return act ? act : op_at<ReLU>(ops, i);
-}
-
 OpList fuse_backward_activation_bias(OpList ops, const FusionContext& fctx) {
   return fuse_windows(ops, [&](const OpList& list, size_t i) {
     auto bias = op_at<Bias>(list, i);

@@ -22,9 +22,6 @@ class BackwardActivationBias : public FusedOperation {
   std::string kind_;
 };
 
-/// The GELU or ReLU op at position i, or null.
-std::shared_ptr<ElementwiseActivation> epilogue_activation_at(const OpList& ops, size_t i);
-
 /// Bias, then GELU or ReLU, both running backward.
 OpList fuse_backward_activation_bias(OpList ops, const FusionContext& ctx);
 

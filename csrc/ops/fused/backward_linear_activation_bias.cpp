@@ -2,7 +2,6 @@
 #include "ops/fused/backward_linear_activation_bias.h"
 
 #include "kernels/ops.h"
-#include "ops/fused/backward_activation_bias.h"
 #include "ops/fused/fusion_window.h"
 
 namespace fusible::ops {

@@ -49,9 +49,7 @@ OpList fuse_forward_linear_bias_activation(OpList ops, const FusionContext& fctx
         fctx.param_dtype(*bias, 0) != fctx.param_dtype(*linear, 0)) {
       return none;
     }
-    // The epilogue activations cuBLASLt has: GELU (tanh) and ReLU.
-    std::shared_ptr<ElementwiseActivation> act = op_at<GELU>(list, i + 2);
-    if (!act) act = op_at<ReLU>(list, i + 2);
+    auto act = epilogue_activation_at(list, i + 2);
     return std::pair<std::shared_ptr<FusibleOperation>, size_t>{
         std::make_shared<ForwardLinearBiasActivation>(linear, bias, act), act ? 3 : 2};
   });

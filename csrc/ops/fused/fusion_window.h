@@ -5,6 +5,7 @@
 #include <memory>
 #include <utility>
 
+#include "ops/basic/activations.h"
 #include "ops/fusion_registry.h"
 
 namespace fusible::ops {
@@ -13,6 +14,12 @@ namespace fusible::ops {
 template <typename T>
 std::shared_ptr<T> op_at(const OpList& ops, size_t i) {
   return i < ops.size() ? std::dynamic_pointer_cast<T>(ops[i]) : nullptr;
+}
+
+/// The GELU or ReLU op at position i (the activations GEMM epilogues have), or null.
+inline std::shared_ptr<ElementwiseActivation> epilogue_activation_at(const OpList& ops, size_t i) {
+  std::shared_ptr<ElementwiseActivation> act = op_at<GELU>(ops, i);
+  return act ? act : op_at<ReLU>(ops, i);
 }
 
 /// At position i: the fused op for the window starting there and how many ops it replaces, or
