@@ -45,6 +45,11 @@ inline std::string shape_str(const at::Tensor& t) {
   TORCH_CHECK((t).dim() >= (n), op, ": expected ", name, " to have at least ", n, " dims, got ", \
               (t).dim(), " (shape ", ::fusible::shape_str(t), ")")
 
+/// FUSIBLE_CHECK_SHAPE_LIKE(op, "dy", dy, x): t has the shape of like (symbolic sizes compared).
+#define FUSIBLE_CHECK_SHAPE_LIKE(op, name, t, like)                                              \
+  TORCH_CHECK((t).sym_sizes().equals((like).sym_sizes()), op, ": expected ", name, " of shape ", \
+              (like).sym_sizes(), ", got ", (t).sym_sizes())
+
 /// FUSIBLE_CHECK_SIZE(op, "x.size(-1)", got, expected): one size against the size it must match.
 #define FUSIBLE_CHECK_SIZE(op, what, got, expected) \
   TORCH_CHECK((got) == (expected), op, ": expected ", what, " == ", expected, ", got ", got)

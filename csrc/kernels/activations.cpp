@@ -1,5 +1,7 @@
 // Elementwise activations and gated (GLU-family) activations, forward and backward, through ATen in
 // fp32 (fp64 for fp64). Gated ops split the last dim into halves (a, b) and compute act(a) * b.
+#include "kernels/activations.h"
+
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/tanh.h>
@@ -11,32 +13,62 @@
 #include "kernels/compute_dtype.h"
 
 namespace fusible::kernels {
-namespace {
+namespace reference {
 
-enum class Act { kGelu, kQGelu, kRelu, kSRelu, kSilu, kSigmoid };
-
-Act parse_activation(const char* op, std::string_view kind) {
-  if (kind == "gelu") return Act::kGelu;
-  if (kind == "qgelu") return Act::kQGelu;
-  if (kind == "relu") return Act::kRelu;
-  if (kind == "srelu") return Act::kSRelu;
-  if (kind == "silu") return Act::kSilu;
+ActKind parse_activation(const char* op, std::string_view kind) {
+  if (kind == "gelu") return ActKind::kGelu;
+  if (kind == "qgelu") return ActKind::kQGelu;
+  if (kind == "relu") return ActKind::kRelu;
+  if (kind == "srelu") return ActKind::kSRelu;
+  if (kind == "silu") return ActKind::kSilu;
   TORCH_CHECK_VALUE(false, op, ": expected kind in {gelu, qgelu, relu, srelu, silu}, got '", kind,
                     "'");
 }
 
 // Gated kinds name the activation applied to the first half.
-Act parse_gated(const char* op, std::string_view kind) {
-  if (kind == "glu") return Act::kSigmoid;
-  if (kind == "geglu") return Act::kGelu;
-  if (kind == "qgeglu") return Act::kQGelu;
-  if (kind == "reglu") return Act::kRelu;
-  if (kind == "sreglu") return Act::kSRelu;
-  if (kind == "swiglu") return Act::kSilu;
+ActKind parse_gated(const char* op, std::string_view kind) {
+  if (kind == "glu") return ActKind::kSigmoid;
+  if (kind == "geglu") return ActKind::kGelu;
+  if (kind == "qgeglu") return ActKind::kQGelu;
+  if (kind == "reglu") return ActKind::kRelu;
+  if (kind == "sreglu") return ActKind::kSRelu;
+  if (kind == "swiglu") return ActKind::kSilu;
   TORCH_CHECK_VALUE(false, op,
                     ": expected kind in {glu, geglu, qgeglu, reglu, sreglu, swiglu}, got '", kind,
                     "'");
 }
+
+void check_glu_input(const char* op, const at::Tensor& x) {
+  FUSIBLE_CHECK_FLOATING(op, "x", x);
+  FUSIBLE_CHECK_MIN_DIM(op, "x", x, 1);
+  TORCH_CHECK(x.size(-1) % 2 == 0, op, ": expected x.size(-1) to be even, got ", x.size(-1),
+              " (x shape ", shape_str(x), ")");
+}
+
+void check_glu_grad(const char* op, const at::Tensor& dy, const at::Tensor& x) {
+  auto expected = x.sizes().vec();
+  expected.back() /= 2;
+  TORCH_CHECK(dy.sizes().equals(expected), op, ": expected dy of shape ", at::IntArrayRef(expected),
+              ", got ", dy.sizes());
+}
+
+void check_scales(const char* op, const at::Tensor& x, const at::Tensor& scales) {
+  FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "scales", scales);
+  FUSIBLE_CHECK_FLOATING(op, "scales", scales);
+  TORCH_CHECK(x.dim() >= 1 && scales.sizes().equals(x.sizes().slice(0, x.dim() - 1)), op,
+              ": expected scales of shape ", x.sizes().slice(0, std::max<int64_t>(x.dim() - 1, 0)),
+              " (x's shape without the last dim), got ", scales.sizes());
+}
+
+}  // namespace reference
+
+namespace {
+
+using Act = ActKind;
+using reference::check_glu_grad;
+using reference::check_scales;
+using reference::parse_activation;
+using reference::parse_gated;
 
 constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
 constexpr double kGeluA = 0.044715;
@@ -88,17 +120,9 @@ at::Tensor act_derivative(Act act, const at::Tensor& x) {
   TORCH_INTERNAL_ASSERT(false);
 }
 
-void check_same_shape(const char* op, const at::Tensor& dy, const at::Tensor& expected_like) {
-  TORCH_CHECK(dy.sizes().equals(expected_like.sizes()), op, ": expected dy of shape ",
-              expected_like.sizes(), ", got ", dy.sizes());
-}
-
 // Halves (a, b) of x's last dim, in the accumulation dtype.
 std::pair<at::Tensor, at::Tensor> split_halves(const char* op, const at::Tensor& x) {
-  FUSIBLE_CHECK_FLOATING(op, "x", x);
-  FUSIBLE_CHECK_MIN_DIM(op, "x", x, 1);
-  TORCH_CHECK(x.size(-1) % 2 == 0, op, ": expected x.size(-1) to be even, got ", x.size(-1),
-              " (x shape ", shape_str(x), ")");
+  reference::check_glu_input(op, x);
   const auto xf = upcast(x);
   const auto h = x.size(-1) / 2;
   return {xf.narrow(-1, 0, h), xf.narrow(-1, h, h)};
@@ -112,7 +136,7 @@ at::Tensor activation_fwd(const at::Tensor& x, c10::string_view kind) {
 
 at::Tensor activation_bwd(const at::Tensor& dy, const at::Tensor& x, c10::string_view kind) {
   FUSIBLE_CHECK_FLOATING("activation_bwd", "x", x);
-  check_same_shape("activation_bwd", dy, x);
+  FUSIBLE_CHECK_SHAPE_LIKE("activation_bwd", "dy", dy, x);
   const auto act = parse_activation("activation_bwd", kind);
   return (upcast(dy) * act_derivative(act, upcast(x))).to(x.scalar_type());
 }
@@ -127,7 +151,7 @@ at::Tensor glu_bwd(const at::Tensor& dy, const at::Tensor& x, c10::string_view k
   const auto act = parse_gated("glu_bwd", kind);
   const auto [a, b] = split_halves("glu_bwd", x);
   const auto dyf = upcast(dy);
-  check_same_shape("glu_bwd", dy, a);
+  check_glu_grad("glu_bwd", dy, x);
   return at::cat({dyf * b * act_derivative(act, a), dyf * act_value(act, a)}, -1)
       .to(x.scalar_type());
 }
@@ -143,7 +167,7 @@ at::Tensor clamped_swiglu_fwd(const at::Tensor& x, double limit, double alpha) {
 at::Tensor clamped_swiglu_bwd(const at::Tensor& dy, const at::Tensor& x, double limit,
                               double alpha) {
   const auto [a, b] = split_halves("clamped_swiglu_bwd", x);
-  check_same_shape("clamped_swiglu_bwd", dy, a);
+  check_glu_grad("clamped_swiglu_bwd", dy, x);
   const auto dyf = upcast(dy);
   const auto ac = a.clamp_max(limit);
   const auto bc = b.clamp(-limit, limit);
@@ -151,14 +175,6 @@ at::Tensor clamped_swiglu_bwd(const at::Tensor& dy, const at::Tensor& x, double 
   const auto da = dyf * (bc + 1) * (s + alpha * ac * s * (1 - s)) * (a <= limit);
   const auto db = dyf * ac * s * ((b >= -limit) & (b <= limit));
   return at::cat({da, db}, -1).to(x.scalar_type());
-}
-
-void check_scales(const char* op, const at::Tensor& x, const at::Tensor& scales) {
-  FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "scales", scales);
-  FUSIBLE_CHECK_FLOATING(op, "scales", scales);
-  TORCH_CHECK(x.dim() >= 1 && scales.sizes().equals(x.sizes().slice(0, x.dim() - 1)), op,
-              ": expected scales of shape ", x.sizes().slice(0, std::max<int64_t>(x.dim() - 1, 0)),
-              " (x's shape without the last dim), got ", scales.sizes());
 }
 
 // y = scales[..., None] * swiglu(x).
@@ -172,7 +188,7 @@ std::tuple<at::Tensor, at::Tensor> scaled_swiglu_bwd(const at::Tensor& dy, const
                                                      const at::Tensor& scales) {
   check_scales("scaled_swiglu_bwd", x, scales);
   const auto [a, b] = split_halves("scaled_swiglu_bwd", x);
-  check_same_shape("scaled_swiglu_bwd", dy, a);
+  check_glu_grad("scaled_swiglu_bwd", dy, x);
   const auto dyf = upcast(dy);
   const auto s = upcast(scales).unsqueeze(-1);
   const auto act = act_value(Act::kSilu, a);

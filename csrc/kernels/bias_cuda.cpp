@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "kernels/bias.h"
+#include "kernels/cuda_device.h"
 #include "kernels/cuda_dtype.h"
 #include "kernels/cuda_launchers.h"
 
@@ -20,7 +21,8 @@ at::Tensor bias_fwd_cuda(const at::Tensor& x, const at::Tensor& bias) {
   const int64_t cols = x.size(-1);
   const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
   launch_bias_fwd(xc.const_data_ptr(), bc.const_data_ptr(), y.mutable_data_ptr(), rows, cols,
-                  kernel_dtype("bias_fwd", x), c10::cuda::getCurrentCUDAStream());
+                  kernel_dtype("bias_fwd", x), current_sm_count(),
+                  c10::cuda::getCurrentCUDAStream());
   return y;
 }
 
@@ -31,7 +33,7 @@ at::Tensor bias_bwd_cuda(const at::Tensor& dy) {
   const int64_t cols = dy.size(-1);
   const int64_t rows = cols == 0 ? 0 : dy.numel() / cols;
   const auto dtype = kernel_dtype("bias_bwd", dy);
-  const int64_t chunks = bias_bwd_num_chunks(rows, cols);
+  const int64_t chunks = bias_bwd_num_chunks(rows, cols, current_sm_count());
   const auto acc = dy.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   auto workspace = at::empty({chunks, cols}, dy.options().dtype(acc));
   auto dbias = at::empty({cols}, dy.options());

@@ -15,7 +15,8 @@ enum class KernelDType { kFloat32, kFloat64, kFloat16, kBFloat16 };
 void launch_bias_fwd(const void* x,     // [rows, cols]
                      const void* bias,  // [cols]
                      void* y,           // [rows, cols]
-                     int64_t rows, int64_t cols, KernelDType dtype, cudaStream_t stream);
+                     int64_t rows, int64_t cols, KernelDType dtype, int num_sms,
+                     cudaStream_t stream);
 
 /// Partial column sums of dy over row chunks, then their total: dbias[n] = sum_m dy[m, n].
 /// workspace holds num_chunks * cols accumulator values (float, or double for kFloat64).
@@ -26,6 +27,88 @@ void launch_bias_bwd(const void* dy,   // [rows, cols]
                      cudaStream_t stream);
 
 /// How many row chunks launch_bias_bwd splits rows into (enough blocks to fill the GPU).
-int64_t bias_bwd_num_chunks(int64_t rows, int64_t cols);
+int64_t bias_bwd_num_chunks(int64_t rows, int64_t cols, int num_sms);
+
+// ---- LayerNorm (layernorm = true: mean subtracted, bias added) and RMSNorm over rows of cols.
+// Statistics and workspaces are in the accumulation type: float, or double for kFloat64.
+
+/// Whether a row of cols fits the kernels' shared memory on the current device (else: fall back).
+bool norm_fits(int64_t cols, KernelDType dtype, bool backward, bool layernorm);
+
+void launch_norm_fwd(const void* x,       // [rows, cols]
+                     const void* weight,  // [cols]
+                     const void* bias,    // [cols], LayerNorm only
+                     void* y,             // [rows, cols]
+                     void* mean,          // [rows], LayerNorm only
+                     void* rstd,          // [rows]
+                     int64_t rows, int64_t cols, double eps, bool zero_centered_gamma,
+                     bool layernorm, KernelDType dtype, cudaStream_t stream);
+
+/// How many blocks (each with its partial weight-gradient row) launch_norm_bwd uses.
+int64_t norm_bwd_num_chunks(int64_t rows, int64_t cols, KernelDType dtype, bool layernorm,
+                            int num_sms);
+
+/// dx (plus dextra when given), dweight and (LayerNorm) dbias.
+void launch_norm_bwd(const void* dy,      // [rows, cols]
+                     const void* x,       // [rows, cols]
+                     const void* mean,    // [rows], LayerNorm only
+                     const void* rstd,    // [rows]
+                     const void* weight,  // [cols]
+                     const void* dextra,  // [rows, cols] or null
+                     void* dx,            // [rows, cols]
+                     void* dweight,       // [cols]
+                     void* dbias,         // [cols], LayerNorm only
+                     void* workspace,     // [num_chunks, 2 * cols], accumulation type
+                     int64_t rows, int64_t cols, int64_t num_chunks, bool zero_centered_gamma,
+                     bool layernorm, KernelDType dtype, cudaStream_t stream);
+
+}  // namespace fusible::kernels
+
+namespace fusible::kernels {
+
+// ---- Activations and the GLU family (activation_kernels.cu).
+
+/// The activation applied elementwise, or to the first half of a gated pair.
+enum class ActKind { kGelu, kQGelu, kRelu, kSRelu, kSilu, kSigmoid };
+
+/// A gated activation over [a | b] halves: act(a) * b, or with clamped (ClampedSwiGLU):
+/// a' = min(a, limit), b' = clamp(b, -limit, limit), a' * sigmoid(alpha * a') * (b' + 1).
+struct GluParams {
+  ActKind act = ActKind::kSilu;
+  bool clamped = false;
+  float limit = 0;
+  float alpha = 0;
+};
+
+/// y = act(x), n elements.
+void launch_activation_fwd(const void* x, void* y, int64_t n, ActKind act, KernelDType dtype,
+                           int num_sms, cudaStream_t stream);
+/// dx = dy * act'(x), n elements.
+void launch_activation_bwd(const void* dy, const void* x, void* dx, int64_t n, ActKind act,
+                           KernelDType dtype, int num_sms, cudaStream_t stream);
+/// y[r, c] = scales[r] * gate(x[r, c], x[r, h + c]); scales (one per row, in the accumulation
+/// type) may be null.
+void launch_glu_fwd(const void* x,  // [rows, 2h]
+                    void* y,        // [rows, h]
+                    int64_t rows, int64_t h, const GluParams& params, const void* scales,
+                    KernelDType dtype, int num_sms, cudaStream_t stream);
+/// dx = [dy * scales * d gate / da | dy * scales * d gate / db].
+void launch_glu_bwd(const void* dy,  // [rows, h]
+                    const void* x,   // [rows, 2h]
+                    void* dx,        // [rows, 2h]
+                    int64_t rows, int64_t h, const GluParams& params, const void* scales,
+                    KernelDType dtype, int num_sms, cudaStream_t stream);
+/// dscales[r] = sum over c of dy[r, c] * gate(x[r, c], x[r, h + c]), in the accumulation type.
+void launch_glu_scale_grad(const void* dy, const void* x, void* dscales, int64_t rows, int64_t h,
+                           const GluParams& params, KernelDType dtype, cudaStream_t stream);
+
+// ---- Scale and residual add (elementwise_kernels.cu).
+
+/// y = scale * x, n elements.
+void launch_scale(const void* x, void* y, int64_t n, double scale, KernelDType dtype, int num_sms,
+                  cudaStream_t stream);
+/// out = a + b, n elements; out may be a (in place).
+void launch_add(const void* a, const void* b, void* out, int64_t n, KernelDType dtype, int num_sms,
+                cudaStream_t stream);
 
 }  // namespace fusible::kernels

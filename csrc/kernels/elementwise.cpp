@@ -1,5 +1,7 @@
 // Small elementwise ops of the basic operations: constant scale, residual add (out of place and in
 // place), and dropout with its saved keep-mask.
+#include "kernels/elementwise.h"
+
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/bernoulli.h>
 #include <ATen/ops/empty.h>
@@ -9,12 +11,7 @@
 #include "kernels/compute_dtype.h"
 
 namespace fusible::kernels {
-namespace {
-
-at::Tensor scale_fwd(const at::Tensor& x, double scale) {
-  FUSIBLE_CHECK_FLOATING("scale_fwd", "x", x);
-  return (upcast(x) * scale).to(x.scalar_type());
-}
+namespace reference {
 
 void check_add_args(const char* op, const at::Tensor& x, const at::Tensor& other) {
   FUSIBLE_CHECK_FLOATING(op, "x", x);
@@ -34,6 +31,18 @@ at::Tensor add_fwd(const at::Tensor& x, const at::Tensor& other) {
 void add_(const at::Tensor& self, const at::Tensor& other) {
   check_add_args("add_", self, other);
   self.add_(other.to(self.scalar_type()));
+}
+
+}  // namespace reference
+
+namespace {
+
+using reference::add_;
+using reference::add_fwd;
+
+at::Tensor scale_fwd(const at::Tensor& x, double scale) {
+  FUSIBLE_CHECK_FLOATING("scale_fwd", "x", x);
+  return (upcast(x) * scale).to(x.scalar_type());
 }
 
 std::tuple<at::Tensor, at::Tensor> dropout_fwd(const at::Tensor& x, double p) {

@@ -1,4 +1,4 @@
-// The ops behind the fused ops (GEMMs with epilogues, bias + activation backward, RMSNorm backward
+// The ops behind the fused ops (GEMMs with epilogues, bias + activation backward, norm backward
 // with the residual gradient): their reference implementation composes the basic kernel ops, so it
 // rounds as the unfused ops do and runs on CPU, CUDA and Meta. CUDA gets its own kernels (cuBLASLt
 // epilogues) registered under the CUDA key.
@@ -102,6 +102,13 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_ref(const at::Tensor& dy, con
   return {add_fwd(dx, dextra), std::move(dw)};  // in dx's dtype; add_fwd checks the shape
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add_ref(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra) {
+  auto [dx, dw, db] = layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);
+  return {add_fwd(dx, dextra), std::move(dw), std::move(db)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
@@ -113,6 +120,7 @@ TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("linear_dgrad_act_bias", &reference::linear_dgrad_act_bias);
   m.impl("bias_act_bwd", &bias_act_bwd_ref);
   m.impl("rmsnorm_bwd_add", &rmsnorm_bwd_add_ref);
+  m.impl("layernorm_bwd_add", &layernorm_bwd_add_ref);
 }
 
 }  // namespace fusible::kernels

@@ -36,6 +36,10 @@ TORCH_LIBRARY(fusible, m) {
   m.def(
       "rmsnorm_bwd_add(Tensor dy, Tensor x, Tensor rstd, Tensor weight, bool zero_centered_gamma, "
       "Tensor dextra) -> (Tensor, Tensor)");
+  // LayerNorm backward plus the residual's gradient: -> (layernorm dx + dextra, dweight, dbias).
+  m.def(
+      "layernorm_bwd_add(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor weight, bool "
+      "zero_centered_gamma, Tensor dextra) -> (Tensor, Tensor, Tensor)");
 
   // LayerNorm over the trailing weight.shape dims -> (y, mean, rstd), stats over x's leading dims,
   // stats in fp32/fp64.
@@ -124,6 +128,7 @@ TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
                            "linear_dgrad_act_bias",
                            "bias_act_bwd",
                            "rmsnorm_bwd_add",
+                           "layernorm_bwd_add",
                            "linear_bias_relu_fwd"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }

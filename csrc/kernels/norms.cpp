@@ -1,5 +1,7 @@
 // layernorm / rmsnorm / l2norm forward and backward through ATen, computed in fp32 (fp64 for fp64)
 // and rounded once. Statistics (mean, rstd) are returned per row for the backward.
+#include "kernels/norms.h"
+
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/rsqrt.h>
 #include <torch/library.h>
@@ -8,7 +10,7 @@
 #include "kernels/compute_dtype.h"
 
 namespace fusible::kernels {
-namespace {
+namespace reference {
 
 // Statistics are computed over the trailing dims and returned over the leading dims; only sym_*
 // sizes are used so the ops also trace with dynamic shapes.
@@ -28,10 +30,14 @@ std::vector<int64_t> check_norm_args(const char* op, const at::Tensor& x,
   return dims;
 }
 
-void check_same_shape(const char* op, const at::Tensor& dy, const at::Tensor& x) {
-  TORCH_CHECK(dy.sym_sizes().equals(x.sym_sizes()), op, ": expected dy of shape ", x.sym_sizes(),
-              ", got ", dy.sym_sizes());
+void check_norm_bias(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                     const at::Tensor& bias) {
+  TORCH_CHECK(bias.sym_sizes().equals(weight.sym_sizes()), op, ": expected bias of shape ",
+              weight.sym_sizes(), ", got ", bias.sym_sizes());
+  FUSIBLE_CHECK_SAME_DTYPE(op, "x", x, "bias", bias);
 }
+
+namespace {
 
 // Sum over the leading (batch) dims: the parameter gradients.
 at::Tensor sum_leading(const at::Tensor& t, int64_t nd) {
@@ -52,14 +58,14 @@ at::Tensor gamma(const at::Tensor& weight, bool zero_centered_gamma) {
   return zero_centered_gamma ? w + 1 : w;
 }
 
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd(const at::Tensor& x,
                                                              const at::Tensor& weight,
                                                              const at::Tensor& bias, double eps,
                                                              bool zero_centered_gamma) {
   const auto dims = check_norm_args("layernorm_fwd", x, weight);
-  TORCH_CHECK(bias.sym_sizes().equals(weight.sym_sizes()), "layernorm_fwd: expected bias of shape ",
-              weight.sym_sizes(), ", got ", bias.sym_sizes());
-  FUSIBLE_CHECK_SAME_DTYPE("layernorm_fwd", "x", x, "bias", bias);
+  check_norm_bias("layernorm_fwd", x, weight, bias);
   const auto xf = upcast(x);
   const auto mean = xf.mean(dims, /*keepdim=*/true);
   const auto var = (xf - mean).pow(2).mean(dims, /*keepdim=*/true);
@@ -72,7 +78,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
     const at::Tensor& weight, bool zero_centered_gamma) {
   const auto dims = check_norm_args("layernorm_bwd", x, weight);
-  check_same_shape("layernorm_bwd", dy, x);
+  FUSIBLE_CHECK_SHAPE_LIKE("layernorm_bwd", "dy", dy, x);
   const auto nd = weight.dim();
   const auto r = expand_stat(rstd, nd);
   const auto xhat = (upcast(x) - expand_stat(mean, nd)) * r;
@@ -96,7 +102,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::T
                                                const at::Tensor& rstd, const at::Tensor& weight,
                                                bool zero_centered_gamma) {
   const auto dims = check_norm_args("rmsnorm_bwd", x, weight);
-  check_same_shape("rmsnorm_bwd", dy, x);
+  FUSIBLE_CHECK_SHAPE_LIKE("rmsnorm_bwd", "dy", dy, x);
   const auto nd = weight.dim();
   const auto r = expand_stat(rstd, nd);
   const auto xhat = upcast(x) * r;
@@ -105,6 +111,10 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::T
   const auto dx = r * (g - xhat * (g * xhat).mean(dims, true));
   return {dx.to(x.scalar_type()), sum_leading(dyf * xhat, nd).to(weight.scalar_type())};
 }
+
+}  // namespace reference
+
+namespace {
 
 std::tuple<at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x, double eps) {
   FUSIBLE_CHECK_FLOATING("l2norm_fwd", "x", x);
@@ -117,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x, double eps) {
 at::Tensor l2norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd) {
   FUSIBLE_CHECK_FLOATING("l2norm_bwd", "x", x);
   FUSIBLE_CHECK_MIN_DIM("l2norm_bwd", "x", x, 1);
-  check_same_shape("l2norm_bwd", dy, x);
+  FUSIBLE_CHECK_SHAPE_LIKE("l2norm_bwd", "dy", dy, x);
   const auto r = rstd.unsqueeze(-1);
   const auto y = upcast(x) * r;
   const auto dyf = upcast(dy);
@@ -127,10 +137,10 @@ at::Tensor l2norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
-  m.impl("layernorm_fwd", &layernorm_fwd);
-  m.impl("layernorm_bwd", &layernorm_bwd);
-  m.impl("rmsnorm_fwd", &rmsnorm_fwd);
-  m.impl("rmsnorm_bwd", &rmsnorm_bwd);
+  m.impl("layernorm_fwd", &reference::layernorm_fwd);
+  m.impl("layernorm_bwd", &reference::layernorm_bwd);
+  m.impl("rmsnorm_fwd", &reference::rmsnorm_fwd);
+  m.impl("rmsnorm_bwd", &reference::rmsnorm_bwd);
   m.impl("l2norm_fwd", &l2norm_fwd);
   m.impl("l2norm_bwd", &l2norm_bwd);
 }

@@ -73,6 +73,10 @@ T2 rmsnorm_bwd_add(CT dy, CT x, CT rstd, CT weight, bool zero_centered_gamma, CT
   FUSIBLE_OP("rmsnorm_bwd_add", T2(CT, CT, CT, CT, bool, CT));
   return op.call(dy, x, rstd, weight, zero_centered_gamma, dextra);
 }
+T3 layernorm_bwd_add(CT dy, CT x, CT mean, CT rstd, CT weight, bool zcg, CT dextra) {
+  FUSIBLE_OP("layernorm_bwd_add", T3(CT, CT, CT, CT, CT, bool, CT));
+  return op.call(dy, x, mean, rstd, weight, zcg, dextra);
+}
 T3 layernorm_fwd(CT x, CT weight, CT bias, double eps, bool zcg) {
   FUSIBLE_OP("layernorm_fwd", T3(CT, CT, CT, double, bool));
   return op.call(x, weight, bias, eps, zcg);

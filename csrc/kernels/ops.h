@@ -54,6 +54,10 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor& dy, const a
                                                    const at::Tensor& rstd, const at::Tensor& weight,
                                                    bool zero_centered_gamma,
                                                    const at::Tensor& dextra);
+/// -> (layernorm_bwd's dx + dextra, dweight, dbias).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra);
 
 /// -> (y, mean, rstd), stats over x's leading dims.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd(const at::Tensor& x,

@@ -68,6 +68,12 @@ cublasLtEpilogue_t lt_epilogue(Epilogue e) {
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case Epilogue::kDGeluBGrad:
       return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case Epilogue::kReluAuxBias:
+      return CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+    case Epilogue::kDReluBGrad:
+      return CUBLASLT_EPILOGUE_DRELU_BGRAD;
+    case Epilogue::kBGradB:
+      return CUBLASLT_EPILOGUE_BGRADB;
   }
   TORCH_INTERNAL_ASSERT(false);
 }
@@ -114,6 +120,11 @@ struct KeyHash {
 std::mutex cache_mutex;
 std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash> algo_cache;
 
+bool uses_mask(Epilogue e) { return e == Epilogue::kReluAuxBias || e == Epilogue::kDReluBGrad; }
+bool uses_aux(Epilogue e) {
+  return uses_mask(e) || e == Epilogue::kGeluAuxBias || e == Epilogue::kDGeluBGrad;
+}
+
 int64_t rows_of_op(const at::Tensor& t, bool trans) { return trans ? t.size(1) : t.size(0); }
 int64_t cols_of_op(const at::Tensor& t, bool trans) { return trans ? t.size(0) : t.size(1); }
 
@@ -137,24 +148,38 @@ const char* epilogue_name(Epilogue e) {
       return "GELU_AUX_BIAS";
     case Epilogue::kDGeluBGrad:
       return "DGELU_BGRAD";
+    case Epilogue::kReluAuxBias:
+      return "RELU_AUX_BIAS";
+    case Epilogue::kDReluBGrad:
+      return "DRELU_BGRAD";
+    case Epilogue::kBGradB:
+      return "BGRADB";
   }
   return "?";
 }
+
+int64_t relu_mask_row_bytes(int64_t n) { return (n + 127) / 128 * 128 / 8; }
 
 bool can_run(const RowMajorGemm& g) {
   const auto t = g.d.scalar_type();
   if (t != at::kBFloat16 && t != at::kHalf && t != at::kFloat) return false;
   const auto elem = g.d.element_size();
+  const bool mask = uses_mask(g.epilogue);
   for (const auto* x : {&g.a, &g.b, &g.c, &g.d, &g.bias, &g.aux}) {
     if (!x->defined()) continue;
+    if (x == &g.aux && mask) {  // the bit mask: bytes, checked below
+      if (!x->is_cuda() || x->scalar_type() != at::kByte || !x->is_contiguous() || !aligned16(*x)) {
+        return false;
+      }
+      continue;
+    }
     if (!x->is_cuda() || x->scalar_type() != t || !x->is_contiguous() || !aligned16(*x)) {
       return false;
     }
     if (x->dim() == 2 && (x->size(1) * elem) % 16 != 0) return false;  // rows 16-byte aligned
   }
   if (g.a.size(0) == 0 || g.a.size(1) == 0 || g.b.size(0) == 0 || g.b.size(1) == 0) return false;
-  const bool uses_aux = g.epilogue == Epilogue::kGeluAuxBias || g.epilogue == Epilogue::kDGeluBGrad;
-  return !uses_aux || g.d.size(1) % 8 == 0;
+  return !uses_aux(g.epilogue) || mask || g.d.size(1) % 8 == 0;
 }
 
 void run(const RowMajorGemm& g) {
@@ -182,18 +207,23 @@ void run(const RowMajorGemm& g) {
   FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                         &epilogue, sizeof(epilogue)));
   if (g.epilogue != Epilogue::kNone) {
-    TORCH_CHECK(g.bias.defined() && g.bias.numel() == n, "cuBLASLt GEMM: epilogue ",
-                epilogue_name(g.epilogue), " expects a bias of ", n, " elements");
+    const int64_t bias_size = g.epilogue == Epilogue::kBGradB ? m : n;
+    TORCH_CHECK(g.bias.defined() && g.bias.numel() == bias_size, "cuBLASLt GEMM: epilogue ",
+                epilogue_name(g.epilogue), " expects a bias of ", bias_size, " elements");
     const void* bias = g.bias.data_ptr();
     FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(
         desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
-  if (g.epilogue == Epilogue::kGeluAuxBias || g.epilogue == Epilogue::kDGeluBGrad) {
-    TORCH_CHECK(g.aux.defined() && g.aux.size(0) == m && g.aux.size(1) == n,
-                "cuBLASLt GEMM: epilogue ", epilogue_name(g.epilogue), " expects aux [", m, ", ", n,
-                "]");
+  if (uses_aux(g.epilogue)) {
+    // The ReLU mask's leading dim counts bits (the mask is bytes); the GELU aux's, elements.
+    const bool mask = uses_mask(g.epilogue);
+    const int64_t aux_cols = mask ? relu_mask_row_bytes(n) : n;
+    TORCH_CHECK(
+        g.aux.defined() && g.aux.dim() == 2 && g.aux.size(0) == m && g.aux.size(1) == aux_cols,
+        "cuBLASLt GEMM: epilogue ", epilogue_name(g.epilogue), " expects aux [", m, ", ", aux_cols,
+        "]");
     const void* aux = g.aux.data_ptr();
-    const int64_t aux_ld = n;
+    const int64_t aux_ld = mask ? aux_cols * 8 : n;
     FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(
         desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(

@@ -12,7 +12,15 @@ enum class Epilogue {
   kReluBias,     // d = relu(d + bias)
   kGeluAuxBias,  // aux = d + bias; d = gelu_tanh(aux)
   kDGeluBGrad,   // d = gelu_tanh'(aux) * d; bias = sum of d over rows (an output)
+  kReluAuxBias,  // d = relu(d + bias); aux = the bit mask (d + bias > 0)
+  kDReluBGrad,   // d = d where the aux bit is set, else 0; bias = sum of d over rows (an output)
+  kBGradB,       // plain d; bias[i] = sum over k of op(a)[i, :] (an output, m elements): the
+                 // bias gradient of a wgrad GEMM whose op(a) is dy^T
 };
+
+/// The ReLU bit mask's row length in bytes for an output with n columns: cuBLASLt wants its
+/// leading dim, in bits, a multiple of 128. Bit j of row i is bit (j % 8) of byte i * ld + j / 8.
+int64_t relu_mask_row_bytes(int64_t n);
 
 const char* epilogue_name(Epilogue e);
 
@@ -28,13 +36,17 @@ struct RowMajorGemm {
   double alpha = 1.0;
   double beta = 0.0;
   Epilogue epilogue = Epilogue::kNone;
-  at::Tensor bias;  // [n]: input (kBias, kReluBias, kGeluAuxBias) or output (kDGeluBGrad)
-  at::Tensor aux;   // [m, n]: output (kGeluAuxBias) or input (kDGeluBGrad)
+  // [n]: input (kBias, kReluBias, kGeluAuxBias, kReluAuxBias), output (kDGeluBGrad,
+  // kDReluBGrad); [m]: output (kBGradB).
+  at::Tensor bias;
+  // [m, n] in d's dtype: output (kGeluAuxBias) or input (kDGeluBGrad); uint8
+  // [m, relu_mask_row_bytes(n)]: output (kReluAuxBias) or input (kDReluBGrad).
+  at::Tensor aux;
 };
 
 /// Whether cuBLASLt runs this GEMM here: supported dtype, 16-byte aligned pointers and rows, and
-/// the epilogue's layout rules (the GELU aux leading dim a multiple of 8). Callers fall back to
-/// the ATen reference otherwise.
+/// the epilogue's layout rules (the GELU aux leading dim a multiple of 8, the ReLU mask as above).
+/// Callers fall back to the ATen reference otherwise.
 bool can_run(const RowMajorGemm& g);
 
 /// Runs it. Throws naming m, n, k, dtype and epilogue when no algorithm fits.

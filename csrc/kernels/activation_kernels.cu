@@ -1,0 +1,275 @@
+// Activations and the GLU family (plain, clamped, per-row scaled), forward and backward, computed
+// in fp32 registers (fp64 for fp64) from the storage dtype, written once in it.
+#include <type_traits>
+
+#include "kernels/cuda_map.cuh"
+
+namespace fusible::kernels {
+namespace {
+
+using cuda::acc_t;
+using cuda::from_acc;
+using cuda::load_vec;
+using cuda::store_vec;
+using cuda::to_acc;
+using cuda::Vec;
+
+template <typename A>
+__device__ __forceinline__ A exp_(A x) {
+  if constexpr (std::is_same_v<A, float>) {
+    return expf(x);
+  } else {
+    return exp(x);
+  }
+}
+template <typename A>
+__device__ __forceinline__ A tanh_(A x) {
+  if constexpr (std::is_same_v<A, float>) {
+    return tanhf(x);
+  } else {
+    return tanh(x);
+  }
+}
+template <typename A>
+__device__ __forceinline__ A sigmoid(A x) {
+  return A(1) / (A(1) + exp_(-x));
+}
+
+constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluA = 0.044715;
+constexpr double kQGeluAlpha = 1.702;
+
+template <typename A>
+__device__ __forceinline__ A act_value(ActKind k, A x) {
+  switch (k) {
+    case ActKind::kGelu:
+      return A(0.5) * x * (A(1) + tanh_(A(kGeluC) * (x + A(kGeluA) * x * x * x)));
+    case ActKind::kQGelu:
+      return x * sigmoid(A(kQGeluAlpha) * x);
+    case ActKind::kRelu:
+      return x > A(0) ? x : A(0);
+    case ActKind::kSRelu:
+      return x > A(0) ? x * x : A(0);
+    case ActKind::kSilu:
+      return x * sigmoid(x);
+    case ActKind::kSigmoid:
+      return sigmoid(x);
+  }
+  return A(0);
+}
+
+template <typename A>
+__device__ __forceinline__ A act_derivative(ActKind k, A x) {
+  switch (k) {
+    case ActKind::kGelu: {
+      const A t = tanh_(A(kGeluC) * (x + A(kGeluA) * x * x * x));
+      return A(0.5) * (A(1) + t) +
+             A(0.5) * x * (A(1) - t * t) * A(kGeluC) * (A(1) + A(3 * kGeluA) * x * x);
+    }
+    case ActKind::kQGelu: {
+      const A s = sigmoid(A(kQGeluAlpha) * x);
+      return s + A(kQGeluAlpha) * x * s * (A(1) - s);
+    }
+    case ActKind::kRelu:
+      return x > A(0) ? A(1) : A(0);
+    case ActKind::kSRelu:
+      return x > A(0) ? A(2) * x : A(0);
+    case ActKind::kSilu: {
+      const A s = sigmoid(x);
+      return s * (A(1) + x * (A(1) - s));
+    }
+    case ActKind::kSigmoid: {
+      const A s = sigmoid(x);
+      return s * (A(1) - s);
+    }
+  }
+  return A(0);
+}
+
+template <typename A>
+struct ActFwd {
+  ActKind kind;
+  __device__ A operator()(A x, A) const { return act_value(kind, x); }
+};
+template <typename A>
+struct ActBwd {  // (dy, x) -> dy * act'(x)
+  ActKind kind;
+  __device__ A operator()(A dy, A x) const { return dy * act_derivative(kind, x); }
+};
+
+// One gated pair (a, b): the value act(a) * b' and the partial derivatives.
+template <typename A>
+struct Gate {
+  GluParams p;
+  __device__ A value(A a, A b) const {
+    if (!p.clamped) return act_value(p.act, a) * b;
+    const A lim = A(p.limit);
+    const A ac = a < lim ? a : lim;
+    const A bc = b < -lim ? -lim : (b > lim ? lim : b);
+    return ac * sigmoid(A(p.alpha) * ac) * (bc + A(1));
+  }
+  // d value / da, d value / db.
+  __device__ void grads(A a, A b, A& da, A& db) const {
+    if (!p.clamped) {
+      da = act_derivative(p.act, a) * b;
+      db = act_value(p.act, a);
+      return;
+    }
+    const A lim = A(p.limit), al = A(p.alpha);
+    const A ac = a < lim ? a : lim;
+    const A bc = b < -lim ? -lim : (b > lim ? lim : b);
+    const A s = sigmoid(al * ac);
+    da = a <= lim ? (bc + A(1)) * (s + al * ac * s * (A(1) - s)) : A(0);
+    db = (b >= -lim && b <= lim) ? ac * s : A(0);
+  }
+};
+
+// Element e of the output [rows, h]: row e / h, column e % h; x holds [a | b] per row.
+template <typename T, int VEC>
+__global__ void glu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t h,
+                               Gate<acc_t<T>> gate, const acc_t<T>* __restrict__ scales) {
+  using A = acc_t<T>;
+  const int64_t vecs = rows * h / VEC;
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < vecs;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = v * VEC, r = e / h, c = e % h;
+    const auto av = load_vec<T, VEC>(x + r * 2 * h + c);
+    const auto bv = load_vec<T, VEC>(x + r * 2 * h + h + c);
+    const A s = scales != nullptr ? scales[r] : A(1);
+    Vec<T, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      o.v[j] = from_acc<T>(s * gate.value(to_acc(av.v[j]), to_acc(bv.v[j])));
+    store_vec<T, VEC>(y + e, o);
+  }
+}
+
+template <typename T, int VEC>
+__global__ void glu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                               T* __restrict__ dx, int64_t rows, int64_t h, Gate<acc_t<T>> gate,
+                               const acc_t<T>* __restrict__ scales) {
+  using A = acc_t<T>;
+  const int64_t vecs = rows * h / VEC;
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < vecs;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = v * VEC, r = e / h, c = e % h;
+    const auto dv = load_vec<T, VEC>(dy + e);
+    const auto av = load_vec<T, VEC>(x + r * 2 * h + c);
+    const auto bv = load_vec<T, VEC>(x + r * 2 * h + h + c);
+    const A s = scales != nullptr ? scales[r] : A(1);
+    Vec<T, VEC> da, db;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      A ga, gb;
+      gate.grads(to_acc(av.v[j]), to_acc(bv.v[j]), ga, gb);
+      const A d = s * to_acc(dv.v[j]);
+      da.v[j] = from_acc<T>(d * ga);
+      db.v[j] = from_acc<T>(d * gb);
+    }
+    store_vec<T, VEC>(dx + r * 2 * h + c, da);
+    store_vec<T, VEC>(dx + r * 2 * h + h + c, db);
+  }
+}
+
+// dscales[r] = sum over the row of dy * glu(a, b): one block per row.
+template <typename T>
+__global__ void glu_scale_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                      acc_t<T>* __restrict__ dscales, int64_t h,
+                                      Gate<acc_t<T>> gate) {
+  using A = acc_t<T>;
+  const int64_t r = blockIdx.x;
+  A sum = 0;
+  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+    sum +=
+        to_acc(dy[r * h + c]) * gate.value(to_acc(x[r * 2 * h + c]), to_acc(x[r * 2 * h + h + c]));
+  }
+  sum = cuda::block_sum(sum);
+  if (threadIdx.x == 0) dscales[r] = sum;
+}
+
+template <typename T>
+bool glu_vectorizes(int64_t h, std::initializer_list<const void*> ptrs) {
+  return cuda::can_vectorize(h, cuda::kVec16<T>, ptrs);
+}
+
+}  // namespace
+
+void launch_activation_fwd(const void* x, void* y, int64_t n, ActKind act, KernelDType dtype,
+                           int num_sms, cudaStream_t stream) {
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    cuda::launch_map<T>(x, nullptr, y, n, ActFwd<acc_t<T>>{act}, num_sms, stream,
+                        "activation_fwd kernel");
+  });
+}
+
+void launch_activation_bwd(const void* dy, const void* x, void* dx, int64_t n, ActKind act,
+                           KernelDType dtype, int num_sms, cudaStream_t stream) {
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    cuda::launch_map<T>(dy, x, dx, n, ActBwd<acc_t<T>>{act}, num_sms, stream,
+                        "activation_bwd kernel");
+  });
+}
+
+void launch_glu_fwd(const void* x, void* y, int64_t rows, int64_t h, const GluParams& params,
+                    const void* scales, KernelDType dtype, int num_sms, cudaStream_t stream) {
+  if (rows * h == 0) return;
+  constexpr int kThreads = 256;
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const Gate<acc_t<T>> gate{params};
+    const auto* ts = static_cast<const acc_t<T>*>(scales);
+    const auto* tx = static_cast<const T*>(x);
+    auto* ty = static_cast<T*>(y);
+    if (glu_vectorizes<T>(h, {x, y})) {
+      constexpr int V = cuda::kVec16<T>;
+      glu_fwd_kernel<T, V>
+          <<<cuda::grid_for(rows * h / V, kThreads, num_sms), kThreads, 0, stream>>>(tx, ty, rows,
+                                                                                     h, gate, ts);
+    } else {
+      glu_fwd_kernel<T, 1><<<cuda::grid_for(rows * h, kThreads, num_sms), kThreads, 0, stream>>>(
+          tx, ty, rows, h, gate, ts);
+    }
+  });
+  cuda::check_launch("glu_fwd_kernel");
+}
+
+void launch_glu_bwd(const void* dy, const void* x, void* dx, int64_t rows, int64_t h,
+                    const GluParams& params, const void* scales, KernelDType dtype, int num_sms,
+                    cudaStream_t stream) {
+  if (rows * h == 0) return;
+  constexpr int kThreads = 256;
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const Gate<acc_t<T>> gate{params};
+    const auto* ts = static_cast<const acc_t<T>*>(scales);
+    const auto* tdy = static_cast<const T*>(dy);
+    const auto* tx = static_cast<const T*>(x);
+    auto* tdx = static_cast<T*>(dx);
+    if (glu_vectorizes<T>(h, {dy, x, dx})) {
+      constexpr int V = cuda::kVec16<T>;
+      glu_bwd_kernel<T, V>
+          <<<cuda::grid_for(rows * h / V, kThreads, num_sms), kThreads, 0, stream>>>(
+              tdy, tx, tdx, rows, h, gate, ts);
+    } else {
+      glu_bwd_kernel<T, 1><<<cuda::grid_for(rows * h, kThreads, num_sms), kThreads, 0, stream>>>(
+          tdy, tx, tdx, rows, h, gate, ts);
+    }
+  });
+  cuda::check_launch("glu_bwd_kernel");
+}
+
+void launch_glu_scale_grad(const void* dy, const void* x, void* dscales, int64_t rows, int64_t h,
+                           const GluParams& params, KernelDType dtype, cudaStream_t stream) {
+  if (rows == 0) return;
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    glu_scale_grad_kernel<T>
+        <<<rows, 256, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                   static_cast<acc_t<T>*>(dscales), h, Gate<acc_t<T>>{params});
+  });
+  cuda::check_launch("glu_scale_grad_kernel");
+}
+
+}  // namespace fusible::kernels

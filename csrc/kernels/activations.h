@@ -1,0 +1,24 @@
+// The activation family's argument parsing and checks, shared by the ATen reference (CPU, Meta)
+// and the CUDA kernels' wrappers.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string_view>
+
+#include "kernels/cuda_launchers.h"
+
+namespace fusible::kernels::reference {
+
+/// kind in {gelu, qgelu, relu, srelu, silu}.
+ActKind parse_activation(const char* op, std::string_view kind);
+/// Gated kind in {glu, geglu, qgeglu, reglu, sreglu, swiglu}: the activation of the first half.
+ActKind parse_gated(const char* op, std::string_view kind);
+/// x [..., 2H] floating with an even last dim.
+void check_glu_input(const char* op, const at::Tensor& x);
+/// dy of x's shape with the last dim halved.
+void check_glu_grad(const char* op, const at::Tensor& dy, const at::Tensor& x);
+/// scales of x's shape without the last dim, floating, on x's device.
+void check_scales(const char* op, const at::Tensor& x, const at::Tensor& scales);
+
+}  // namespace fusible::kernels::reference

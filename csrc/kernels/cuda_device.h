@@ -1,0 +1,13 @@
+// Facts about the current CUDA device that the kernel launchers size their grids by.
+#pragma once
+
+#include <ATen/cuda/CUDAContextLight.h>
+
+namespace fusible::kernels {
+
+/// Streaming multiprocessors of the current device (read from the device, cached by PyTorch).
+inline int current_sm_count() {
+  return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+}
+
+}  // namespace fusible::kernels

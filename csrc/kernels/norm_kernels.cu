@@ -1,0 +1,258 @@
+// LayerNorm and RMSNorm, forward and backward, in fp32 registers (fp64 for fp64) from the storage
+// dtype. One block per row: the row is read from global memory once, kept in shared memory as
+// fp32 for the second pass, and written once. The backward's weight and bias gradients are
+// reduced deterministically: each block sums a fixed set of rows into its own partial row, and a
+// second kernel adds the partials in block order.
+#include <algorithm>
+
+#include "kernels/cuda_common.cuh"
+
+namespace fusible::kernels {
+namespace {
+
+using cuda::acc_t;
+using cuda::from_acc;
+using cuda::load_vec;
+using cuda::store_vec;
+using cuda::to_acc;
+using cuda::Vec;
+
+constexpr int kMaxThreads = 1024;
+
+template <typename T, int VEC, bool kLayerNorm>
+__global__ void __launch_bounds__(kMaxThreads)
+    norm_fwd_kernel(const T* __restrict__ x,       // [rows, cols]
+                    const T* __restrict__ weight,  // [cols]
+                    const T* __restrict__ bias,    // [cols] (LayerNorm)
+                    T* __restrict__ y,             // [rows, cols]
+                    acc_t<T>* __restrict__ mean,   // [rows] (LayerNorm)
+                    acc_t<T>* __restrict__ rstd,   // [rows]
+                    int64_t cols, acc_t<T> eps, bool zero_centered_gamma) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  A* row = reinterpret_cast<A*>(smem);  // this thread's elements only: no barrier needed
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
+  A sum = 0;
+  for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+    const auto v = load_vec<T, VEC>(xr + i);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      row[i + j] = to_acc(v.v[j]);
+      sum += row[i + j];
+    }
+  }
+  const A mu = kLayerNorm ? cuda::block_sum(sum) / static_cast<A>(cols) : A(0);
+  A sq = 0;
+  for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const A d = row[i + j] - mu;
+      sq += d * d;
+    }
+  }
+  const A rs = A(1) / sqrt(cuda::block_sum(sq) / static_cast<A>(cols) + eps);
+  if (threadIdx.x == 0) {
+    if (kLayerNorm) mean[r] = mu;
+    rstd[r] = rs;
+  }
+  const A shift = zero_centered_gamma ? A(1) : A(0);
+  T* yr = y + r * cols;
+  for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+    const auto w = load_vec<T, VEC>(weight + i);
+    Vec<T, VEC> b;
+    if (kLayerNorm) b = load_vec<T, VEC>(bias + i);
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      A o = (row[i + j] - mu) * rs * (to_acc(w.v[j]) + shift);
+      if (kLayerNorm) o += to_acc(b.v[j]);
+      out.v[j] = from_acc<T>(o);
+    }
+    store_vec<T, VEC>(yr + i, out);
+  }
+}
+
+// Block b handles rows b, b + gridDim.x, ...: dx for each (plus dextra), and its own partial sums
+// of the weight gradient (dy * xhat) and bias gradient (dy) in partial[b] = [dweight | dbias].
+template <typename T, int VEC, bool kLayerNorm>
+__global__ void __launch_bounds__(kMaxThreads)
+    norm_bwd_kernel(const T* __restrict__ dy,           // [rows, cols]
+                    const T* __restrict__ x,            // [rows, cols]
+                    const acc_t<T>* __restrict__ mean,  // [rows] (LayerNorm)
+                    const acc_t<T>* __restrict__ rstd,  // [rows]
+                    const T* __restrict__ weight,       // [cols]
+                    const T* __restrict__ dextra,       // [rows, cols] or null
+                    T* __restrict__ dx,                 // [rows, cols]
+                    acc_t<T>* __restrict__ partial,     // [gridDim.x, 2 * cols]
+                    int64_t rows, int64_t cols, bool zero_centered_gamma) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  A* xhat = reinterpret_cast<A*>(smem);  // each thread touches only its own elements
+  A* g = xhat + cols;
+  A* dw = g + cols;
+  A* db = dw + cols;  // LayerNorm only
+  const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
+  for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      dw[i + j] = 0;
+      if (kLayerNorm) db[i + j] = 0;
+    }
+  }
+  const A shift = zero_centered_gamma ? A(1) : A(0);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const A mu = kLayerNorm ? mean[r] : A(0);
+    const A rs = rstd[r];
+    A sum_g = 0, sum_gx = 0;
+    for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+      const auto xv = load_vec<T, VEC>(x + r * cols + i);
+      const auto dv = load_vec<T, VEC>(dy + r * cols + i);
+      const auto wv = load_vec<T, VEC>(weight + i);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A xh = (to_acc(xv.v[j]) - mu) * rs;
+        const A d = to_acc(dv.v[j]);
+        const A gg = d * (to_acc(wv.v[j]) + shift);
+        xhat[i + j] = xh;
+        g[i + j] = gg;
+        sum_g += gg;
+        sum_gx += gg * xh;
+        dw[i + j] += d * xh;
+        if (kLayerNorm) db[i + j] += d;
+      }
+    }
+    const A inv = A(1) / static_cast<A>(cols);
+    const A c1 = kLayerNorm ? cuda::block_sum(sum_g) * inv : A(0);
+    const A c2 = cuda::block_sum(sum_gx) * inv;
+    for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+      Vec<T, VEC> e;
+      if (dextra != nullptr) e = load_vec<T, VEC>(dextra + r * cols + i);
+      Vec<T, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        A o = rs * (g[i + j] - c1 - xhat[i + j] * c2);
+        if (dextra != nullptr) o += to_acc(e.v[j]);
+        out.v[j] = from_acc<T>(o);
+      }
+      store_vec<T, VEC>(dx + r * cols + i, out);
+    }
+  }
+  A* mine = partial + blockIdx.x * 2 * cols;
+  for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      mine[i + j] = dw[i + j];
+      mine[cols + i + j] = kLayerNorm ? db[i + j] : A(0);
+    }
+  }
+}
+
+int threads_for(int64_t cols, int vec) {
+  const int64_t per_thread = (cols + vec - 1) / vec;
+  const int64_t warps = std::min<int64_t>((per_thread + 31) / 32, kMaxThreads / 32);
+  return static_cast<int>(std::max<int64_t>(warps, 1) * 32);
+}
+
+size_t smem_bytes(int64_t cols, KernelDType dtype, bool backward, bool layernorm) {
+  const size_t acc = dtype == KernelDType::kFloat64 ? 8 : 4;
+  const size_t rows_kept = backward ? (layernorm ? 4 : 3) : 1;
+  return rows_kept * static_cast<size_t>(cols) * acc;
+}
+
+int max_smem_optin() {
+  int device = 0, bytes = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  return bytes;
+}
+
+// Raises the kernel's dynamic shared memory limit when it needs more than the default 48 KiB.
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(bytes));
+  }
+}
+
+// f(std::integral_constant<int, VEC>) with VEC the 16-byte width when every pointer allows it.
+template <typename T, typename F>
+void dispatch_vec(int64_t cols, std::initializer_list<const void*> ptrs, F&& f) {
+  if (cuda::can_vectorize(cols, cuda::kVec16<T>, ptrs)) {
+    f(std::integral_constant<int, cuda::kVec16<T>>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
+}
+
+}  // namespace
+
+bool norm_fits(int64_t cols, KernelDType dtype, bool backward, bool layernorm) {
+  return smem_bytes(cols, dtype, backward, layernorm) <= static_cast<size_t>(max_smem_optin());
+}
+
+void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* y, void* mean,
+                     void* rstd, int64_t rows, int64_t cols, double eps, bool zero_centered_gamma,
+                     bool layernorm, KernelDType dtype, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    dispatch_vec<T>(cols, {x, weight, bias, y}, [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      const auto kernel = layernorm ? norm_fwd_kernel<T, V, true> : norm_fwd_kernel<T, V, false>;
+      const size_t smem = smem_bytes(cols, dtype, false, layernorm);
+      allow_smem(kernel, smem);
+      kernel<<<rows, threads_for(cols, V), smem, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
+          static_cast<T*>(y), static_cast<A*>(mean), static_cast<A*>(rstd), cols,
+          static_cast<A>(eps), zero_centered_gamma);
+    });
+  });
+  cuda::check_launch("norm_fwd_kernel");
+}
+
+int64_t norm_bwd_num_chunks(int64_t rows, int64_t cols, KernelDType dtype, bool layernorm,
+                            int num_sms) {
+  // Blocks resident at once (by shared memory and threads), at most one per row.
+  const size_t smem = smem_bytes(cols, dtype, true, layernorm);
+  const int64_t by_smem = std::max<int64_t>(1, max_smem_optin() / static_cast<int64_t>(smem + 1));
+  const int64_t per_sm = std::min<int64_t>(by_smem, 2048 / threads_for(cols, 1));
+  return std::max<int64_t>(1, std::min<int64_t>(rows, std::max<int64_t>(per_sm, 1) * num_sms));
+}
+
+void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void* rstd,
+                     const void* weight, const void* dextra, void* dx, void* dweight, void* dbias,
+                     void* workspace, int64_t rows, int64_t cols, int64_t num_chunks,
+                     bool zero_centered_gamma, bool layernorm, KernelDType dtype,
+                     cudaStream_t stream) {
+  if (cols == 0) return;
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    if (rows > 0) {
+      dispatch_vec<T>(cols, {dy, x, weight, dextra, dx}, [&](auto vec) {
+        constexpr int V = decltype(vec)::value;
+        const auto kernel = layernorm ? norm_bwd_kernel<T, V, true> : norm_bwd_kernel<T, V, false>;
+        const size_t smem = smem_bytes(cols, dtype, true, layernorm);
+        allow_smem(kernel, smem);
+        kernel<<<num_chunks, threads_for(cols, V), smem, stream>>>(
+            static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const A*>(mean),
+            static_cast<const A*>(rstd), static_cast<const T*>(weight),
+            static_cast<const T*>(dextra), static_cast<T*>(dx), static_cast<A*>(workspace), rows,
+            cols, zero_centered_gamma);
+      });
+      cuda::check_launch("norm_bwd_kernel");
+    }
+    const int64_t chunks = rows > 0 ? num_chunks : 0;  // no rows: the gradients are zeros
+    cuda::launch_column_sum<T>(workspace, dweight, cols, chunks, 2 * cols, stream);
+    if (layernorm) {
+      cuda::launch_column_sum<T>(static_cast<const A*>(workspace) + cols, dbias, cols, chunks,
+                                 2 * cols, stream);
+    }
+  });
+}
+
+}  // namespace fusible::kernels

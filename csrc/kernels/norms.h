@@ -1,0 +1,32 @@
+// The norm family's argument checks and ATen reference implementations (CPU, Meta, and the CUDA
+// fallback where a row does not fit the CUDA kernels' shared memory).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <tuple>
+#include <vector>
+
+namespace fusible::kernels::reference {
+
+/// x [..., *weight.shape] with weight floating, of x's dtype and device: the normalized dims
+/// (negative indices).
+std::vector<int64_t> check_norm_args(const char* op, const at::Tensor& x, const at::Tensor& weight);
+/// bias of weight's shape, x's dtype.
+void check_norm_bias(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                     const at::Tensor& bias);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd(const at::Tensor& x,
+                                                             const at::Tensor& weight,
+                                                             const at::Tensor& bias, double eps,
+                                                             bool zero_centered_gamma);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma);
+std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                               double eps, bool zero_centered_gamma);
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                               const at::Tensor& rstd, const at::Tensor& weight,
+                                               bool zero_centered_gamma);
+
+}  // namespace fusible::kernels::reference
