@@ -1,7 +1,11 @@
 """MLP block benchmark (PERF.md's workloads): fusible vs PyTorch eager vs torch.compile, one run.
-    y = x + fc2(gelu_tanh(fc1(layernorm(x)))), bf16, biases on.
-Timing: CUDA events per repetition, warm-up first, median of many. Writes a table to stdout and
-JSON to $BENCH_OUT (default build/bench).
+    y = x + fc2(gelu_tanh(fc1(layernorm(x)))), bf16, biases on; in fusible, PERF.md's
+    Sequential(MakeExtraOutput, LayerNorm, Linear, GELU, Linear, AddExtraInput) with the residual
+    routed through a channel.
+Timing: CUDA events per repetition, warm-up first, median of many. Memory: the peak allocated
+during one forward+backward minus what was allocated before it (parameter gradients cleared
+first). Writes a table to stdout, bench_mlp.json and latest.json (the issue's row format) to
+$BENCH_OUT (default build/bench).
 
 usage: python bench/bench_mlp.py [--parts small,large] [--reps N]
 """
@@ -36,24 +40,41 @@ def median_ms(fn, reps, warmup=5):
 
 def make_models(T, H, F_, dev):
     dt = torch.bfloat16
+    make, add = ops.MakeExtraOutput(), ops.AddExtraInput()
+    make.set_extra_output_channel(0, "residual", output_to_caller=False)
+    add.set_extra_input_channel(0, "residual")
     seq = ops.Sequential(
+        make,
         ops.LayerNorm(H, device=dev, dtype=dt),
         ops.Linear(H, F_, device=dev, dtype=dt),
         ops.GELU(),
         ops.Linear(F_, H, device=dev, dtype=dt),
-        ops.AddExtraInput(),
+        add,
     )
-    ln, fc1, _, fc2, _ = list(seq)
+    _, ln, fc1, _, fc2, _ = list(seq)
 
     def fusible_fn(x):
-        return seq(x, x)
+        return seq(x)
 
     def eager_fn(x):
         h = F.layer_norm(x, (H,), ln.weight, ln.bias, 1e-5)
         h = F.gelu(F.linear(h, fc1.weight, fc1.bias), approximate="tanh")
         return x + F.linear(h, fc2.weight, fc2.bias)
 
-    return {"fusible": fusible_fn, "eager": eager_fn, "compile": torch.compile(eager_fn)}
+    models = {"fusible": fusible_fn, "eager": eager_fn, "compile": torch.compile(eager_fn)}
+    return models, list(seq.parameters())
+
+
+def peak_mib(step, params):
+    """MiB allocated at the peak of one step above what was allocated before it."""
+    for p in params:
+        p.grad = None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
 def cuda_kernels(fn):
@@ -67,11 +88,21 @@ def cuda_kernels(fn):
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def run_part(name, reps):
+def kernel_table(fn):
+    """fn's CUDA kernels by total GPU time (one call after a warm-up)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
+
+
+def run_part(name, reps, profile=False):
     s = SHAPES[name]
     dev = "cuda"
     torch.manual_seed(0)
-    models = make_models(s["T"], s["H"], s["F"], dev)
+    models, params = make_models(s["T"], s["H"], s["F"], dev)
     x = torch.randn(s["T"], s["H"], device=dev, dtype=torch.bfloat16)
     xg = x.clone().requires_grad_()
     dy = torch.randn_like(x)
@@ -84,11 +115,29 @@ def run_part(name, reps):
             fn(xg).backward(dy)
 
         fb = median_ms(step, reps)
-        rows[label] = {"forward_ms": fwd, "fwd_bwd_ms": fb}
-        if label != "compile":
-            with torch.no_grad():
-                rows[label]["kernels_fwd"] = cuda_kernels(lambda: fn(x))
-            rows[label]["kernels_fwd_bwd"] = cuda_kernels(step)
+        rows[label] = {"forward_ms": fwd, "fwd_bwd_ms": fb, "fwd_bwd_mib": peak_mib(step, params)}
+        with torch.no_grad():
+            rows[label]["kernels_fwd"] = cuda_kernels(lambda: fn(x))
+        rows[label]["kernels_fwd_bwd"] = cuda_kernels(step)
+        if profile and label in ("fusible", "eager"):
+            print(f"== {name} {label}: kernels of one forward+backward\n{kernel_table(step)}")
+    return rows
+
+
+def latest_rows(results, parts):
+    """The issue's row format: one row per workload, fusible / eager / compile side by side."""
+    fields = [("fwd", "forward_ms", "ms"), ("fwd_bwd", "fwd_bwd_ms", "ms")]
+    fields_large = [
+        ("fwd_bwd_mem", "fwd_bwd_mib", "MiB"),
+        ("fwd_bwd_kernels", "kernels_fwd_bwd", "count"),
+    ]
+    rows = []
+    for part in parts:
+        for suffix, key, unit in fields + (fields_large if part == "large" else []):
+            row = {"workload": f"mlp_{part}_bf16_{suffix}", "unit": unit}
+            for impl in ("fusible", "eager", "compile"):
+                row[impl] = results[part][impl][key]
+            rows.append(row)
     return rows
 
 
@@ -96,6 +145,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--parts", default="small,large")
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--profile", action="store_true", help="print fusible's kernels by GPU time")
     args = p.parse_args()
     out_dir = os.environ.get("BENCH_OUT", "build/bench")
     os.makedirs(out_dir, exist_ok=True)
@@ -105,9 +155,13 @@ def main():
         "date": time.strftime("%Y-%m-%d"),
     }
     for part in args.parts.split(","):
-        results[part] = run_part(part, args.reps)
+        results[part] = run_part(part, args.reps, args.profile)
     with open(os.path.join(out_dir, "bench_mlp.json"), "w") as f:
         json.dump(results, f, indent=1)
+    latest = {k: results[k] for k in ("gpu", "date", "torch")}
+    latest["rows"] = latest_rows(results, args.parts.split(","))
+    with open(os.path.join(out_dir, "latest.json"), "w") as f:
+        json.dump(latest, f, indent=1)
     print(f"MLP bf16 on {results['gpu']} (median ms, CUDA events)")
     header = ("part", "impl", "forward", "fwd+bwd", "fwd vs eager", "f+b vs eager")
     print("{:6} {:8} {:>9} {:>9} {:>13} {:>13}".format(*header))
@@ -120,11 +174,13 @@ def main():
                 f"{part:6} {impl:8} {r['forward_ms']:9.3f} {r['fwd_bwd_ms']:9.3f} "
                 f"{fwd_ratio:12.2f}x {fb_ratio:12.2f}x"
             )
-    print("CUDA kernels per call (torch.profiler): forward / forward+backward")
+    print("CUDA kernels per call (torch.profiler): forward / forward+backward; MiB above inputs")
     for part in args.parts.split(","):
         for impl, r in results[part].items():
-            if "kernels_fwd" in r:
-                print(f"{part:6} {impl:8} {r['kernels_fwd']:4d} / {r['kernels_fwd_bwd']:4d}")
+            print(
+                f"{part:6} {impl:8} {r['kernels_fwd']:4d} / {r['kernels_fwd_bwd']:4d}   "
+                f"{r['fwd_bwd_mib']:9.1f} MiB"
+            )
 
 
 if __name__ == "__main__":

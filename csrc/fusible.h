@@ -12,7 +12,7 @@
 #include "ops/basic/norms.h"
 #include "ops/basic/simple_ops.h"
 #include "ops/fused/backward_activation_bias.h"
-#include "ops/fused/backward_add_rmsnorm.h"
+#include "ops/fused/backward_add_norm.h"
 #include "ops/fused/backward_linear_activation_bias.h"
 #include "ops/fused/backward_linear_add.h"
 #include "ops/fused/backward_linear_scale.h"

@@ -123,6 +123,7 @@ void bind_ops(py::module_& m) {
   FUSIBLE_BIND_FUSED(BackwardActivationBias)
   FUSIBLE_BIND_FUSED(BackwardLinearActivationBias)
   FUSIBLE_BIND_FUSED(BackwardAddRMSNorm)
+  FUSIBLE_BIND_FUSED(BackwardAddLayerNorm)
 #undef FUSIBLE_BIND_FUSED
   py::class_<Linear, FusedOperation, std::shared_ptr<Linear>>(m, "Linear")
       .def(py::init<int64_t, int64_t, bool, OptDevice, OptDtype>())

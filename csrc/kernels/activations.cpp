@@ -136,7 +136,8 @@ at::Tensor activation_fwd(const at::Tensor& x, c10::string_view kind) {
 
 at::Tensor activation_bwd(const at::Tensor& dy, const at::Tensor& x, c10::string_view kind) {
   FUSIBLE_CHECK_FLOATING("activation_bwd", "x", x);
-  FUSIBLE_CHECK_SHAPE_LIKE("activation_bwd", "dy", dy, x);
+  TORCH_CHECK(dy.sizes().equals(x.sizes()), "activation_bwd: expected dy of shape ", x.sizes(),
+              ", got ", dy.sizes());
   const auto act = parse_activation("activation_bwd", kind);
   return (upcast(dy) * act_derivative(act, upcast(x))).to(x.scalar_type());
 }

@@ -212,6 +212,28 @@ class TestBackwardFusions:
             dtype=dtype,
         )
 
+    @pytest.mark.parametrize("dtype", [D, torch.float32])
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("zero_centered_gamma", [False, True])
+    def test_add_layernorm(self, zero_centered_gamma, device, dtype):
+        norm = ops.LayerNorm(16, zero_centered_gamma=zero_centered_gamma)
+
+        def ref(x, e, p):
+            w = p[0] + 1 if zero_centered_gamma else p[0]
+            mu = x.mean(-1, keepdim=True)
+            var = (x - mu).pow(2).mean(-1, keepdim=True)
+            return (x - mu) * torch.rsqrt(var + 1e-5) * w + p[1], x
+
+        _check(
+            [ops.MakeExtraOutput(), norm],
+            ref,
+            0,
+            ["MakeExtraOutput", "LayerNorm"],
+            ["BackwardAddLayerNorm"],
+            device=device,
+            dtype=dtype,
+        )
+
     def test_mlp_block_plan(self):
         make, add = ops.MakeExtraOutput(), ops.AddExtraInput()
         make.set_extra_output_channel(0, "residual", output_to_caller=False)

@@ -2,7 +2,7 @@
 #include "ops/fused/builtin_fusions.h"
 
 #include "ops/fused/backward_activation_bias.h"
-#include "ops/fused/backward_add_rmsnorm.h"
+#include "ops/fused/backward_add_norm.h"
 #include "ops/fused/backward_linear_activation_bias.h"
 #include "ops/fused/backward_linear_add.h"
 #include "ops/fused/backward_linear_scale.h"
@@ -26,6 +26,8 @@ void register_builtin_fusions(FusionRegistry& registry) {
                fuse_backward_linear_activation_bias);
   registry.add("BackwardActivationBias", FusionPass::kBackward, fuse_backward_activation_bias);
   registry.add("BackwardAddRMSNorm", FusionPass::kBackward, fuse_backward_add_rmsnorm);
+  // Ours: the LayerNorm twin of BackwardAddRMSNorm.
+  registry.add("BackwardAddLayerNorm", FusionPass::kBackward, fuse_backward_add_layernorm);
 }
 
 }  // namespace fusible::ops

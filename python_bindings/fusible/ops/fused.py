@@ -63,9 +63,15 @@ BackwardAddRMSNorm = _fused(
     "MakeExtraOutput(in_place=False) + RMSNorm backward: the extra output's gradient added in the "
     "norm's backward.",
 )
+BackwardAddLayerNorm = _fused(
+    "BackwardAddLayerNorm",
+    "MakeExtraOutput(in_place=False) + LayerNorm backward: the extra output's gradient added in "
+    "the norm's backward (the LayerNorm twin of BackwardAddRMSNorm, beyond te.ops).",
+)
 
 __all__ = [
     "BackwardActivationBias",
+    "BackwardAddLayerNorm",
     "BackwardAddRMSNorm",
     "BackwardLinearActivationBias",
     "BackwardLinearAdd",

@@ -1,0 +1,204 @@
+"""The native CUDA kernels (norms, activations, GLUs, scale, add) against the CPU float64 reference:
+several shapes (one row, odd widths, widths not a multiple of 8) and every dtype, forward and
+backward, within DESIGN.md section 7. The caching allocator is filled with NaN before each call, so
+an output element a kernel forgets to write shows up. Skipped without CUDA."""
+
+import pytest
+import torch
+from conftest import HAS_CUDA, assert_close_to_ref
+
+pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this machine")
+
+F = torch.ops.fusible
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
+SHAPES = [(1, 8), (7, 33), (64, 1000), (5, 4096), (3, 2, 24)]
+ACTS = ["gelu", "qgelu", "relu", "srelu", "silu"]
+GLUS = ["glu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu"]
+
+
+def _poison():
+    """Leave NaN in the blocks the caching allocator hands out next."""
+    blocks = [torch.full((1 << n,), float("nan"), device="cuda") for n in range(8, 23)]
+    del blocks
+
+
+def _rand(shape, dtype, scale=1.0):
+    return (torch.randn(shape, device="cuda") * scale).to(dtype)
+
+
+def _ref(t):
+    return t.detach().double().cpu()
+
+
+def _cuda(op, *args):
+    _poison()
+    out = op(*args)
+    torch.cuda.synchronize()
+    return out
+
+
+def _close(actual, ref64, dtype):
+    outs = actual if isinstance(actual, (tuple, list)) else (actual,)
+    refs = ref64 if isinstance(ref64, (tuple, list)) else (ref64,)
+    for a, r in zip(outs, refs):
+        assert not torch.isnan(a).any(), "an output element was never written"
+        assert_close_to_ref(a, r, a.dtype if a.dtype != torch.float32 else dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("zero_centered_gamma", [False, True])
+class TestNorms:
+    def test_layernorm(self, shape, dtype, zero_centered_gamma):
+        h = shape[-1]
+        x, w, b = _rand(shape, dtype, 2.0) + 0.5, _rand(h, dtype, 0.5), _rand(h, dtype)
+        dy, dextra = _rand(shape, dtype), _rand(shape, dtype)
+        y, mean, rstd = _cuda(F.layernorm_fwd, x, w, b, 1e-5, zero_centered_gamma)
+        ry, rmean, rrstd = F.layernorm_fwd(_ref(x), _ref(w), _ref(b), 1e-5, zero_centered_gamma)
+        assert (
+            mean.dtype == rstd.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+        )
+        _close((y, mean, rstd), (ry, rmean, rrstd), dtype)
+        grads = _cuda(F.layernorm_bwd, dy, x, mean, rstd, w, zero_centered_gamma)
+        ref = F.layernorm_bwd(_ref(dy), _ref(x), rmean, rrstd, _ref(w), zero_centered_gamma)
+        _close(grads, ref, dtype)
+        fused = _cuda(F.layernorm_bwd_add, dy, x, mean, rstd, w, zero_centered_gamma, dextra)
+        _close(fused, (ref[0] + _ref(dextra), ref[1], ref[2]), dtype)
+
+    def test_rmsnorm(self, shape, dtype, zero_centered_gamma):
+        h = shape[-1]
+        x, w = _rand(shape, dtype, 2.0), _rand(h, dtype, 0.5)
+        dy, dextra = _rand(shape, dtype), _rand(shape, dtype)
+        y, rstd = _cuda(F.rmsnorm_fwd, x, w, 1e-5, zero_centered_gamma)
+        ry, rrstd = F.rmsnorm_fwd(_ref(x), _ref(w), 1e-5, zero_centered_gamma)
+        _close((y, rstd), (ry, rrstd), dtype)
+        grads = _cuda(F.rmsnorm_bwd, dy, x, rstd, w, zero_centered_gamma)
+        ref = F.rmsnorm_bwd(_ref(dy), _ref(x), rrstd, _ref(w), zero_centered_gamma)
+        _close(grads, ref, dtype)
+        fused = _cuda(F.rmsnorm_bwd_add, dy, x, rstd, w, zero_centered_gamma, dextra)
+        _close(fused, (ref[0] + _ref(dextra), ref[1]), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_norm_weight_gradients_are_deterministic(dtype):
+    x, w, b = _rand((4096, 1024), dtype), _rand(1024, dtype), _rand(1024, dtype)
+    dy = _rand((4096, 1024), dtype)
+    _, mean, rstd = F.layernorm_fwd(x, w, b, 1e-5, False)
+    first = F.layernorm_bwd(dy, x, mean, rstd, w, False)
+    second = F.layernorm_bwd(dy, x, mean, rstd, w, False)
+    for a, b_ in zip(first, second):
+        assert torch.equal(a, b_)
+
+
+def test_norm_rows_too_long_for_shared_memory_fall_back():
+    # 100000 fp32 elements need more shared memory than a block has: the ATen reference runs.
+    x, w, b, dy = _rand((2, 100000), torch.float32), _rand(100000, torch.float32), None, None
+    b = _rand(100000, torch.float32)
+    dy = _rand((2, 100000), torch.float32)
+    y, mean, rstd = F.layernorm_fwd(x, w, b, 1e-5, False)
+    ry, rmean, rrstd = F.layernorm_fwd(_ref(x), _ref(w), _ref(b), 1e-5, False)
+    _close((y, mean, rstd), (ry, rmean, rrstd), torch.float32)
+    _close(
+        F.layernorm_bwd(dy, x, mean, rstd, w, False),
+        F.layernorm_bwd(_ref(dy), _ref(x), rmean, rrstd, _ref(w), False),
+        torch.float32,
+    )
+
+
+def test_our_kernels_run_on_cuda():
+    """The CUDA dispatch key reaches our kernels (not the ATen composite)."""
+    x, w, b = (
+        _rand((64, 256), torch.bfloat16),
+        _rand(256, torch.bfloat16),
+        _rand(256, torch.bfloat16),
+    )
+    activities = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        y, mean, rstd = F.layernorm_fwd(x, w, b, 1e-5, False)
+        F.layernorm_bwd(y, x, mean, rstd, w, False)
+        F.activation_fwd(x, "gelu")
+        F.glu_fwd(x, "swiglu")
+        F.add_fwd(x, x)
+        torch.cuda.synchronize()
+    names = " ".join(
+        e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    for kernel in (
+        "norm_fwd_kernel",
+        "norm_bwd_kernel",
+        "column_sum_kernel",
+        "map_kernel",
+        "glu_fwd_kernel",
+    ):
+        assert kernel in names, f"{kernel} did not run: {names}"
+
+
+ELEMENTWISE_SHAPES = [(1, 8), (7, 33), (64, 1000), (3, 2, 24)]
+
+
+@pytest.mark.parametrize("shape", ELEMENTWISE_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+class TestElementwise:
+    @pytest.mark.parametrize("kind", ACTS)
+    def test_activation(self, shape, dtype, kind):
+        x, dy = _rand(shape, dtype, 2.0), _rand(shape, dtype)
+        _close(_cuda(F.activation_fwd, x, kind), F.activation_fwd(_ref(x), kind), dtype)
+        _close(
+            _cuda(F.activation_bwd, dy, x, kind), F.activation_bwd(_ref(dy), _ref(x), kind), dtype
+        )
+
+    @pytest.mark.parametrize("kind", GLUS)
+    def test_glu(self, shape, dtype, kind):
+        x = _rand((*shape[:-1], 2 * shape[-1]), dtype, 2.0)
+        dy = _rand(shape, dtype)
+        _close(_cuda(F.glu_fwd, x, kind), F.glu_fwd(_ref(x), kind), dtype)
+        _close(_cuda(F.glu_bwd, dy, x, kind), F.glu_bwd(_ref(dy), _ref(x), kind), dtype)
+
+    def test_clamped_swiglu(self, shape, dtype):
+        x = _rand((*shape[:-1], 2 * shape[-1]), dtype, 3.0)
+        dy = _rand(shape, dtype)
+        args = (1.5, 1.702)
+        _close(_cuda(F.clamped_swiglu_fwd, x, *args), F.clamped_swiglu_fwd(_ref(x), *args), dtype)
+        _close(
+            _cuda(F.clamped_swiglu_bwd, dy, x, *args),
+            F.clamped_swiglu_bwd(_ref(dy), _ref(x), *args),
+            dtype,
+        )
+
+    def test_scaled_swiglu(self, shape, dtype):
+        x = _rand((*shape[:-1], 2 * shape[-1]), dtype, 2.0)
+        dy, scales = _rand(shape, dtype), _rand(shape[:-1], dtype)
+        _close(
+            _cuda(F.scaled_swiglu_fwd, x, scales), F.scaled_swiglu_fwd(_ref(x), _ref(scales)), dtype
+        )
+        _close(
+            _cuda(F.scaled_swiglu_bwd, dy, x, scales),
+            F.scaled_swiglu_bwd(_ref(dy), _ref(x), _ref(scales)),
+            dtype,
+        )
+
+    def test_scale_and_add(self, shape, dtype):
+        x, other = _rand(shape, dtype), _rand(shape, dtype)
+        _close(_cuda(F.scale_fwd, x, -0.375), F.scale_fwd(_ref(x), -0.375), dtype)
+        _close(_cuda(F.add_fwd, x, other), _ref(x) + _ref(other), dtype)
+        out = x.clone()
+        F.add_(out, other)
+        _close(out, _ref(x) + _ref(other), dtype)
+
+
+def test_add_in_place_onto_itself_and_mixed_dtypes():
+    x = _rand((5, 40), torch.bfloat16)
+    expected = _ref(x) * 2
+    F.add_(x, x)
+    _close(x, expected, torch.bfloat16)
+    y, other = _rand((5, 40), torch.bfloat16), _rand((5, 40), torch.float32)
+    _close(F.add_fwd(y, other), _ref(y) + _ref(other), torch.bfloat16)
+
+
+def test_misaligned_views_take_the_scalar_path():
+    base = _rand((1, 4097), torch.bfloat16)
+    x = base[:, 1:]  # 2-byte offset: not 16-byte aligned
+    w, b = _rand(4096, torch.bfloat16), _rand(4096, torch.bfloat16)
+    y, mean, rstd = F.layernorm_fwd(x, w, b, 1e-5, False)
+    _close((y, mean, rstd), F.layernorm_fwd(_ref(x), _ref(w), _ref(b), 1e-5, False), torch.bfloat16)
+    _close(F.activation_fwd(x, "silu"), F.activation_fwd(_ref(x), "silu"), torch.bfloat16)
