@@ -2,7 +2,11 @@
 # On a GPU machine (its own torch, no network): builds against that torch with 16 jobs, runs every
 # test (CUDA ones included) and the benchmarks, writes full logs to $OUT, and prints a summary last.
 #   OUT=/some/dir bash scripts/gpu_check.sh
+# STAGES picks a subset (default all), for device calls with a time limit:
+#   STAGES=build,test ...   then   STAGES=sanitize,bench ...
 set -uo pipefail
+STAGES=${STAGES:-build,test,sanitize,bench}
+stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu_check}
 mkdir -p "$OUT"
@@ -16,29 +20,41 @@ gtest_src=""
 [ -d .device_shared/googletest ] && gtest_src="-DFUSIBLE_GTEST_SOURCE_DIR=$PWD/.device_shared/googletest"
 
 t0=$(date +%s)
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$PY" $gtest_src $compiler \
-  >"$OUT/configure.log" 2>&1 && cmake --build build/gpu -j 16 >"$OUT/build.log" 2>&1
-build_rc=$?
+build_rc=skipped
+if stage build; then
+  cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$PY" $gtest_src $compiler \
+    >"$OUT/configure.log" 2>&1 && cmake --build build/gpu -j 16 >"$OUT/build.log" 2>&1
+  build_rc=$?
+fi
 build_s=$(( $(date +%s) - t0 ))
 # The Python package: sources beside the built libraries.
 cp -r python_bindings/fusible/. build/gpu/python/fusible/ 2>/dev/null
 export PYTHONPATH=$PWD/build/gpu/python
 
-ctest --test-dir build/gpu -j 8 --output-on-failure >"$OUT/ctest.log" 2>&1
-(cd tests/python && PYTHONUNBUFFERED=1 "$PY" -m pytest -q -rs -p no:cacheprovider . ) >"$OUT/pytest.log" 2>&1
-"$PY" examples/python/train_mlp.py --steps 200 >"$OUT/demo.log" 2>&1
-build/gpu/train_mlp 200 >"$OUT/demo_cpp.log" 2>&1
-BENCH_OUT="$OUT" "$PY" bench/bench_mlp.py >"$OUT/bench.log" 2>&1
-BENCH_OUT="$OUT" "$PY" bench/bench_init.py >>"$OUT/bench.log" 2>&1
-"$PY" bench/bench_host_overhead.py --device cuda --stat min >>"$OUT/bench.log" 2>&1
+if stage test; then
+  ctest --test-dir build/gpu -j 8 --output-on-failure >"$OUT/ctest.log" 2>&1
+  (cd tests/python && PYTHONUNBUFFERED=1 "$PY" -m pytest -q -rs -p no:cacheprovider . ) >"$OUT/pytest.log" 2>&1
+  "$PY" examples/python/train_mlp.py --steps 200 >"$OUT/demo.log" 2>&1
+  build/gpu/train_mlp 200 >"$OUT/demo_cpp.log" 2>&1
+fi
+stage sanitize && OUT="$OUT" bash scripts/gpu_sanitize.sh >"$OUT/sanitize.log" 2>&1
+if stage bench; then
+  BENCH_OUT="$OUT" "$PY" bench/bench_mlp.py --profile >"$OUT/bench.log" 2>&1
+  "$PY" bench/plot_ratios.py "$OUT/latest.json" "$OUT/ratios.png" >>"$OUT/bench.log" 2>&1
+  BENCH_OUT="$OUT" "$PY" bench/bench_init.py >>"$OUT/bench.log" 2>&1
+  "$PY" bench/bench_host_overhead.py --device cuda --stat min >>"$OUT/bench.log" 2>&1
+fi
 
 echo "== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
 echo "build: rc=$build_rc in ${build_s}s (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST)"
-[ $build_rc -ne 0 ] && tail -30 "$OUT/build.log"
-echo "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
-grep -E "^\s+[0-9]+ - .*(Failed|Exception)" "$OUT/ctest.log" | head -10
-echo "pytest: $(tail -1 "$OUT/pytest.log")"
-grep -E "^FAILED" "$OUT/pytest.log" | head -10
-echo "demo: $(tail -1 "$OUT/demo.log")"
-echo "demo (C++): $(tail -1 "$OUT/demo_cpp.log")"
-echo "bench:"; tail -30 "$OUT/bench.log"
+[ "$build_rc" != 0 ] && [ "$build_rc" != skipped ] && grep -E "error" "$OUT/build.log" | head -20
+if stage test; then
+  echo "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
+  grep -E "^\s+[0-9]+ - .*(Failed|Exception)" "$OUT/ctest.log" | head -10
+  echo "pytest: $(tail -1 "$OUT/pytest.log")"
+  grep -E "^FAILED" "$OUT/pytest.log" | head -10
+  echo "demo: $(tail -1 "$OUT/demo.log")"
+  echo "demo (C++): $(tail -1 "$OUT/demo_cpp.log")"
+fi
+stage sanitize && { echo "compute-sanitizer:"; cat "$OUT/sanitize.log"; }
+stage bench && { echo "bench:"; grep -v "^-\|^ " "$OUT/bench.log" | tail -40; }
