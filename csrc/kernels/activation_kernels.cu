@@ -171,20 +171,21 @@ __global__ void glu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x
   }
 }
 
-// dscales[r] = sum over the row of dy * glu(a, b): one block per row.
+// dscales[r] = sum over the row of dy * glu(a, b): one block per row, summed in double (the terms
+// cancel; a float sum over a wide row loses digits the float result keeps).
 template <typename T>
 __global__ void glu_scale_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                       acc_t<T>* __restrict__ dscales, int64_t h,
                                       Gate<acc_t<T>> gate) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x;
-  A sum = 0;
+  double sum = 0;
   for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
     sum +=
         to_acc(dy[r * h + c]) * gate.value(to_acc(x[r * 2 * h + c]), to_acc(x[r * 2 * h + h + c]));
   }
   sum = cuda::block_sum(sum);
-  if (threadIdx.x == 0) dscales[r] = sum;
+  if (threadIdx.x == 0) dscales[r] = static_cast<A>(sum);
 }
 
 template <typename T>

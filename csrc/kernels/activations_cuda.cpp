@@ -95,8 +95,8 @@ GluParams gated(const char* op, c10::string_view kind) {
 GluParams clamped(double limit, double alpha) {
   GluParams p;
   p.clamped = true;
-  p.limit = static_cast<float>(limit);
-  p.alpha = static_cast<float>(alpha);
+  p.limit = limit;
+  p.alpha = alpha;
   return p;
 }
 

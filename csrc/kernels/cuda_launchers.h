@@ -76,8 +76,8 @@ enum class ActKind { kGelu, kQGelu, kRelu, kSRelu, kSilu, kSigmoid };
 struct GluParams {
   ActKind act = ActKind::kSilu;
   bool clamped = false;
-  float limit = 0;
-  float alpha = 0;
+  double limit = 0;
+  double alpha = 0;
 };
 
 /// y = act(x), n elements.

@@ -168,10 +168,14 @@ int max_smem_optin() {
   return bytes;
 }
 
-// Raises the kernel's dynamic shared memory limit when it needs more than the default 48 KiB.
+// Static shared memory (block_sum's scratch) comes on top of the dynamic rows.
+constexpr size_t kStaticSmemMargin = 1024;
+
+// Raises the kernel's dynamic shared memory limit when, with the static part, it would pass the
+// default 48 KiB.
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024) {
+  if (bytes + kStaticSmemMargin > 48 * 1024) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(bytes));
   }
@@ -190,7 +194,8 @@ void dispatch_vec(int64_t cols, std::initializer_list<const void*> ptrs, F&& f) 
 }  // namespace
 
 bool norm_fits(int64_t cols, KernelDType dtype, bool backward, bool layernorm) {
-  return smem_bytes(cols, dtype, backward, layernorm) <= static_cast<size_t>(max_smem_optin());
+  return smem_bytes(cols, dtype, backward, layernorm) + kStaticSmemMargin <=
+         static_cast<size_t>(max_smem_optin());
 }
 
 void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* y, void* mean,
