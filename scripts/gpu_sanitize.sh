@@ -15,7 +15,7 @@ status=0
 run() {  # name, command...
   local name=$1
   shift
-  timeout 240 compute-sanitizer --error-exitcode 9 "$@" >"$OUT/sanitize_$name.log" 2>&1
+  timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --error-exitcode 9 "$@" >"$OUT/sanitize_$name.log" 2>&1
   local rc=$?
   echo "sanitize $name: rc=$rc; $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_$name.log" | tail -1)"
   [ $rc -ne 0 ] && status=1
