@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck and racecheck) over the CUDA tests: the gtest CUDA suites and the
 # pytest CUDA kernel tests, with PyTorch's caching allocator off so memcheck sees every
-# allocation's real bounds (pytest: bf16 and fp32 at the two small shapes, for time). Needs a built build/gpu (scripts/gpu_check.sh). Prints one line per run
+# allocation's real bounds (racecheck over pytest: bf16 and fp32 at the two small shapes, for time). Needs a built build/gpu (scripts/gpu_check.sh). Prints one line per run
 # and exits non-zero on any reported error.
 #   OUT=/some/dir bash scripts/gpu_sanitize.sh
 set -uo pipefail
@@ -17,12 +17,14 @@ run() {  # name, command...
   shift
   timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --error-exitcode 9 "$@" >"$OUT/sanitize_$name.log" 2>&1
   local rc=$?
-  echo "sanitize $name: rc=$rc; $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_$name.log" | tail -1)"
+  echo "sanitize $name: rc=$rc; $(grep -E '(ERROR|RACECHECK) SUMMARY' "$OUT/sanitize_$name.log" | tail -1)"
   [ $rc -ne 0 ] && status=1
 }
 for tool in memcheck racecheck; do
   run "gtest_$tool" --tool "$tool" build/gpu/fusible_tests --gtest_filter="$GTEST_FILTER"
-  run "pytest_$tool" --tool "$tool" "$PY" -m pytest -q -p no:cacheprovider -x \
-    tests/python/test_cuda_kernels.py -k "(dtype0 or dtype2) and (shape0 or shape1)"
 done
+run pytest_memcheck --tool memcheck "$PY" -m pytest -q -p no:cacheprovider -x \
+  tests/python/test_cuda_kernels.py
+run pytest_racecheck --tool racecheck "$PY" -m pytest -q -p no:cacheprovider -x \
+  tests/python/test_cuda_kernels.py -k "(dtype0 or dtype2) and (shape0 or shape1)"
 exit $status
