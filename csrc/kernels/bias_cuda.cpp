@@ -1,13 +1,17 @@
-// bias_fwd / bias_bwd on CUDA: torch-facing wrappers around the raw kernels in bias_kernels.cu.
+// bias_fwd / bias_bwd / bias_act_bwd on CUDA: torch-facing wrappers around bias_kernels.cu.
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "common/checks.h"
+#include "kernels/activations.h"
 #include "kernels/bias.h"
+#include "kernels/compute_dtype.h"
 #include "kernels/cuda_device.h"
 #include "kernels/cuda_dtype.h"
 #include "kernels/cuda_launchers.h"
+#include "kernels/linear.h"
 
 namespace fusible::kernels {
 namespace {
@@ -26,27 +30,59 @@ at::Tensor bias_fwd_cuda(const at::Tensor& x, const at::Tensor& bias) {
   return y;
 }
 
-at::Tensor bias_bwd_cuda(const at::Tensor& dy) {
-  check_bias_bwd_args(dy);
+// The bias gradient of dy (contiguous), after the activation's gradient when pre is given: then
+// dpre (which may be dy itself) receives dy * act'(pre).
+at::Tensor bias_grad(const char* op, const at::Tensor& dy, const at::Tensor& pre,
+                     const at::Tensor& dpre, ActKind act) {
   const c10::cuda::CUDAGuard guard(dy.device());
-  const auto dyc = dy.contiguous();
   const int64_t cols = dy.size(-1);
   const int64_t rows = cols == 0 ? 0 : dy.numel() / cols;
-  const auto dtype = kernel_dtype("bias_bwd", dy);
   const int64_t chunks = bias_bwd_num_chunks(rows, cols, current_sm_count());
-  const auto acc = dy.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  auto workspace = at::empty({chunks, cols}, dy.options().dtype(acc));
+  auto workspace = at::empty({chunks, cols}, dy.options().dtype(acc_dtype(dy.scalar_type())));
   auto dbias = at::empty({cols}, dy.options());
-  launch_bias_bwd(dyc.const_data_ptr(), workspace.mutable_data_ptr(), dbias.mutable_data_ptr(),
-                  rows, cols, chunks, dtype, c10::cuda::getCurrentCUDAStream());
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (pre.defined()) {
+    launch_bias_act_bwd(dy.const_data_ptr(), pre.const_data_ptr(), dpre.mutable_data_ptr(),
+                        workspace.mutable_data_ptr(), dbias.mutable_data_ptr(), rows, cols, chunks,
+                        act, kernel_dtype(op, dy), stream);
+  } else {
+    launch_bias_bwd(dy.const_data_ptr(), workspace.mutable_data_ptr(), dbias.mutable_data_ptr(),
+                    rows, cols, chunks, kernel_dtype(op, dy), stream);
+  }
   return dbias;
+}
+
+at::Tensor bias_bwd_cuda(const at::Tensor& dy) {
+  check_bias_bwd_args(dy);
+  return bias_grad("bias_bwd", dy.contiguous(), {}, {}, ActKind::kRelu);
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_act_bwd_cuda(const at::Tensor& dy, const at::Tensor& pre,
+                                                     c10::string_view act) {
+  reference::check_epilogue_act("bias_act_bwd", act);
+  FUSIBLE_CHECK_FLOATING("bias_act_bwd", "pre", pre);
+  FUSIBLE_CHECK_MIN_DIM("bias_act_bwd", "pre", pre, 1);
+  FUSIBLE_CHECK_SHAPE_LIKE("bias_act_bwd", "dy", dy, pre);
+  const auto prec = pre.contiguous();
+  auto dpre = at::empty(pre.sizes(), pre.options());
+  auto dbias = bias_grad("bias_act_bwd", dy.to(pre.scalar_type()).contiguous(), prec, dpre,
+                         reference::parse_activation("bias_act_bwd", act));
+  return {dpre, dbias};
 }
 
 }  // namespace
 
+at::Tensor bias_act_bwd_in_place(const at::Tensor& dz, const at::Tensor& pre,
+                                 c10::string_view act) {
+  TORCH_INTERNAL_ASSERT(dz.is_contiguous() && pre.is_contiguous() &&
+                        dz.scalar_type() == pre.scalar_type() && dz.sizes().equals(pre.sizes()));
+  return bias_grad("bias_act_bwd", dz, pre, dz, reference::parse_activation("bias_act_bwd", act));
+}
+
 TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
   m.impl("bias_fwd", &bias_fwd_cuda);
   m.impl("bias_bwd", &bias_bwd_cuda);
+  m.impl("bias_act_bwd", &bias_act_bwd_cuda);
 }
 
 }  // namespace fusible::kernels

@@ -1,6 +1,9 @@
-// Raw CUDA kernels for bias add and the bias gradient (a deterministic two-pass column sum).
+// Raw CUDA kernels for bias add and the bias gradient (a deterministic two-pass column sum), alone
+// or after an activation's gradient (Bias + GELU/ReLU backward in one pass).
 #include <algorithm>
+#include <type_traits>
 
+#include "kernels/activation_math.cuh"
 #include "kernels/cuda_common.cuh"
 
 namespace fusible::kernels {
@@ -21,31 +24,89 @@ __global__ void bias_fwd_kernel(const T* __restrict__ x,     // [rows, cols]
   }
 }
 
-constexpr int kColsPerBlock = 32;
+constexpr int kColThreads = 32;
 constexpr int kRowThreads = 8;
 
-// Block (32 columns x 8 row-threads) sums one chunk of rows for 32 columns into partial[chunk].
-template <typename T>
-__global__ void bias_bwd_partial_kernel(const T* __restrict__ dy,        // [rows, cols]
-                                        acc_t<T>* __restrict__ partial,  // [chunks, cols]
-                                        int64_t rows, int64_t cols, int64_t rows_per_chunk) {
+// Block (32 x 8 threads, each on VEC adjacent columns) walks one chunk of rows for 32 * VEC
+// columns: g = dy (or, with kAct, g = dy * act'(pre), written to dpre, which may be dy itself) and
+// the chunk's column sums of g into partial[chunk]. Fixed assignment: the sums are deterministic.
+template <typename T, int VEC, bool kAct>
+__global__ void bias_grad_kernel(const T* dy,                     // [rows, cols]
+                                 const T* __restrict__ pre,       // [rows, cols] (kAct)
+                                 T* dpre,                         // [rows, cols] (kAct)
+                                 acc_t<T>* __restrict__ partial,  // [chunks, cols]
+                                 int64_t rows, int64_t cols, int64_t rows_per_chunk, ActKind act) {
   using A = acc_t<T>;
-  __shared__ A tile[kRowThreads][kColsPerBlock];
-  const int64_t col = blockIdx.x * static_cast<int64_t>(kColsPerBlock) + threadIdx.x;
+  __shared__ A tile[kRowThreads][kColThreads * VEC];
+  const int64_t col = (blockIdx.x * static_cast<int64_t>(kColThreads) + threadIdx.x) * VEC;
   const int64_t row_begin = blockIdx.y * rows_per_chunk;
   const int64_t row_end = min(rows, row_begin + rows_per_chunk);
-  A sum = 0;
+  A sum[VEC] = {};
   if (col < cols) {
     for (int64_t r = row_begin + threadIdx.y; r < row_end; r += kRowThreads) {
-      sum += to_acc(dy[r * cols + col]);
+      const auto d = cuda::load_vec<T, VEC>(dy + r * cols + col);
+      if constexpr (kAct) {
+        const auto p = cuda::load_vec<T, VEC>(pre + r * cols + col);
+        cuda::Vec<T, VEC> g;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          g.v[j] = from_acc<T>(to_acc(d.v[j]) * cuda::act_derivative(act, to_acc(p.v[j])));
+          sum[j] += to_acc(g.v[j]);  // the rounded value: dbias is the sum of dpre as returned
+        }
+        cuda::store_vec<T, VEC>(dpre + r * cols + col, g);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum[j] += to_acc(d.v[j]);
+      }
     }
   }
-  tile[threadIdx.y][threadIdx.x] = sum;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) tile[threadIdx.y][threadIdx.x * VEC + j] = sum[j];
   __syncthreads();
   if (threadIdx.y == 0 && col < cols) {
-    for (int i = 1; i < kRowThreads; ++i) sum += tile[i][threadIdx.x];
-    partial[blockIdx.y * cols + col] = sum;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      A total = tile[0][threadIdx.x * VEC + j];
+      for (int i = 1; i < kRowThreads; ++i) total += tile[i][threadIdx.x * VEC + j];
+      partial[blockIdx.y * cols + col + j] = total;
+    }
   }
+}
+
+// Both passes of a bias gradient (with the activation's gradient when pre is given).
+void bias_grad(const void* dy, const void* pre, void* dpre, void* workspace, void* dbias,
+               int64_t rows, int64_t cols, int64_t num_chunks, ActKind act, KernelDType dtype,
+               cudaStream_t stream) {
+  if (cols == 0) return;
+  const int64_t chunks = rows > 0 ? num_chunks : 0;  // no rows: dbias is zeros
+  const int64_t rows_per_chunk = chunks > 0 ? (rows + chunks - 1) / chunks : 1;
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      const dim3 grid((cols + kColThreads * V - 1) / (kColThreads * V), chunks);
+      const dim3 block(kColThreads, kRowThreads);
+      const auto* tdy = static_cast<const T*>(dy);
+      auto* ws = static_cast<acc_t<T>*>(workspace);
+      if (pre != nullptr) {
+        bias_grad_kernel<T, V, true><<<grid, block, 0, stream>>>(tdy, static_cast<const T*>(pre),
+                                                                 static_cast<T*>(dpre), ws, rows,
+                                                                 cols, rows_per_chunk, act);
+      } else {
+        bias_grad_kernel<T, V, false><<<grid, block, 0, stream>>>(tdy, nullptr, nullptr, ws, rows,
+                                                                  cols, rows_per_chunk, act);
+      }
+    };
+    if (chunks > 0) {
+      if (cuda::can_vectorize(cols, cuda::kVec16<T>, {dy, pre, dpre})) {
+        launch(std::integral_constant<int, cuda::kVec16<T>>{});
+      } else {
+        launch(std::integral_constant<int, 1>{});
+      }
+      cuda::check_launch("bias_grad_kernel");
+    }
+    cuda::launch_column_sum<T>(workspace, dbias, cols, chunks, cols, stream);
+  });
 }
 
 }  // namespace
@@ -65,8 +126,8 @@ void launch_bias_fwd(const void* x, const void* bias, void* y, int64_t rows, int
 }
 
 int64_t bias_bwd_num_chunks(int64_t rows, int64_t cols, int num_sms) {
-  // Aim for ~4 blocks per SM, each chunk at least 64 rows.
-  const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
+  // Aim for ~4 blocks per SM, each chunk at least 64 rows (a block spans up to 256 columns).
+  const int64_t col_blocks = (cols + 255) / 256;
   const int64_t want = std::max<int64_t>(1, (4 * num_sms + col_blocks - 1) / col_blocks);
   const int64_t max_by_rows = std::max<int64_t>(1, rows / 64);
   return std::min(want, max_by_rows);
@@ -74,18 +135,14 @@ int64_t bias_bwd_num_chunks(int64_t rows, int64_t cols, int num_sms) {
 
 void launch_bias_bwd(const void* dy, void* workspace, void* dbias, int64_t rows, int64_t cols,
                      int64_t num_chunks, KernelDType dtype, cudaStream_t stream) {
-  if (cols == 0) return;
-  const int64_t rows_per_chunk = (rows + num_chunks - 1) / std::max<int64_t>(num_chunks, 1);
-  cuda::dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    const dim3 grid((cols + kColsPerBlock - 1) / kColsPerBlock, num_chunks);
-    const dim3 block(kColsPerBlock, kRowThreads);
-    bias_bwd_partial_kernel<T>
-        <<<grid, block, 0, stream>>>(static_cast<const T*>(dy), static_cast<acc_t<T>*>(workspace),
-                                     rows, cols, std::max<int64_t>(rows_per_chunk, 1));
-    cuda::check_launch("bias_bwd_partial_kernel");
-    cuda::launch_column_sum<T>(workspace, dbias, cols, num_chunks, cols, stream);
-  });
+  bias_grad(dy, nullptr, nullptr, workspace, dbias, rows, cols, num_chunks, ActKind::kRelu, dtype,
+            stream);
+}
+
+void launch_bias_act_bwd(const void* dy, const void* pre, void* dpre, void* workspace, void* dbias,
+                         int64_t rows, int64_t cols, int64_t num_chunks, ActKind act,
+                         KernelDType dtype, cudaStream_t stream) {
+  bias_grad(dy, pre, dpre, workspace, dbias, rows, cols, num_chunks, act, dtype, stream);
 }
 
 }  // namespace fusible::kernels

@@ -102,6 +102,12 @@ void launch_glu_bwd(const void* dy,  // [rows, h]
 void launch_glu_scale_grad(const void* dy, const void* x, void* dscales, int64_t rows, int64_t h,
                            const GluParams& params, KernelDType dtype, cudaStream_t stream);
 
+/// dpre = dy * act'(pre) (dpre may be dy: in place) and dbias = dpre summed over rows, in one pass
+/// plus the partials' sum (bias_kernels.cu). Chunks and workspace as launch_bias_bwd.
+void launch_bias_act_bwd(const void* dy, const void* pre, void* dpre, void* workspace, void* dbias,
+                         int64_t rows, int64_t cols, int64_t num_chunks, ActKind act,
+                         KernelDType dtype, cudaStream_t stream);
+
 // ---- Scale and residual add (elementwise_kernels.cu).
 
 /// y = scale * x, n elements.

@@ -1,7 +1,8 @@
-// The cuBLASLt layer's bit-mask and bias-gradient epilogues, called directly (no kernel op uses
-// them yet): RELU_AUX_BIAS (ReLU with its bit mask kept), DRELU_BGRAD (the ReLU gradient from
-// that mask, with the bias gradient) and BGRADB (a wgrad GEMM that also sums dy over rows), each
-// against a float64 reference. Skipped without CUDA.
+// The cuBLASLt layer's gradient epilogues that no kernel op uses, called directly: RELU_AUX_BIAS
+// (ReLU with its bit mask kept), DRELU_BGRAD (the ReLU gradient from that mask, with the bias
+// gradient), DGELU_BGRAD (slower on the H200 than our own pass, see gemm/linear_cuda.cpp) and
+// BGRADB (a wgrad GEMM that also sums dy over rows), each against a float64 reference. Skipped
+// without CUDA.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -84,6 +85,31 @@ TEST_P(GemmEpilogues, ReluAuxBiasThenDReluBGrad) {
   const auto dpre = at::matmul(d64(dy), d64(w2)) * mask.to(at::kCUDA);
   expect_close(bwd.d, dpre, "DRELU_BGRAD d");
   expect_close(bwd.bias, dpre.sum(0), "DRELU_BGRAD bias");
+}
+
+TEST_P(GemmEpilogues, DGeluBGrad) {
+  // d = gelu_tanh'(aux) * (dy @ w2), bias = d summed over rows.
+  const auto dy = rand({m_, k_}), w2 = rand({k_, n_}), pre = rand({m_, n_});
+  kernels::gemm::RowMajorGemm g;
+  g.a = dy;
+  g.b = w2;
+  g.d = at::empty({m_, n_}, dy.options());
+  g.epilogue = kernels::gemm::Epilogue::kDGeluBGrad;
+  g.aux = pre;
+  g.bias = at::empty({n_}, dy.options());
+  if (!kernels::gemm::can_run(g)) GTEST_SKIP() << "GELU aux leading dim not a multiple of 8";
+  kernels::gemm::run(g);
+  const auto x = d64(pre).clone().requires_grad_();
+  at::gelu(x, "tanh").sum().backward();
+  const auto dpre = at::matmul(d64(dy), d64(w2)) * x.grad();
+  // cuBLASLt's GELU gradient is accurate to 16-bit storage (2e-5 absolute in fp32, measured).
+  const double tol = dtype_ == at::kFloat ? 1e-4 : dtype_ == at::kHalf ? 4e-3 : 2e-2;
+  const double scale = dpre.abs().max().item<double>();
+  EXPECT_LE((g.d.to(at::kDouble) - dpre).abs().max().item<double>(), tol * scale)
+      << "DGELU_BGRAD d";
+  EXPECT_LE((g.bias.to(at::kDouble) - dpre.sum(0)).abs().max().item<double>(),
+            tol * std::max(dpre.sum(0).abs().max().item<double>(), scale))
+      << "DGELU_BGRAD bias";
 }
 
 TEST_P(GemmEpilogues, WgradWithBGradB) {

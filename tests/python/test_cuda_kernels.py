@@ -1,4 +1,4 @@
-"""The native CUDA kernels (norms, activations, GLUs, scale, add) against the CPU float64 reference:
+"""The native CUDA kernels (norms, activations, GLUs, bias gradients, scale, add) against the CPU float64 reference:
 several shapes (one row, odd widths, widths not a multiple of 8) and every dtype, forward and
 backward, within DESIGN.md section 7. The caching allocator is filled with NaN before each call, so
 an output element a kernel forgets to write shows up. Skipped without CUDA."""
@@ -176,6 +176,12 @@ class TestElementwise:
             F.scaled_swiglu_bwd(_ref(dy), _ref(x), _ref(scales)),
             dtype,
         )
+
+    @pytest.mark.parametrize("act", ["gelu", "relu"])
+    def test_bias_act_bwd(self, shape, dtype, act):
+        dy, pre = _rand(shape, dtype), _rand(shape, dtype, 2.0)
+        _close(_cuda(F.bias_act_bwd, dy, pre, act), F.bias_act_bwd(_ref(dy), _ref(pre), act), dtype)
+        _close(_cuda(F.bias_bwd, dy), F.bias_bwd(_ref(dy)), dtype)
 
     def test_scale_and_add(self, shape, dtype):
         x, other = _rand(shape, dtype), _rand(shape, dtype)
