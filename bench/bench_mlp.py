@@ -89,13 +89,17 @@ def cuda_kernels(fn):
 
 
 def kernel_table(fn):
-    """fn's CUDA kernels by total GPU time (one call after a warm-up)."""
+    """fn's CUDA kernels and the ops that launched them, by total GPU time (one call after a
+    warm-up)."""
     fn()
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
         fn()
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
+    return prof.key_averages().table(
+        sort_by="cuda_time_total", row_limit=40, max_name_column_width=70
+    )
 
 
 def run_part(name, reps, profile=False):
