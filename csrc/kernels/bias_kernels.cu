@@ -43,6 +43,7 @@ __global__ void bias_grad_kernel(const T* dy,                     // [rows, cols
   const int64_t row_end = min(rows, row_begin + rows_per_chunk);
   A sum[VEC] = {};
   if (col < cols) {
+#pragma unroll 4
     for (int64_t r = row_begin + threadIdx.y; r < row_end; r += kRowThreads) {
       const auto d = cuda::load_vec<T, VEC>(dy + r * cols + col);
       if constexpr (kAct) {
@@ -50,8 +51,9 @@ __global__ void bias_grad_kernel(const T* dy,                     // [rows, cols
         cuda::Vec<T, VEC> g;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          g.v[j] = from_acc<T>(to_acc(d.v[j]) * cuda::act_derivative(act, to_acc(p.v[j])));
-          sum[j] += to_acc(g.v[j]);  // the rounded value: dbias is the sum of dpre as returned
+          const A gj = to_acc(d.v[j]) * cuda::act_derivative(act, to_acc(p.v[j]));
+          g.v[j] = from_acc<T>(gj);
+          sum[j] += gj;  // unrounded: dbias as accurate as the fp32 (fp64) math allows
         }
         cuda::store_vec<T, VEC>(dpre + r * cols + col, g);
       } else {
@@ -126,9 +128,10 @@ void launch_bias_fwd(const void* x, const void* bias, void* y, int64_t rows, int
 }
 
 int64_t bias_bwd_num_chunks(int64_t rows, int64_t cols, int num_sms) {
-  // Aim for ~4 blocks per SM, each chunk at least 64 rows (a block spans up to 256 columns).
+  // Aim for ~8 blocks (of 256 threads) per SM, enough loads in flight to stream at full
+  // bandwidth; each chunk at least 64 rows (a block spans up to 256 columns).
   const int64_t col_blocks = (cols + 255) / 256;
-  const int64_t want = std::max<int64_t>(1, (4 * num_sms + col_blocks - 1) / col_blocks);
+  const int64_t want = std::max<int64_t>(1, (8 * num_sms + col_blocks - 1) / col_blocks);
   const int64_t max_by_rows = std::max<int64_t>(1, rows / 64);
   return std::min(want, max_by_rows);
 }

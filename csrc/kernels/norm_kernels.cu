@@ -1,8 +1,8 @@
 // LayerNorm and RMSNorm, forward and backward, in fp32 registers (fp64 for fp64) from the storage
 // dtype. One block per row: the row is read from global memory once, kept in shared memory as
-// fp32 for the second pass, and written once. The backward's weight and bias gradients are
-// reduced deterministically: each block sums a fixed set of rows into its own partial row, and a
-// second kernel adds the partials in block order.
+// fp32 for the second pass, and written once. The backward's weight and bias gradients are a
+// separate column pass over dy and x, reduced deterministically: each block sums a fixed chunk of
+// rows into its own partial row, and a last kernel adds the partials in chunk order.
 #include <algorithm>
 
 #include "kernels/cuda_common.cuh"
@@ -74,78 +74,108 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// Block b handles rows b, b + gridDim.x, ...: dx for each (plus dextra), and its own partial sums
-// of the weight gradient (dy * xhat) and bias gradient (dy) in partial[b] = [dweight | dbias].
+// dx for one row per block (plus dextra): xhat and g = dy * gamma kept in shared memory as fp32
+// between the reduction and the write.
 template <typename T, int VEC, bool kLayerNorm>
 __global__ void __launch_bounds__(kMaxThreads)
-    norm_bwd_kernel(const T* __restrict__ dy,           // [rows, cols]
-                    const T* __restrict__ x,            // [rows, cols]
-                    const acc_t<T>* __restrict__ mean,  // [rows] (LayerNorm)
-                    const acc_t<T>* __restrict__ rstd,  // [rows]
-                    const T* __restrict__ weight,       // [cols]
-                    const T* __restrict__ dextra,       // [rows, cols] or null
-                    T* __restrict__ dx,                 // [rows, cols]
-                    acc_t<T>* __restrict__ partial,     // [gridDim.x, 2 * cols]
-                    int64_t rows, int64_t cols, bool zero_centered_gamma) {
+    norm_bwd_dx_kernel(const T* __restrict__ dy,           // [rows, cols]
+                       const T* __restrict__ x,            // [rows, cols]
+                       const acc_t<T>* __restrict__ mean,  // [rows] (LayerNorm)
+                       const acc_t<T>* __restrict__ rstd,  // [rows]
+                       const T* __restrict__ weight,       // [cols]
+                       const T* __restrict__ dextra,       // [rows, cols] or null
+                       T* __restrict__ dx,                 // [rows, cols]
+                       int64_t cols, bool zero_centered_gamma) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   A* xhat = reinterpret_cast<A*>(smem);  // each thread touches only its own elements
   A* g = xhat + cols;
-  A* dw = g + cols;
-  A* db = dw + cols;  // LayerNorm only
+  const int64_t r = blockIdx.x;
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
-  for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      dw[i + j] = 0;
-      if (kLayerNorm) db[i + j] = 0;
-    }
-  }
   const A shift = zero_centered_gamma ? A(1) : A(0);
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const A mu = kLayerNorm ? mean[r] : A(0);
-    const A rs = rstd[r];
-    A sum_g = 0, sum_gx = 0;
-    for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
-      const auto xv = load_vec<T, VEC>(x + r * cols + i);
-      const auto dv = load_vec<T, VEC>(dy + r * cols + i);
-      const auto wv = load_vec<T, VEC>(weight + i);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const A xh = (to_acc(xv.v[j]) - mu) * rs;
-        const A d = to_acc(dv.v[j]);
-        const A gg = d * (to_acc(wv.v[j]) + shift);
-        xhat[i + j] = xh;
-        g[i + j] = gg;
-        sum_g += gg;
-        sum_gx += gg * xh;
-        dw[i + j] += d * xh;
-        if (kLayerNorm) db[i + j] += d;
-      }
-    }
-    const A inv = A(1) / static_cast<A>(cols);
-    const A c1 = kLayerNorm ? cuda::block_sum(sum_g) * inv : A(0);
-    const A c2 = cuda::block_sum(sum_gx) * inv;
-    for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
-      Vec<T, VEC> e;
-      if (dextra != nullptr) e = load_vec<T, VEC>(dextra + r * cols + i);
-      Vec<T, VEC> out;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        A o = rs * (g[i + j] - c1 - xhat[i + j] * c2);
-        if (dextra != nullptr) o += to_acc(e.v[j]);
-        out.v[j] = from_acc<T>(o);
-      }
-      store_vec<T, VEC>(dx + r * cols + i, out);
-    }
-  }
-  A* mine = partial + blockIdx.x * 2 * cols;
+  const A mu = kLayerNorm ? mean[r] : A(0);
+  const A rs = rstd[r];
+  A sum_g = 0, sum_gx = 0;
   for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+    const auto xv = load_vec<T, VEC>(x + r * cols + i);
+    const auto dv = load_vec<T, VEC>(dy + r * cols + i);
+    const auto wv = load_vec<T, VEC>(weight + i);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      mine[i + j] = dw[i + j];
-      mine[cols + i + j] = kLayerNorm ? db[i + j] : A(0);
+      const A xh = (to_acc(xv.v[j]) - mu) * rs;
+      const A gg = to_acc(dv.v[j]) * (to_acc(wv.v[j]) + shift);
+      xhat[i + j] = xh;
+      g[i + j] = gg;
+      sum_g += gg;
+      sum_gx += gg * xh;
     }
+  }
+  const A inv = A(1) / static_cast<A>(cols);
+  const A c1 = kLayerNorm ? cuda::block_sum(sum_g) * inv : A(0);
+  const A c2 = cuda::block_sum(sum_gx) * inv;
+  for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+    Vec<T, VEC> e;
+    if (dextra != nullptr) e = load_vec<T, VEC>(dextra + r * cols + i);
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      A o = rs * (g[i + j] - c1 - xhat[i + j] * c2);
+      if (dextra != nullptr) o += to_acc(e.v[j]);
+      out.v[j] = from_acc<T>(o);
+    }
+    store_vec<T, VEC>(dx + r * cols + i, out);
+  }
+}
+
+constexpr int kColThreads = 32;
+constexpr int kRowThreads = 8;
+
+// The weight (dy * xhat) and bias (dy) gradients' partial column sums: block (32 x 8 threads, VEC
+// adjacent columns each) sums one chunk of rows into partial[chunk] = [dweight | dbias]. Fixed
+// assignment, so the final sums are deterministic.
+template <typename T, int VEC, bool kLayerNorm>
+__global__ void norm_bwd_params_kernel(const T* __restrict__ dy,           // [rows, cols]
+                                       const T* __restrict__ x,            // [rows, cols]
+                                       const acc_t<T>* __restrict__ mean,  // [rows] (LayerNorm)
+                                       const acc_t<T>* __restrict__ rstd,  // [rows]
+                                       acc_t<T>* __restrict__ partial,     // [chunks, 2 * cols]
+                                       int64_t rows, int64_t cols, int64_t rows_per_chunk) {
+  using A = acc_t<T>;
+  __shared__ A tile[kRowThreads][kColThreads * VEC];
+  const int64_t col = (blockIdx.x * static_cast<int64_t>(kColThreads) + threadIdx.x) * VEC;
+  const int64_t row_begin = blockIdx.y * rows_per_chunk;
+  const int64_t row_end = min(rows, row_begin + rows_per_chunk);
+  A dw[VEC] = {}, db[VEC] = {};
+  if (col < cols) {
+#pragma unroll 4
+    for (int64_t r = row_begin + threadIdx.y; r < row_end; r += kRowThreads) {
+      const A mu = kLayerNorm ? mean[r] : A(0);
+      const A rs = rstd[r];
+      const auto xv = load_vec<T, VEC>(x + r * cols + col);
+      const auto dv = load_vec<T, VEC>(dy + r * cols + col);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A d = to_acc(dv.v[j]);
+        dw[j] += d * (to_acc(xv.v[j]) - mu) * rs;
+        if (kLayerNorm) db[j] += d;
+      }
+    }
+  }
+  A* out = partial + blockIdx.y * 2 * cols;
+  // Two rounds through the tile: the weight gradient, then the bias gradient.
+  for (int round = 0; round < (kLayerNorm ? 2 : 1); ++round) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) tile[threadIdx.y][threadIdx.x * VEC + j] = round ? db[j] : dw[j];
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        A total = tile[0][threadIdx.x * VEC + j];
+        for (int i = 1; i < kRowThreads; ++i) total += tile[i][threadIdx.x * VEC + j];
+        out[round * cols + col + j] = total;
+      }
+    }
+    __syncthreads();
   }
 }
 
@@ -157,7 +187,7 @@ int threads_for(int64_t cols, int vec) {
 
 size_t smem_bytes(int64_t cols, KernelDType dtype, bool backward, bool layernorm) {
   const size_t acc = dtype == KernelDType::kFloat64 ? 8 : 4;
-  const size_t rows_kept = backward ? (layernorm ? 4 : 3) : 1;
+  const size_t rows_kept = backward ? 2 : 1;  // bwd: xhat and dy * gamma; fwd: x
   return rows_kept * static_cast<size_t>(cols) * acc;
 }
 
@@ -219,13 +249,9 @@ void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* 
   cuda::check_launch("norm_fwd_kernel");
 }
 
-int64_t norm_bwd_num_chunks(int64_t rows, int64_t cols, KernelDType dtype, bool layernorm,
-                            int num_sms) {
-  // Blocks resident at once (by shared memory and threads), at most one per row.
-  const size_t smem = smem_bytes(cols, dtype, true, layernorm);
-  const int64_t by_smem = std::max<int64_t>(1, max_smem_optin() / static_cast<int64_t>(smem + 1));
-  const int64_t per_sm = std::min<int64_t>(by_smem, 2048 / threads_for(cols, 1));
-  return std::max<int64_t>(1, std::min<int64_t>(rows, std::max<int64_t>(per_sm, 1) * num_sms));
+int64_t norm_bwd_num_chunks(int64_t rows, int64_t cols, KernelDType, bool, int num_sms) {
+  // The parameter-gradient pass splits rows as the bias gradient does.
+  return bias_bwd_num_chunks(rows, cols, num_sms);
 }
 
 void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void* rstd,
@@ -234,24 +260,38 @@ void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void
                      bool zero_centered_gamma, bool layernorm, KernelDType dtype,
                      cudaStream_t stream) {
   if (cols == 0) return;
+  const int64_t chunks = rows > 0 ? num_chunks : 0;  // no rows: the gradients are zeros
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
+    const auto* tdy = static_cast<const T*>(dy);
+    const auto* tx = static_cast<const T*>(x);
+    const auto* tmean = static_cast<const A*>(mean);
+    const auto* trstd = static_cast<const A*>(rstd);
     if (rows > 0) {
       dispatch_vec<T>(cols, {dy, x, weight, dextra, dx}, [&](auto vec) {
         constexpr int V = decltype(vec)::value;
-        const auto kernel = layernorm ? norm_bwd_kernel<T, V, true> : norm_bwd_kernel<T, V, false>;
+        const auto kernel =
+            layernorm ? norm_bwd_dx_kernel<T, V, true> : norm_bwd_dx_kernel<T, V, false>;
         const size_t smem = smem_bytes(cols, dtype, true, layernorm);
         allow_smem(kernel, smem);
-        kernel<<<num_chunks, threads_for(cols, V), smem, stream>>>(
-            static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const A*>(mean),
-            static_cast<const A*>(rstd), static_cast<const T*>(weight),
-            static_cast<const T*>(dextra), static_cast<T*>(dx), static_cast<A*>(workspace), rows,
-            cols, zero_centered_gamma);
+        kernel<<<rows, threads_for(cols, V), smem, stream>>>(
+            tdy, tx, tmean, trstd, static_cast<const T*>(weight), static_cast<const T*>(dextra),
+            static_cast<T*>(dx), cols, zero_centered_gamma);
       });
-      cuda::check_launch("norm_bwd_kernel");
+      cuda::check_launch("norm_bwd_dx_kernel");
+      const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+      dispatch_vec<T>(cols, {dy, x}, [&](auto vec) {
+        constexpr int V = decltype(vec)::value;
+        const dim3 grid((cols + kColThreads * V - 1) / (kColThreads * V), chunks);
+        const dim3 block(kColThreads, kRowThreads);
+        const auto kernel =
+            layernorm ? norm_bwd_params_kernel<T, V, true> : norm_bwd_params_kernel<T, V, false>;
+        kernel<<<grid, block, 0, stream>>>(tdy, tx, tmean, trstd, static_cast<A*>(workspace), rows,
+                                           cols, rows_per_chunk);
+      });
+      cuda::check_launch("norm_bwd_params_kernel");
     }
-    const int64_t chunks = rows > 0 ? num_chunks : 0;  // no rows: the gradients are zeros
     cuda::launch_column_sum<T>(workspace, dweight, cols, chunks, 2 * cols, stream);
     if (layernorm) {
       cuda::launch_column_sum<T>(static_cast<const A*>(workspace) + cols, dbias, cols, chunks,

@@ -119,14 +119,17 @@ def test_our_kernels_run_on_cuda():
         F.activation_fwd(x, "gelu")
         F.glu_fwd(x, "swiglu")
         F.add_fwd(x, x)
+        F.bias_act_bwd(x, x, "gelu")
         torch.cuda.synchronize()
     names = " ".join(
         e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
     )
     for kernel in (
         "norm_fwd_kernel",
-        "norm_bwd_kernel",
+        "norm_bwd_dx_kernel",
+        "norm_bwd_params_kernel",
         "column_sum_kernel",
+        "bias_grad_kernel",
         "map_kernel",
         "glu_fwd_kernel",
     ):
