@@ -25,6 +25,11 @@ struct FuserCall : torch::CustomClassHolder {
   std::shared_ptr<const ParamLayout> params;      // parameter positions
   std::vector<at::ScalarType> param_dtypes;       // the call's, per flat parameter (grads match)
   std::vector<std::shared_ptr<void>> keep_alive;  // see FusibleOperation::keep_alive
+  // Where each context's saved tensors live (one entry per slot of its saved_tensors): >= 0, that
+  // index of autograd's saved variables (tensors the caller can reach: inputs, parameters,
+  // outputs, so autograd checks their versions); -1, held in the context itself (made inside the
+  // forward and reachable by no one else), so the backward can free them op by op.
+  std::vector<std::vector<int64_t>> saved_slots;
   // y's metadata, to make a zero gradient when only extra outputs were used.
   std::vector<int64_t> output_shape;
   at::TensorOptions output_options;
@@ -36,7 +41,9 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
                                     const std::vector<at::Tensor>& external);
 
 /// Runs the backward plan: returns [dx, one per parameter, one per public extra input, one per
-/// external input].
-std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tensor>& grad_outputs);
+/// external input]. With release_saved, each op's saved tensors are dropped once its backward is
+/// done (the graph is not kept for another backward).
+std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tensor>& grad_outputs,
+                                     bool release_saved);
 
 }  // namespace fusible::fuser

@@ -1,12 +1,15 @@
 // OperationFuser: flattening, each call's parameters, planning, and the one autograd node per call.
 #include "fuser/operation_fuser.h"
 
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <unordered_set>
+#include <variant>
 
 #include "common/checks.h"
 #include "fuser/fuser_call.h"
@@ -297,6 +300,48 @@ std::string op_names(const Plan& plan) {
 
 }  // namespace
 
+// Moves every context's to_save into its saved_tensors, routing each tensor the caller can reach
+// (sharing storage with an input, parameter, extra tensor or output) through autograd's
+// save_for_backward, where its version is checked; the rest stays in the context, for the backward
+// to free op by op. With saved-tensor hooks active (activation checkpointing, CPU offload) every
+// tensor goes through autograd, so the hooks see them all.
+void save_tensors(AutogradContext& actx, FuserCall& call,
+                  std::initializer_list<std::variant<const at::Tensor*, at::TensorList>> visible) {
+  std::unordered_set<const c10::StorageImpl*> reachable;
+  const auto add = [&](const at::Tensor& t) {
+    if (t.defined() && t.has_storage()) reachable.insert(t.storage().unsafeGetStorageImpl());
+  };
+  for (const auto& group : visible) {
+    if (const auto* t = std::get_if<const at::Tensor*>(&group)) {
+      add(**t);
+    } else {
+      for (const auto& t : std::get<at::TensorList>(group)) add(t);
+    }
+  }
+  const bool hooks = at::SavedTensorDefaultHooks::get_hooks().has_value();
+  std::vector<at::Tensor> through_autograd;
+  call.saved_slots.assign(call.ctxs.size(), {});
+  for (size_t i = 0; i < call.ctxs.size(); ++i) {
+    auto& c = *call.ctxs[i];
+    auto& slots = call.saved_slots[i];
+    c.saved_tensors.assign(c.to_save.size(), at::Tensor());
+    for (size_t j = 0; j < c.to_save.size(); ++j) {
+      auto& t = c.to_save[j];
+      const bool internal = !hooks && t.defined() && t.has_storage() &&
+                            !reachable.count(t.storage().unsafeGetStorageImpl());
+      if (internal) {
+        slots.push_back(-1);
+        c.saved_tensors[j] = std::move(t);
+      } else {
+        slots.push_back(static_cast<int64_t>(through_autograd.size()));
+        through_autograd.push_back(std::move(t));
+      }
+    }
+    c.to_save.clear();
+  }
+  actx.save_for_backward(through_autograd);
+}
+
 // The one autograd node per fuser call.
 struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, at::TensorList params,
@@ -307,17 +352,8 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
     const std::vector<at::Tensor> extras(extra_inputs.begin(), extra_inputs.end());
     const std::vector<at::Tensor> external(external_inputs.begin(), external_inputs.end());
     auto outputs = run_forward(*call, input, extras, external);
-
-    // One flat save_for_backward; each context gets its range back in backward.
-    std::vector<at::Tensor> to_save;
-    std::vector<int64_t> sizes;
-    for (auto& c : call->ctxs) {
-      sizes.push_back(static_cast<int64_t>(c->to_save.size()));
-      for (auto& t : c->to_save) to_save.push_back(std::move(t));
-      c->to_save.clear();
-    }
-    ctx->save_for_backward(to_save);
-    ctx->saved_data["sizes"] = c10::IValue(sizes);
+    save_tensors(*ctx, *call,
+                 {&input, params, extra_inputs, external_inputs, at::TensorList(outputs)});
 
     // An output that repeats an earlier output needs its own tensor, or both would share one
     // gradient slot; an output that is a caller's extra input was written in place, and is
@@ -351,14 +387,26 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
                 ": double backward (backward with create_graph=True) through a fuser call is not ",
                 "supported");
     const auto saved = ctx->get_saved_variables();
-    const auto sizes = ctx->saved_data["sizes"].toIntVector();
-    size_t k = 0;
     for (size_t i = 0; i < call->ctxs.size(); ++i) {
-      call->ctxs[i]->saved_tensors.assign(saved.begin() + k, saved.begin() + k + sizes[i]);
-      k += sizes[i];
+      const auto& slots = call->saved_slots[i];
+      for (size_t j = 0; j < slots.size(); ++j) {
+        if (slots[j] >= 0) call->ctxs[i]->saved_tensors[j] = saved[slots[j]];
+      }
     }
-    auto grads = run_backward(*call, grad_outputs);
-    for (auto& c : call->ctxs) c->saved_tensors.clear();
+    // A kept graph (retain_graph=True) runs this backward again: its tensors must stay.
+    const bool keep = torch::autograd::get_current_graph_task_keep_graph();
+    auto grads = run_backward(*call, grad_outputs, /*release_saved=*/!keep);
+    for (size_t i = 0; i < call->ctxs.size(); ++i) {
+      auto& kept = call->ctxs[i]->saved_tensors;
+      if (!keep) {
+        kept.clear();
+      } else {
+        const auto& slots = call->saved_slots[i];
+        for (size_t j = 0; j < kept.size(); ++j) {
+          if (slots[j] >= 0) kept[j] = at::Tensor();  // autograd holds these
+        }
+      }
+    }
     grads.emplace_back();  // for the call argument
     return grads;
   }
