@@ -128,6 +128,7 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
     auto ctxs = contexts_of(call, p);
     ops::TensorLists sub_grad_out;
     for (auto i : p.basic_indices) sub_grad_out.push_back(grad_extra_out[i]);
+    for (auto* c : ctxs) c->release_saved = release_saved;
     auto r = p.op->fuser_backward(ctxs, dy, sub_grad_out);
     if (release_saved) {
       for (auto* c : ctxs) c->saved_tensors.clear();  // activations freed as eager frees them

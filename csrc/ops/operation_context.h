@@ -41,6 +41,15 @@ struct OperationContext : std::enable_shared_from_this<OperationContext> {
   c10::IValue state;
   /// State owned by a language binding (the Python attributes users set on a context).
   std::shared_ptr<void> binding_state;
+  /// Set by the fuser for a backward that does not keep the graph: the op may drop a saved
+  /// tensor as soon as it is done with it (release_saved), so its memory serves the next
+  /// allocation.
+  bool release_saved = false;
+
+  /// Drops saved tensor i when the backward allows it (no retain_graph); a no-op otherwise.
+  void release_saved_tensor(size_t i) {
+    if (release_saved && i < saved_tensors.size()) saved_tensors[i] = at::Tensor();
+  }
 
   void save_for_backward(std::vector<at::Tensor> tensors) { to_save = std::move(tensors); }
 

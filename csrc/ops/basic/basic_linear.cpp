@@ -57,8 +57,10 @@ std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::op_backward(Operatio
   const auto& w = ctx.saved_tensors.at(1);
   const auto dyc = cast_to(dy, ctx.compute_dtype);
   at::Tensor dx, dw;
-  if (w.defined()) dx = kernels::linear_dgrad(dyc, w);
+  // The wgrad first: the saved input can go before dx is allocated.
   if (x.defined()) dw = kernels::linear_wgrad(dyc, x);  // the fuser casts to the weight's dtype
+  ctx.release_saved_tensor(0);
+  if (w.defined()) dx = kernels::linear_dgrad(dyc, w);
   return {dx, {dw}};
 }
 

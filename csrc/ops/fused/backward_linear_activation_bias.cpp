@@ -24,6 +24,7 @@ BackwardResult BackwardLinearActivationBias::fuser_backward(
   const auto dy = cast_to(grad_output, linear_ctx.compute_dtype);
   at::Tensor dw;
   if (h.defined()) dw = kernels::linear_wgrad(dy, h);
+  ctxs.at(2)->release_saved_tensor(0);  // h's memory serves dpre
   at::Tensor dpre, dbias;
   if (pre.scalar_type() == linear_ctx.compute_dtype) {
     std::tie(dpre, dbias) = kernels::linear_dgrad_act_bias(dy, w, pre, kind_);
