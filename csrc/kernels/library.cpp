@@ -87,7 +87,8 @@ TORCH_LIBRARY(fusible, m) {
   m.def("add_fwd(Tensor x, Tensor other) -> Tensor");
   // self += other in place (AddExtraInput(in_place=True)).
   m.def("add_(Tensor(a!) self, Tensor other) -> ()");
-  // Dropout: -> (y, keep mask [bool, x's shape]); y = x * mask / (1 - p).
+  // Dropout: -> (y, keep mask as bits [uint8, ceil(numel / 8)]: element e is bit e % 8 of byte
+  // e / 8); y = x * keep / (1 - p).
   m.def("dropout_fwd(Tensor x, float p) -> (Tensor, Tensor)", {at::Tag::nondeterministic_seeded});
   // Dropout backward from the saved mask.
   m.def("dropout_bwd(Tensor dy, Tensor mask, float p) -> Tensor");

@@ -120,6 +120,7 @@ def test_our_kernels_run_on_cuda():
         F.glu_fwd(x, "swiglu")
         F.add_fwd(x, x)
         F.bias_act_bwd(x, x, "gelu")
+        F.dropout_bwd(x, F.dropout_fwd(x, 0.5)[1], 0.5)
         torch.cuda.synchronize()
     names = " ".join(
         e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
@@ -130,6 +131,8 @@ def test_our_kernels_run_on_cuda():
         "norm_bwd_params_kernel",
         "column_sum_kernel",
         "bias_grad_kernel",
+        "dropout_fwd_kernel",
+        "dropout_bwd_kernel",
         "map_kernel",
         "glu_fwd_kernel",
     ):
