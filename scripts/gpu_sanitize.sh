@@ -23,8 +23,10 @@ run() {  # name, command...
 for tool in memcheck racecheck; do
   run "gtest_$tool" --tool "$tool" build/gpu/fusible_tests --gtest_filter="$GTEST_FILTER"
 done
+# Left out: CUDA-graph capture (it cannot allocate with the caching allocator off) and the
+# profiler-based dispatch check (CUPTI does not run under the sanitizer).
 run pytest_memcheck --tool memcheck "$PY" -m pytest -q -p no:cacheprovider -x \
-  tests/python/test_cuda_kernels.py tests/python/test_dropout.py
+  tests/python/test_cuda_kernels.py tests/python/test_dropout.py -k "not graph and not kernels_run"
 run pytest_racecheck --tool racecheck "$PY" -m pytest -q -p no:cacheprovider -x \
-  tests/python/test_cuda_kernels.py -k "(dtype0 or dtype2) and (shape0 or shape1)"
+  tests/python/test_cuda_kernels.py -k "(dtype0 or dtype2) and (shape0 or shape1) and not kernels_run"
 exit $status
