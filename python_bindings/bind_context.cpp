@@ -75,6 +75,9 @@ void bind_context(py::module_& m) {
              for (const auto& t : tensors)
                ts.push_back(tensor_or_undefined(t, "save_for_backward"));
              ctx.save_for_backward(std::move(ts));
+             // A Python op may save any tensor (a buffer, an attribute): all get autograd's
+             // version checks.
+             ctx.check_saved_versions = true;
            })
       .def_property_readonly("saved_tensors",
                              [](OperationContext& ctx) {

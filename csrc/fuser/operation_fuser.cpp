@@ -327,7 +327,7 @@ void save_tensors(AutogradContext& actx, FuserCall& call,
     c.saved_tensors.assign(c.to_save.size(), at::Tensor());
     for (size_t j = 0; j < c.to_save.size(); ++j) {
       auto& t = c.to_save[j];
-      const bool internal = !hooks && t.defined() && t.has_storage() &&
+      const bool internal = !hooks && !c.check_saved_versions && t.defined() && t.has_storage() &&
                             !reachable.count(t.storage().unsafeGetStorageImpl());
       if (internal) {
         slots.push_back(-1);

@@ -46,6 +46,7 @@ void check_glu_input(const char* op, const at::Tensor& x) {
 }
 
 void check_glu_grad(const char* op, const at::Tensor& dy, const at::Tensor& x) {
+  FUSIBLE_CHECK_SAME_DEVICE(op, "dy", dy, "x", x);
   auto expected = x.sizes().vec();
   expected.back() /= 2;
   TORCH_CHECK(dy.sizes().equals(expected), op, ": expected dy of shape ", at::IntArrayRef(expected),
@@ -135,6 +136,7 @@ at::Tensor activation_fwd(const at::Tensor& x, c10::string_view kind) {
 }
 
 at::Tensor activation_bwd(const at::Tensor& dy, const at::Tensor& x, c10::string_view kind) {
+  FUSIBLE_CHECK_SAME_DEVICE("activation_bwd", "dy", dy, "x", x);
   FUSIBLE_CHECK_FLOATING("activation_bwd", "x", x);
   TORCH_CHECK(dy.sizes().equals(x.sizes()), "activation_bwd: expected dy of shape ", x.sizes(),
               ", got ", dy.sizes());

@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <limits>
+
 #include "common/checks.h"
 #include "kernels/activations.h"
 #include "kernels/compute_dtype.h"
@@ -30,6 +32,7 @@ at::Tensor activation_fwd_cuda(const at::Tensor& x, c10::string_view kind) {
 at::Tensor activation_bwd_cuda(const at::Tensor& dy, const at::Tensor& x, c10::string_view kind) {
   FUSIBLE_CHECK_FLOATING("activation_bwd", "x", x);
   FUSIBLE_CHECK_SHAPE_LIKE("activation_bwd", "dy", dy, x);
+  FUSIBLE_CHECK_SAME_DEVICE("activation_bwd", "dy", dy, "x", x);
   const auto act = reference::parse_activation("activation_bwd", kind);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto dyc = dy.to(x.scalar_type()).contiguous(), xc = x.contiguous();
@@ -130,6 +133,8 @@ std::tuple<at::Tensor, at::Tensor> scaled_swiglu_bwd_cuda(const at::Tensor& dy, 
   const auto dyc = dy.to(x.scalar_type()).contiguous(), xc = x.contiguous();
   auto dscales = at::empty(scales.sizes(), scales.options().dtype(acc_dtype(x.scalar_type())));
   const auto [rows, h] = glu_dims(x);
+  TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), "scaled_swiglu_bwd: at most 2^31 - 1 ",
+              "rows on CUDA (one block per row), got ", rows);
   launch_glu_scale_grad(dyc.const_data_ptr(), xc.const_data_ptr(), dscales.mutable_data_ptr(), rows,
                         h, GluParams{}, kernel_dtype("scaled_swiglu_bwd", x), stream());
   return {dx, dscales.to(scales.scalar_type())};

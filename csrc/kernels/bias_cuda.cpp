@@ -63,6 +63,7 @@ std::tuple<at::Tensor, at::Tensor> bias_act_bwd_cuda(const at::Tensor& dy, const
   FUSIBLE_CHECK_FLOATING("bias_act_bwd", "pre", pre);
   FUSIBLE_CHECK_MIN_DIM("bias_act_bwd", "pre", pre, 1);
   FUSIBLE_CHECK_SHAPE_LIKE("bias_act_bwd", "dy", dy, pre);
+  FUSIBLE_CHECK_SAME_DEVICE("bias_act_bwd", "dy", dy, "pre", pre);
   const auto prec = pre.contiguous();
   auto dpre = at::empty(pre.sizes(), pre.options());
   auto dbias = bias_grad("bias_act_bwd", dy.to(pre.scalar_type()).contiguous(), prec, dpre,

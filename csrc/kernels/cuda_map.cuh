@@ -6,9 +6,10 @@
 
 namespace fusible::kernels::cuda {
 
-// out may be a (an in-place update): each element is read before it is written, by one thread.
+// out may be a or b (an in-place update, add_(t, t)): each element is read before it is written,
+// by one thread; so none of the pointers is __restrict__.
 template <typename T, int VEC, typename F>
-__global__ void map_kernel(const T* a, const T* __restrict__ b, T* out, int64_t num_vecs, F f) {
+__global__ void map_kernel(const T* a, const T* b, T* out, int64_t num_vecs, F f) {
   for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < num_vecs;
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const auto av = load_vec<T, VEC>(a + v * VEC);

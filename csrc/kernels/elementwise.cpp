@@ -45,6 +45,7 @@ void check_dropout_fwd_args(const at::Tensor& x, double p) {
 
 void check_dropout_bwd_args(const at::Tensor& dy, const at::Tensor& mask) {
   FUSIBLE_CHECK_FLOATING("dropout_bwd", "dy", dy);
+  FUSIBLE_CHECK_SAME_DEVICE("dropout_bwd", "dy", dy, "mask", mask);
   const auto bytes = (dy.sym_numel() + 7) / 8;
   TORCH_CHECK(mask.scalar_type() == at::kByte && mask.dim() == 1 && mask.sym_size(0) == bytes,
               "dropout_bwd: expected a uint8 bit mask of ", bytes, " bytes (dy has ",

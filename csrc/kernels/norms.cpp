@@ -35,6 +35,7 @@ void check_norm_bias(const char* op, const at::Tensor& x, const at::Tensor& weig
   TORCH_CHECK(bias.sym_sizes().equals(weight.sym_sizes()), op, ": expected bias of shape ",
               weight.sym_sizes(), ", got ", bias.sym_sizes());
   FUSIBLE_CHECK_SAME_DTYPE(op, "x", x, "bias", bias);
+  FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "bias", bias);
 }
 
 namespace {

@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <limits>
+
 #include "common/checks.h"
 #include "kernels/compute_dtype.h"
 #include "kernels/cuda_device.h"
@@ -28,10 +30,17 @@ RowShape row_shape(const at::Tensor& x, const at::Tensor& weight) {
   return {cols == 0 ? 0 : x.numel() / cols, cols, std::move(lead)};
 }
 
-// Saved statistics as the kernels expect them: the accumulation dtype, one per row.
+// Saved statistics as the kernels expect them: the accumulation dtype, one per row, on x's device.
 bool stats_ok(const at::Tensor& stat, const at::Tensor& x, const RowShape& s) {
-  return stat.scalar_type() == acc_dtype(x.scalar_type()) && stat.is_cuda() &&
+  return stat.scalar_type() == acc_dtype(x.scalar_type()) && stat.device() == x.device() &&
          stat.is_contiguous() && stat.numel() == s.rows;
+}
+
+// Shapes the kernels take: a non-empty row (empty rows give NaN statistics, as the reference
+// does) and a row count a grid dimension holds (one block per row).
+bool kernel_shape(const at::Tensor& x, const at::Tensor& weight) {
+  const auto s = row_shape(x, weight);
+  return s.cols > 0 && s.rows <= std::numeric_limits<int32_t>::max();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const char* op, const at::Tensor& x,
@@ -89,7 +98,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_cuda(const at::Tens
                                                                   bool zero_centered_gamma) {
   reference::check_norm_args("layernorm_fwd", x, weight);
   reference::check_norm_bias("layernorm_fwd", x, weight, bias);
-  if (!norm_fits(weight.numel(), kernel_dtype("layernorm_fwd", x), false, true)) {
+  const c10::cuda::CUDAGuard guard(x.device());  // norm_fits reads this device's limits
+  if (!kernel_shape(x, weight) ||
+      !norm_fits(weight.numel(), kernel_dtype("layernorm_fwd", x), false, true)) {
     return reference::layernorm_fwd(x, weight, bias, eps, zero_centered_gamma);
   }
   return norm_fwd("layernorm_fwd", x, weight, &bias, eps, zero_centered_gamma);
@@ -98,16 +109,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_cuda(const at::Tens
 std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cuda(const at::Tensor& x, const at::Tensor& weight,
                                                     double eps, bool zero_centered_gamma) {
   reference::check_norm_args("rmsnorm_fwd", x, weight);
-  if (!norm_fits(weight.numel(), kernel_dtype("rmsnorm_fwd", x), false, false)) {
+  const c10::cuda::CUDAGuard guard(x.device());  // norm_fits reads this device's limits
+  if (!kernel_shape(x, weight) ||
+      !norm_fits(weight.numel(), kernel_dtype("rmsnorm_fwd", x), false, false)) {
     return reference::rmsnorm_fwd(x, weight, eps, zero_centered_gamma);
   }
   auto [y, mean, rstd] = norm_fwd("rmsnorm_fwd", x, weight, nullptr, eps, zero_centered_gamma);
   return {y, rstd};
 }
 
-// The kernels run when the row fits and the statistics are the forward's own.
+// The kernels run when the row fits and the statistics are the forward's own. Call under a
+// CUDAGuard on x's device (norm_fits reads its limits).
 bool bwd_runs(const char* op, const at::Tensor& x, const at::Tensor& weight,
               std::initializer_list<const at::Tensor*> stats, bool layernorm) {
+  if (!kernel_shape(x, weight)) return false;
   const auto s = row_shape(x, weight);
   for (const auto* st : stats) {
     if (!stats_ok(*st, x, s)) return false;
@@ -120,6 +135,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_cuda(
     const at::Tensor& weight, bool zero_centered_gamma) {
   reference::check_norm_args("layernorm_bwd", x, weight);
   FUSIBLE_CHECK_SHAPE_LIKE("layernorm_bwd", "dy", dy, x);
+  FUSIBLE_CHECK_SAME_DEVICE("layernorm_bwd", "dy", dy, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
   if (dy.scalar_type() != x.scalar_type() ||
       !bwd_runs("layernorm_bwd", x, weight, {&mean, &rstd}, true)) {
     return reference::layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);
@@ -133,6 +150,8 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cuda(const at::Tensor& dy, const 
                                                     bool zero_centered_gamma) {
   reference::check_norm_args("rmsnorm_bwd", x, weight);
   FUSIBLE_CHECK_SHAPE_LIKE("rmsnorm_bwd", "dy", dy, x);
+  FUSIBLE_CHECK_SAME_DEVICE("rmsnorm_bwd", "dy", dy, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
   if (dy.scalar_type() != x.scalar_type() || !bwd_runs("rmsnorm_bwd", x, weight, {&rstd}, false)) {
     return reference::rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
   }
@@ -154,6 +173,8 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_cuda(const at::Tensor& dy, co
                                                         const at::Tensor& dextra) {
   reference::check_norm_args("rmsnorm_bwd_add", x, weight);
   FUSIBLE_CHECK_SHAPE_LIKE("rmsnorm_bwd_add", "dy", dy, x);
+  FUSIBLE_CHECK_SAME_DEVICE("rmsnorm_bwd_add", "dy", dy, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
   if (!dextra_fuses(dy, x, dextra) || !bwd_runs("rmsnorm_bwd_add", x, weight, {&rstd}, false)) {
     auto [dx, dw] = rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
     return {add_fwd(dx, dextra), dw};
@@ -168,6 +189,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add_cuda(
     const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra) {
   reference::check_norm_args("layernorm_bwd_add", x, weight);
   FUSIBLE_CHECK_SHAPE_LIKE("layernorm_bwd_add", "dy", dy, x);
+  FUSIBLE_CHECK_SAME_DEVICE("layernorm_bwd_add", "dy", dy, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
   if (!dextra_fuses(dy, x, dextra) ||
       !bwd_runs("layernorm_bwd_add", x, weight, {&mean, &rstd}, true)) {
     auto [dx, dw, db] = layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);

@@ -13,8 +13,13 @@ namespace fusible::ops {
 /// One per basic op per fuser call. The fuser moves every context's `to_save` into one flat
 /// save_for_backward and hands them back as `saved_tensors` before the backward runs.
 struct OperationContext : std::enable_shared_from_this<OperationContext> {
-  /// Tensors the backward needs (set with save_for_backward during the forward).
+  /// Tensors the backward needs (set with save_for_backward during the forward). The fuser keeps
+  /// those the caller cannot reach (made inside the call) itself and frees them early; the rest
+  /// go through autograd, which checks their versions. An op that saves a tensor from elsewhere
+  /// (a buffer, a tensor kept on the op) sets check_saved_versions so all of its go through
+  /// autograd; ops written in Python always do.
   std::vector<at::Tensor> to_save;
+  bool check_saved_versions = false;
   /// The saved tensors, restored for the backward.
   std::vector<at::Tensor> saved_tensors;
   /// This call's parameters of the op, in op_parameters() order (DESIGN.md "Parameters are call

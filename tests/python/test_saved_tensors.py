@@ -69,3 +69,26 @@ def test_input_modified_in_place_after_forward_is_detected():
         h.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+def test_python_op_saving_an_outside_tensor_keeps_the_version_check():
+    class ScaleByBuffer(ops.BasicOperation):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("s", torch.full((4,), 2.0, dtype=D))
+
+        def op_forward(self, ctx, input_, **unused):
+            ctx.save_for_backward(self.s)
+            return input_ * self.s
+
+        def op_backward(self, ctx, grad_output):
+            (s,) = ctx.saved_tensors
+            return grad_output * s, []
+
+    op = ScaleByBuffer()
+    x = torch.randn(3, 4, dtype=D, requires_grad=True)
+    y = ops.Sequential(op)(x)
+    with torch.no_grad():
+        op.s.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
