@@ -15,6 +15,9 @@ namespace fusible::ops {
 void register_builtin_fusions(FusionRegistry& registry) {
   // Forward: the residual add first (it takes the Bias that BiasActivation would otherwise take).
   registry.add("ForwardLinearBiasAdd", FusionPass::kForward, fuse_forward_linear_bias_add);
+  // Ours: the out-of-place add as the GEMM's C input (before BiasActivation takes the Bias).
+  registry.add("ForwardLinearBiasAddOutOfPlace", FusionPass::kForward,
+               fuse_forward_linear_bias_add_out_of_place);
   registry.add("ForwardLinearBiasActivation", FusionPass::kForward,
                fuse_forward_linear_bias_activation);
   registry.add("ForwardLinearScaleAdd", FusionPass::kForward, fuse_forward_linear_scale_add);

@@ -9,7 +9,7 @@ namespace fusible::ops {
 ForwardLinearBiasAdd::ForwardLinearBiasAdd(std::shared_ptr<BasicLinear> linear,
                                            std::shared_ptr<Bias> bias,
                                            std::shared_ptr<AddExtraInput> add)
-    : FusedOperation("ForwardLinearBiasAdd",
+    : FusedOperation(add->in_place() ? "ForwardLinearBiasAdd" : "ForwardLinearBiasAddOutOfPlace",
                      bias ? std::vector<std::shared_ptr<BasicOperation>>{linear, bias, add}
                           : std::vector<std::shared_ptr<BasicOperation>>{linear, add}),
       linear_(std::move(linear)),
@@ -52,7 +52,10 @@ at::Tensor ForwardLinearBiasAdd::fuser_forward(const std::vector<OperationContex
   return linear_then_add(*add_, *ctxs.back(), x, w, b, 1.0, extra_inputs.back().at(0), args);
 }
 
-OpList fuse_forward_linear_bias_add(OpList ops, const FusionContext& fctx) {
+namespace {
+
+// BasicLinear (+ Bias) + AddExtraInput whose in_place is the one asked for.
+OpList fuse_linear_bias_add(OpList ops, const FusionContext& fctx, bool in_place) {
   return fuse_windows(ops, [&](const OpList& list, size_t i) {
     std::pair<std::shared_ptr<FusibleOperation>, size_t> none{nullptr, 0};
     auto linear = op_at<BasicLinear>(list, i);
@@ -63,10 +66,20 @@ OpList fuse_forward_linear_bias_add(OpList ops, const FusionContext& fctx) {
       return none;
     }
     auto add = op_at<AddExtraInput>(list, i + (bias ? 2 : 1));
-    if (!add || !add->in_place()) return none;
+    if (!add || add->in_place() != in_place) return none;
     return std::pair<std::shared_ptr<FusibleOperation>, size_t>{
         std::make_shared<ForwardLinearBiasAdd>(linear, bias, add), bias ? 3 : 2};
   });
+}
+
+}  // namespace
+
+OpList fuse_forward_linear_bias_add(OpList ops, const FusionContext& fctx) {
+  return fuse_linear_bias_add(std::move(ops), fctx, /*in_place=*/true);
+}
+
+OpList fuse_forward_linear_bias_add_out_of_place(OpList ops, const FusionContext& fctx) {
+  return fuse_linear_bias_add(std::move(ops), fctx, /*in_place=*/false);
 }
 
 }  // namespace fusible::ops

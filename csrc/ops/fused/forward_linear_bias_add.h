@@ -1,5 +1,8 @@
 // ForwardLinearBiasAdd (te.ops' name): BasicLinear (+ Bias) + AddExtraInput(in_place=True) forward
-// as one GEMM that accumulates into the extra tensor (beta = 1). Forward-only.
+// as one GEMM that accumulates into the extra tensor (beta = 1). Ours,
+// ForwardLinearBiasAddOutOfPlace: the same with AddExtraInput(in_place=False), the GEMM reading the
+// extra tensor as its C input and writing a new output (te.ops leaves that pair unfused).
+// Forward-only.
 #pragma once
 
 #include "ops/basic/basic_linear.h"
@@ -11,7 +14,7 @@ namespace fusible::ops {
 
 class ForwardLinearBiasAdd : public FusedOperation {
  public:
-  /// bias may be null.
+  /// bias may be null. The name follows the add op's in_place.
   ForwardLinearBiasAdd(std::shared_ptr<BasicLinear> linear, std::shared_ptr<Bias> bias,
                        std::shared_ptr<AddExtraInput> add);
   at::Tensor fuser_forward(const std::vector<OperationContext*>& ctxs, const at::Tensor& input,
@@ -27,6 +30,8 @@ class ForwardLinearBiasAdd : public FusedOperation {
 /// BasicLinear, optionally a Bias (its out_features, the weight's dtype), then an
 /// AddExtraInput(in_place=True).
 OpList fuse_forward_linear_bias_add(OpList ops, const FusionContext& ctx);
+/// The same window with an AddExtraInput(in_place=False).
+OpList fuse_forward_linear_bias_add_out_of_place(OpList ops, const FusionContext& ctx);
 
 /// Shared by the forward GEMM + add fusions: y = alpha * x W^T + b + extra, written into extra
 /// where the add op would write in place, else into a new tensor. Falls back to the add op's own

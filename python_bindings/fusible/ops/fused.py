@@ -35,6 +35,11 @@ ForwardLinearBiasAdd = _fused(
     "BasicLinear (+ Bias) + AddExtraInput(in_place=True) forward: one GEMM accumulating into the "
     "extra tensor (beta = 1).",
 )
+ForwardLinearBiasAddOutOfPlace = _fused(
+    "ForwardLinearBiasAddOutOfPlace",
+    "BasicLinear (+ Bias) + AddExtraInput(in_place=False) forward: one GEMM reading the extra "
+    "tensor as its C input (beta = 1) into a new output (beyond te.ops).",
+)
 ForwardLinearScaleAdd = _fused(
     "ForwardLinearScaleAdd",
     "BasicLinear + ConstantScale + AddExtraInput(in_place=True) forward: one GEMM with "
@@ -78,5 +83,6 @@ __all__ = [
     "BackwardLinearScale",
     "ForwardLinearBiasActivation",
     "ForwardLinearBiasAdd",
+    "ForwardLinearBiasAddOutOfPlace",
     "ForwardLinearScaleAdd",
 ]
