@@ -84,5 +84,7 @@ class TestOpcheck:
         }
         checked = {op._qualified_op_name.split("::")[1] for op, _ in _cases("cpu")}
         checked.add("dropout_fwd")
+        # The compiled Sequential's call ops: opcheck in test_compile_fullgraph.py.
+        checked |= {"sequential_call", "sequential_call_backward"}
         assert "bias_fwd" in registered and "linear_fwd" in registered
         assert registered == checked, registered ^ checked

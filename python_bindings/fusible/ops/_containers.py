@@ -8,7 +8,7 @@ import torch
 from torch import _disable_dynamo
 
 from .. import _C
-from . import fused
+from . import _compile_support, fused
 from ._base import (
     FusibleOperation,
     call_parameters,
@@ -165,6 +165,7 @@ class Sequential(torch.nn.Module):
     def __init__(self, *modules):
         super().__init__()
         self._cpp = None  # the C++ Sequential, built on first use after any change
+        _compile_support.register(self)
         for m in modules:
             self.append(m)
 
@@ -172,6 +173,10 @@ class Sequential(torch.nn.Module):
         state = self.__dict__.copy()
         state["_cpp"] = None  # rebuilt on the copy's first call: a copy is not locked
         return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        _compile_support.register(self)  # a copy has its own handle
 
     # ---- list API (any change drops the C++ Sequential, and with it the channel locks)
     def _invalidate(self):
@@ -266,15 +271,23 @@ class Sequential(torch.nn.Module):
             self._hook_flags = hooks
         return self._cpp
 
-    @_disable_dynamo
     def forward(self, input, *extra_inputs, channel_inputs=None, return_dict=False):
+        if torch.compiler.is_compiling():  # one custom op: no graph break (_compile_support)
+            check_tensors("Sequential", input, extra_inputs)
+            return _compile_support.compiled_forward(
+                self, input, extra_inputs, channel_inputs, return_dict
+            )
+        return self._forward(
+            input, *extra_inputs, channel_inputs=channel_inputs, return_dict=return_dict
+        )
+
+    @_disable_dynamo
+    def _forward(self, input, *extra_inputs, channel_inputs=None, return_dict=False):
         check_tensors("Sequential", input, extra_inputs)
-        cpp = self._engine()
+        self._engine()  # sets _param_sources
         named_inputs = list((channel_inputs or {}).items())
-        hooked = any(h & 1 for h in self._hook_flags)
-        around = _run_hooked_op(self, {n for n, _ in named_inputs}) if hooked else None
         params = call_parameters(self._param_sources)
-        outputs, named = cpp.run(input, list(extra_inputs), named_inputs, params, around)
+        outputs, named = self._run_engine(input, list(extra_inputs), named_inputs, params)
         if return_dict:
             if len(named) != len(outputs) - 1:
                 raise ValueError(
@@ -283,6 +296,14 @@ class Sequential(torch.nn.Module):
                 )
             return outputs[0], dict(named)
         return unpack_outputs(outputs)
+
+    def _run_engine(self, input, extra_inputs, named_inputs, params):
+        """One call of the C++ Sequential with these parameters: (outputs, named outputs). Ops
+        with forward hooks run through their own __call__ (the `around` callback)."""
+        cpp = self._engine()
+        hooked = any(h & 1 for h in self._hook_flags)
+        around = _run_hooked_op(self, {n for n, _ in named_inputs}) if hooked else None
+        return cpp.run(input, extra_inputs, named_inputs, params, around)
 
     def fusers(self, named_inputs=()):
         """One entry per group: its OperationFuser, or the module itself."""

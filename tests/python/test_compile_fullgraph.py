@@ -1,0 +1,122 @@
+"""torch.compile(fullgraph=True) of a fusible Sequential: the call is one custom op
+(fusible::sequential_call), so the graph has no break, and compiled forward and backward equal
+eager: with channels, extra outputs to the caller, channel inputs, a non-fusible module between
+groups, and a model with no parameters that need gradients."""
+
+import copy
+
+import pytest
+import torch
+from conftest import DEVICES
+from fusible import ops
+
+D = torch.float64
+
+
+def _model(device):
+    torch.manual_seed(0)
+    make, add = ops.MakeExtraOutput(), ops.AddExtraInput()
+    make.set_extra_output_channel(0, "residual", output_to_caller=False)
+    add.set_extra_input_channel(0, "residual")
+    extra = ops.MakeExtraOutput()  # its copy goes back to the caller
+    gate = ops.AddExtraInput()
+    gate.set_extra_input_channel(0, "gate")  # fed by channel_inputs
+    return ops.Sequential(
+        make,
+        ops.LayerNorm(8, dtype=D, device=device),
+        ops.Linear(8, 16, dtype=D, device=device),
+        ops.GELU(),
+        torch.nn.Tanh(),  # a plain module between two fuser groups
+        ops.Linear(16, 8, dtype=D, device=device),
+        add,
+        extra,
+        gate,
+    )
+
+
+def _run(model, x, gate):
+    y, side = model(x, channel_inputs={"gate": gate})
+    return y, side
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_fullgraph_equals_eager(device, backend):
+    torch._dynamo.reset()
+    model = _model(device)
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    x = torch.randn(4, 8, dtype=D, device=device, requires_grad=True)
+    gate = torch.randn(4, 8, dtype=D, device=device, requires_grad=True)
+    x_ref, gate_ref = (t.detach().clone().requires_grad_() for t in (x, gate))
+    out, out_ref = _run(compiled, x, gate), _run(ref, x_ref, gate_ref)
+    for a, b in zip(out, out_ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    (out[0].square().sum() + out[1].sum()).backward()
+    (out_ref[0].square().sum() + out_ref[1].sum()).backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gate.grad, gate_ref.grad, rtol=1e-12, atol=1e-12)
+    for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12, msg=n)
+
+
+def test_no_graph_break():
+    torch._dynamo.reset()
+    model = _model("cpu")
+    x, gate = torch.randn(4, 8, dtype=D), torch.randn(4, 8, dtype=D)
+    explained = torch._dynamo.explain(model)(x, channel_inputs={"gate": gate})
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+
+
+def test_inference_and_frozen_parameters():
+    torch._dynamo.reset()
+    model = _model("cpu")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x, gate = torch.randn(4, 8, dtype=D, requires_grad=True), torch.randn(4, 8, dtype=D)
+    y, _ = _run(compiled, x, gate)
+    y.sum().backward()
+    x_ref = x.detach().clone().requires_grad_()
+    _run(model, x_ref, gate)[0].sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        torch.testing.assert_close(_run(compiled, x, gate)[0], _run(model, x, gate)[0])
+
+
+def test_training_dropout_is_refused_with_a_clear_error():
+    torch._dynamo.reset()
+    model = ops.Sequential(ops.Linear(8, 8, dtype=D, device="cpu"), ops.Dropout(0.5))
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="Dropout under torch.compile"):
+        compiled(torch.randn(2, 8, dtype=D, requires_grad=True))
+    model.eval()  # identity: fine
+    torch._dynamo.reset()
+    x = torch.randn(2, 8, dtype=D)
+    torch.testing.assert_close(
+        torch.compile(model, fullgraph=True, backend="aot_eager")(x), model(x)
+    )
+
+
+def test_forward_hooks_on_inner_ops_are_refused_with_a_clear_error():
+    torch._dynamo.reset()
+    model = _model("cpu")
+    model[2].register_forward_hook(lambda m, i, o: o * 2)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="forward hooks on ops inside a Sequential under"):
+        _run(compiled, torch.randn(4, 8, dtype=D), torch.randn(4, 8, dtype=D))
+
+
+def test_opcheck_of_the_call_ops():
+    model = _model("cpu")
+    from fusible.ops import _compile_support as cs
+
+    x, gate = torch.randn(4, 8, dtype=D), torch.randn(4, 8, dtype=D)
+    paths = cs._param_paths(model._compile_handle)
+    params = [getattr(model.get_submodule(p), n).detach() for p, n in paths]
+    args = (model._compile_handle, x, [], "gate", [gate], params)
+    torch.library.opcheck(torch.ops.fusible.sequential_call.default, args)
+    outs = torch.ops.fusible.sequential_call(*args)
+    grads = [torch.randn_like(o) for o in outs]
+    torch.library.opcheck(torch.ops.fusible.sequential_call_backward.default, (*args, grads))
