@@ -120,3 +120,15 @@ def test_opcheck_of_the_call_ops():
     outs = torch.ops.fusible.sequential_call(*args)
     grads = [torch.randn_like(o) for o in outs]
     torch.library.opcheck(torch.ops.fusible.sequential_call_backward.default, (*args, grads))
+
+
+def test_a_module_with_parameters_between_groups_is_refused():
+    torch._dynamo.reset()
+    model = ops.Sequential(
+        ops.Linear(8, 8, dtype=D, device="cpu"),
+        torch.nn.Linear(8, 8, dtype=D),
+        ops.GELU(),
+    )
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="with parameters between fuser groups under"):
+        compiled(torch.randn(2, 8, dtype=D, requires_grad=True))

@@ -43,6 +43,15 @@ def _run(seq, input, extras, names, named, params):
             "Sequential: forward hooks on ops inside a Sequential under torch.compile are not "
             "supported yet; register the hook on the Sequential itself"
         )
+    from ._base import FusibleOperation
+
+    for m in seq._entries():
+        if not isinstance(m, FusibleOperation) and any(True for _ in m.parameters()):
+            # Its parameters are not inputs of the custom op: they would get no gradient.
+            raise NotImplementedError(
+                f"Sequential: a {type(m).__name__} with parameters between fuser groups under "
+                "torch.compile is not supported yet; compile it outside the Sequential"
+            )
     pairs = list(zip(names.split(_SEP), named)) if named else []
     outputs, _ = seq._run_engine(input, list(extras), pairs, params)
     return outputs
