@@ -2,10 +2,11 @@
     y = x + fc2(gelu_tanh(fc1(layernorm(x)))), bf16, biases on; in fusible, PERF.md's
     Sequential(MakeExtraOutput, LayerNorm, Linear, GELU, Linear, AddExtraInput) with the residual
     routed through a channel.
-Timing: CUDA events per repetition, warm-up first, median of many. Memory: the peak allocated
-during one forward+backward minus what was allocated before it (parameter gradients cleared
-first). Writes a table to stdout, bench_mlp.json and latest.json (the issue's row format) to
-$BENCH_OUT (default build/bench).
+Timing: CUDA events per repetition, warm-up first, median of many; every forward+backward starts
+with the parameters' and input's .grad cleared (as PERF.md's baselines.py), outside the timed span,
+so no gradient accumulation is timed or counted. Memory: the peak allocated during one
+forward+backward minus what was allocated before it. Writes a table to stdout, bench_mlp.json and
+latest.json (the issue's row format) to $BENCH_OUT (default build/bench).
 
 usage: python bench/bench_mlp.py [--parts small,large] [--reps N]
 """
@@ -23,12 +24,15 @@ from fusible import ops
 SHAPES = {"small": dict(T=16, H=1024, F=4096), "large": dict(T=8192, H=4096, F=16384)}
 
 
-def median_ms(fn, reps, warmup=5):
+def median_ms(fn, reps, warmup=5, setup=lambda: None):
+    """Median of CUDA-event times of fn(); setup() runs before each, outside the timed span."""
     for _ in range(warmup):
+        setup()
         fn()
     torch.cuda.synchronize()
     pairs = []
     for _ in range(reps):
+        setup()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn()
@@ -115,16 +119,25 @@ def run_part(name, reps, profile=False):
         with torch.no_grad():
             fwd = median_ms(lambda: fn(x), reps)
 
+        def zero_grads():  # as PERF.md's baselines: each step starts with no .grad
+            for p in params:
+                p.grad = None
+            xg.grad = None
+
         def step():
             fn(xg).backward(dy)
 
-        fb = median_ms(step, reps)
+        def fresh_step():
+            zero_grads()
+            step()
+
+        fb = median_ms(step, reps, setup=zero_grads)
         rows[label] = {"forward_ms": fwd, "fwd_bwd_ms": fb, "fwd_bwd_mib": peak_mib(step, params)}
         with torch.no_grad():
             rows[label]["kernels_fwd"] = cuda_kernels(lambda: fn(x))
-        rows[label]["kernels_fwd_bwd"] = cuda_kernels(step)
+        rows[label]["kernels_fwd_bwd"] = cuda_kernels(fresh_step)
         if profile and label in ("fusible", "eager"):
-            print(f"== {name} {label}: kernels of one forward+backward\n{kernel_table(step)}")
+            print(f"== {name} {label}: kernels of one forward+backward\n{kernel_table(fresh_step)}")
     return rows
 
 
