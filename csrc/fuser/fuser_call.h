@@ -41,9 +41,8 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
                                     const std::vector<at::Tensor>& external);
 
 /// Runs the backward plan: returns [dx, one per parameter, one per public extra input, one per
-/// external input]. With release_saved, each op's saved tensors are dropped once its backward is
+/// external input]. A context with release_saved drops its saved tensors once its op's backward is
 /// done (the graph is not kept for another backward).
-std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tensor>& grad_outputs,
-                                     bool release_saved);
+std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tensor>& grad_outputs);
 
 }  // namespace fusible::fuser

@@ -103,8 +103,7 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
   return outputs;
 }
 
-std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tensor>& grad_outputs,
-                                     bool release_saved) {
+std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tensor>& grad_outputs) {
   const auto& routing = *call.routing;
   const size_t n = call.ctxs.size();
   const auto num_params = call.params->size;
@@ -128,10 +127,9 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
     auto ctxs = contexts_of(call, p);
     ops::TensorLists sub_grad_out;
     for (auto i : p.basic_indices) sub_grad_out.push_back(grad_extra_out[i]);
-    for (auto* c : ctxs) c->release_saved = release_saved;
     auto r = p.op->fuser_backward(ctxs, dy, sub_grad_out);
-    if (release_saved) {
-      for (auto* c : ctxs) c->saved_tensors.clear();  // activations freed as eager frees them
+    for (auto* c : ctxs) {
+      if (c->release_saved) c->saved_tensors.clear();  // activations freed as eager frees them
     }
     const auto m = p.basic_indices.size();
     TORCH_CHECK(r.grad_params.size() == m && r.grad_extra_inputs.size() == m, p.op->type_name(),

@@ -9,7 +9,6 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <unordered_set>
-#include <variant>
 
 #include "common/checks.h"
 #include "fuser/fuser_call.h"
@@ -306,16 +305,11 @@ std::string op_names(const Plan& plan) {
 // to free op by op. With saved-tensor hooks active (activation checkpointing, CPU offload) every
 // tensor goes through autograd, so the hooks see them all.
 void save_tensors(AutogradContext& actx, FuserCall& call,
-                  std::initializer_list<std::variant<const at::Tensor*, at::TensorList>> visible) {
+                  std::initializer_list<at::TensorList> visible) {
   std::unordered_set<const c10::StorageImpl*> reachable;
-  const auto add = [&](const at::Tensor& t) {
-    if (t.defined() && t.has_storage()) reachable.insert(t.storage().unsafeGetStorageImpl());
-  };
   for (const auto& group : visible) {
-    if (const auto* t = std::get_if<const at::Tensor*>(&group)) {
-      add(**t);
-    } else {
-      for (const auto& t : std::get<at::TensorList>(group)) add(t);
+    for (const auto& t : group) {
+      if (t.defined() && t.has_storage()) reachable.insert(t.storage().unsafeGetStorageImpl());
     }
   }
   const bool hooks = at::SavedTensorDefaultHooks::get_hooks().has_value();
@@ -352,8 +346,7 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
     const std::vector<at::Tensor> extras(extra_inputs.begin(), extra_inputs.end());
     const std::vector<at::Tensor> external(external_inputs.begin(), external_inputs.end());
     auto outputs = run_forward(*call, input, extras, external);
-    save_tensors(*ctx, *call,
-                 {&input, params, extra_inputs, external_inputs, at::TensorList(outputs)});
+    save_tensors(*ctx, *call, {input, params, extra_inputs, external_inputs, outputs});
 
     // An output that repeats an earlier output needs its own tensor, or both would share one
     // gradient slot; an output that is a caller's extra input was written in place, and is
@@ -387,15 +380,16 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
                 ": double backward (backward with create_graph=True) through a fuser call is not ",
                 "supported");
     const auto saved = ctx->get_saved_variables();
+    // A kept graph (retain_graph=True) runs this backward again: its tensors must stay.
+    const bool keep = torch::autograd::get_current_graph_task_keep_graph();
     for (size_t i = 0; i < call->ctxs.size(); ++i) {
       const auto& slots = call->saved_slots[i];
       for (size_t j = 0; j < slots.size(); ++j) {
         if (slots[j] >= 0) call->ctxs[i]->saved_tensors[j] = saved[slots[j]];
       }
+      call->ctxs[i]->release_saved = !keep;
     }
-    // A kept graph (retain_graph=True) runs this backward again: its tensors must stay.
-    const bool keep = torch::autograd::get_current_graph_task_keep_graph();
-    auto grads = run_backward(*call, grad_outputs, /*release_saved=*/!keep);
+    auto grads = run_backward(*call, grad_outputs);
     for (size_t i = 0; i < call->ctxs.size(); ++i) {
       auto& kept = call->ctxs[i]->saved_tensors;
       if (!keep) {

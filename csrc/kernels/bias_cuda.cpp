@@ -37,7 +37,7 @@ at::Tensor bias_grad(const char* op, const at::Tensor& dy, const at::Tensor& pre
   const c10::cuda::CUDAGuard guard(dy.device());
   const int64_t cols = dy.size(-1);
   const int64_t rows = cols == 0 ? 0 : dy.numel() / cols;
-  const int64_t chunks = bias_bwd_num_chunks(rows, cols, current_sm_count());
+  const int64_t chunks = column_sum_chunks(rows, cols, current_sm_count());
   auto workspace = at::empty({chunks, cols}, dy.options().dtype(acc_dtype(dy.scalar_type())));
   auto dbias = at::empty({cols}, dy.options());
   const auto stream = c10::cuda::getCurrentCUDAStream();

@@ -127,7 +127,7 @@ void launch_bias_fwd(const void* x, const void* bias, void* y, int64_t rows, int
   cuda::check_launch("bias_fwd_kernel");
 }
 
-int64_t bias_bwd_num_chunks(int64_t rows, int64_t cols, int num_sms) {
+int64_t column_sum_chunks(int64_t rows, int64_t cols, int num_sms) {
   // Aim for ~8 blocks (of 256 threads) per SM, enough loads in flight to stream at full
   // bandwidth; each chunk at least 64 rows (a block spans up to 256 columns).
   const int64_t col_blocks = (cols + 255) / 256;

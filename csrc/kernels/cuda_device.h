@@ -10,4 +10,9 @@ inline int current_sm_count() {
   return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 }
 
+/// Shared memory one block may opt in to on the current device (cached by PyTorch).
+inline int current_max_smem() {
+  return static_cast<int>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin);
+}
+
 }  // namespace fusible::kernels

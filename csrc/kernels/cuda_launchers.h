@@ -26,14 +26,16 @@ void launch_bias_bwd(const void* dy,   // [rows, cols]
                      int64_t rows, int64_t cols, int64_t num_chunks, KernelDType dtype,
                      cudaStream_t stream);
 
-/// How many row chunks launch_bias_bwd splits rows into (enough blocks to fill the GPU).
-int64_t bias_bwd_num_chunks(int64_t rows, int64_t cols, int num_sms);
+/// How many row chunks the column-sum passes (bias and norm-parameter gradients) split rows into:
+/// enough blocks to fill the GPU.
+int64_t column_sum_chunks(int64_t rows, int64_t cols, int num_sms);
 
 // ---- LayerNorm (layernorm = true: mean subtracted, bias added) and RMSNorm over rows of cols.
 // Statistics and workspaces are in the accumulation type: float, or double for kFloat64.
 
-/// Whether a row of cols fits the kernels' shared memory on the current device (else: fall back).
-bool norm_fits(int64_t cols, KernelDType dtype, bool backward, bool layernorm);
+/// Whether a row of cols fits the kernels' shared memory, max_smem bytes per block (the device's
+/// opt-in limit); else the caller falls back.
+bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem);
 
 void launch_norm_fwd(const void* x,       // [rows, cols]
                      const void* weight,  // [cols]
@@ -43,10 +45,6 @@ void launch_norm_fwd(const void* x,       // [rows, cols]
                      void* rstd,          // [rows]
                      int64_t rows, int64_t cols, double eps, bool zero_centered_gamma,
                      bool layernorm, KernelDType dtype, cudaStream_t stream);
-
-/// How many blocks (each with its partial weight-gradient row) launch_norm_bwd uses.
-int64_t norm_bwd_num_chunks(int64_t rows, int64_t cols, KernelDType dtype, bool layernorm,
-                            int num_sms);
 
 /// dx (plus dextra when given), dweight and (LayerNorm) dbias.
 void launch_norm_bwd(const void* dy,      // [rows, cols]
@@ -58,7 +56,8 @@ void launch_norm_bwd(const void* dy,      // [rows, cols]
                      void* dx,            // [rows, cols]
                      void* dweight,       // [cols]
                      void* dbias,         // [cols], LayerNorm only
-                     void* workspace,     // [num_chunks, 2 * cols], accumulation type
+                     void* workspace,     // [num_chunks, 2 * cols], accumulation type (chunks:
+                                          // column_sum_chunks)
                      int64_t rows, int64_t cols, int64_t num_chunks, bool zero_centered_gamma,
                      bool layernorm, KernelDType dtype, cudaStream_t stream);
 

@@ -185,17 +185,10 @@ int threads_for(int64_t cols, int vec) {
   return static_cast<int>(std::max<int64_t>(warps, 1) * 32);
 }
 
-size_t smem_bytes(int64_t cols, KernelDType dtype, bool backward, bool layernorm) {
+size_t smem_bytes(int64_t cols, KernelDType dtype, bool backward) {
   const size_t acc = dtype == KernelDType::kFloat64 ? 8 : 4;
   const size_t rows_kept = backward ? 2 : 1;  // bwd: xhat and dy * gamma; fwd: x
   return rows_kept * static_cast<size_t>(cols) * acc;
-}
-
-int max_smem_optin() {
-  int device = 0, bytes = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  return bytes;
 }
 
 // Static shared memory (block_sum's scratch) comes on top of the dynamic rows.
@@ -223,9 +216,8 @@ void dispatch_vec(int64_t cols, std::initializer_list<const void*> ptrs, F&& f) 
 
 }  // namespace
 
-bool norm_fits(int64_t cols, KernelDType dtype, bool backward, bool layernorm) {
-  return smem_bytes(cols, dtype, backward, layernorm) + kStaticSmemMargin <=
-         static_cast<size_t>(max_smem_optin());
+bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem) {
+  return smem_bytes(cols, dtype, backward) + kStaticSmemMargin <= static_cast<size_t>(max_smem);
 }
 
 void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* y, void* mean,
@@ -238,7 +230,7 @@ void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* 
     dispatch_vec<T>(cols, {x, weight, bias, y}, [&](auto vec) {
       constexpr int V = decltype(vec)::value;
       const auto kernel = layernorm ? norm_fwd_kernel<T, V, true> : norm_fwd_kernel<T, V, false>;
-      const size_t smem = smem_bytes(cols, dtype, false, layernorm);
+      const size_t smem = smem_bytes(cols, dtype, false);
       allow_smem(kernel, smem);
       kernel<<<rows, threads_for(cols, V), smem, stream>>>(
           static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
@@ -247,11 +239,6 @@ void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* 
     });
   });
   cuda::check_launch("norm_fwd_kernel");
-}
-
-int64_t norm_bwd_num_chunks(int64_t rows, int64_t cols, KernelDType, bool, int num_sms) {
-  // The parameter-gradient pass splits rows as the bias gradient does.
-  return bias_bwd_num_chunks(rows, cols, num_sms);
 }
 
 void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void* rstd,
@@ -273,7 +260,7 @@ void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void
         constexpr int V = decltype(vec)::value;
         const auto kernel =
             layernorm ? norm_bwd_dx_kernel<T, V, true> : norm_bwd_dx_kernel<T, V, false>;
-        const size_t smem = smem_bytes(cols, dtype, true, layernorm);
+        const size_t smem = smem_bytes(cols, dtype, true);
         allow_smem(kernel, smem);
         kernel<<<rows, threads_for(cols, V), smem, stream>>>(
             tdy, tx, tmean, trstd, static_cast<const T*>(weight), static_cast<const T*>(dextra),

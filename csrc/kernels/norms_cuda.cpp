@@ -80,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const char* op, const at
   auto dx = at::empty(x.sizes(), x.options());
   auto dw = at::empty(weight.sizes(), weight.options());
   auto db = layernorm ? at::empty(weight.sizes(), weight.options()) : at::Tensor();
-  const int64_t chunks = norm_bwd_num_chunks(s.rows, s.cols, dtype, layernorm, current_sm_count());
+  const int64_t chunks = column_sum_chunks(s.rows, s.cols, current_sm_count());
   auto workspace = at::empty({chunks, 2 * s.cols}, x.options().dtype(acc_dtype(x.scalar_type())));
   launch_norm_bwd(
       dyc.const_data_ptr(), xc.const_data_ptr(), layernorm ? mean->const_data_ptr() : nullptr,
@@ -100,7 +100,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_cuda(const at::Tens
   reference::check_norm_bias("layernorm_fwd", x, weight, bias);
   const c10::cuda::CUDAGuard guard(x.device());  // norm_fits reads this device's limits
   if (!kernel_shape(x, weight) ||
-      !norm_fits(weight.numel(), kernel_dtype("layernorm_fwd", x), false, true)) {
+      !norm_fits(weight.numel(), kernel_dtype("layernorm_fwd", x), false, current_max_smem())) {
     return reference::layernorm_fwd(x, weight, bias, eps, zero_centered_gamma);
   }
   return norm_fwd("layernorm_fwd", x, weight, &bias, eps, zero_centered_gamma);
@@ -111,7 +111,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cuda(const at::Tensor& x, const a
   reference::check_norm_args("rmsnorm_fwd", x, weight);
   const c10::cuda::CUDAGuard guard(x.device());  // norm_fits reads this device's limits
   if (!kernel_shape(x, weight) ||
-      !norm_fits(weight.numel(), kernel_dtype("rmsnorm_fwd", x), false, false)) {
+      !norm_fits(weight.numel(), kernel_dtype("rmsnorm_fwd", x), false, current_max_smem())) {
     return reference::rmsnorm_fwd(x, weight, eps, zero_centered_gamma);
   }
   auto [y, mean, rstd] = norm_fwd("rmsnorm_fwd", x, weight, nullptr, eps, zero_centered_gamma);
@@ -121,13 +121,13 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cuda(const at::Tensor& x, const a
 // The kernels run when the row fits and the statistics are the forward's own. Call under a
 // CUDAGuard on x's device (norm_fits reads its limits).
 bool bwd_runs(const char* op, const at::Tensor& x, const at::Tensor& weight,
-              std::initializer_list<const at::Tensor*> stats, bool layernorm) {
+              std::initializer_list<const at::Tensor*> stats) {
   if (!kernel_shape(x, weight)) return false;
   const auto s = row_shape(x, weight);
   for (const auto* st : stats) {
     if (!stats_ok(*st, x, s)) return false;
   }
-  return norm_fits(s.cols, kernel_dtype(op, x), true, layernorm);
+  return norm_fits(s.cols, kernel_dtype(op, x), true, current_max_smem());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_cuda(
@@ -138,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_cuda(
   FUSIBLE_CHECK_SAME_DEVICE("layernorm_bwd", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   if (dy.scalar_type() != x.scalar_type() ||
-      !bwd_runs("layernorm_bwd", x, weight, {&mean, &rstd}, true)) {
+      !bwd_runs("layernorm_bwd", x, weight, {&mean, &rstd})) {
     return reference::layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);
   }
   return norm_bwd("layernorm_bwd", dy, x, &mean, rstd, weight, zero_centered_gamma, nullptr);
@@ -152,7 +152,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cuda(const at::Tensor& dy, const 
   FUSIBLE_CHECK_SHAPE_LIKE("rmsnorm_bwd", "dy", dy, x);
   FUSIBLE_CHECK_SAME_DEVICE("rmsnorm_bwd", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
-  if (dy.scalar_type() != x.scalar_type() || !bwd_runs("rmsnorm_bwd", x, weight, {&rstd}, false)) {
+  if (dy.scalar_type() != x.scalar_type() || !bwd_runs("rmsnorm_bwd", x, weight, {&rstd})) {
     return reference::rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
   }
   auto [dx, dw, db] =
@@ -175,7 +175,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_cuda(const at::Tensor& dy, co
   FUSIBLE_CHECK_SHAPE_LIKE("rmsnorm_bwd_add", "dy", dy, x);
   FUSIBLE_CHECK_SAME_DEVICE("rmsnorm_bwd_add", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
-  if (!dextra_fuses(dy, x, dextra) || !bwd_runs("rmsnorm_bwd_add", x, weight, {&rstd}, false)) {
+  if (!dextra_fuses(dy, x, dextra) || !bwd_runs("rmsnorm_bwd_add", x, weight, {&rstd})) {
     auto [dx, dw] = rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
     return {add_fwd(dx, dextra), dw};
   }
@@ -191,8 +191,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add_cuda(
   FUSIBLE_CHECK_SHAPE_LIKE("layernorm_bwd_add", "dy", dy, x);
   FUSIBLE_CHECK_SAME_DEVICE("layernorm_bwd_add", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
-  if (!dextra_fuses(dy, x, dextra) ||
-      !bwd_runs("layernorm_bwd_add", x, weight, {&mean, &rstd}, true)) {
+  if (!dextra_fuses(dy, x, dextra) || !bwd_runs("layernorm_bwd_add", x, weight, {&mean, &rstd})) {
     auto [dx, dw, db] = layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);
     return {add_fwd(dx, dextra), dw, db};
   }

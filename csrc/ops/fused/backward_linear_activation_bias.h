@@ -1,6 +1,6 @@
 // BackwardLinearActivationBias (ours; beyond te.ops, in its naming style): Bias + GELU or ReLU +
-// BasicLinear backward, with the activation's gradient and the bias gradient in the epilogue of the
-// linear's dgrad GEMM (cuBLASLt DGELU_BGRAD / DRELU_BGRAD). Backward-only.
+// BasicLinear backward: the linear's dgrad GEMM, then the activation's gradient and the bias
+// gradient in one pass in place on its output (kernels::linear_dgrad_act_bias). Backward-only.
 #pragma once
 
 #include "ops/basic/activations.h"

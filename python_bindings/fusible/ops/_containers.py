@@ -284,10 +284,10 @@ class Sequential(torch.nn.Module):
     @_disable_dynamo
     def _forward(self, input, *extra_inputs, channel_inputs=None, return_dict=False):
         check_tensors("Sequential", input, extra_inputs)
-        self._engine()  # sets _param_sources
+        cpp = self._engine()  # also sets _param_sources
         named_inputs = list((channel_inputs or {}).items())
         params = call_parameters(self._param_sources)
-        outputs, named = self._run_engine(input, list(extra_inputs), named_inputs, params)
+        outputs, named = self._run_engine(cpp, input, list(extra_inputs), named_inputs, params)
         if return_dict:
             if len(named) != len(outputs) - 1:
                 raise ValueError(
@@ -297,10 +297,9 @@ class Sequential(torch.nn.Module):
             return outputs[0], dict(named)
         return unpack_outputs(outputs)
 
-    def _run_engine(self, input, extra_inputs, named_inputs, params):
-        """One call of the C++ Sequential with these parameters: (outputs, named outputs). Ops
-        with forward hooks run through their own __call__ (the `around` callback)."""
-        cpp = self._engine()
+    def _run_engine(self, cpp, input, extra_inputs, named_inputs, params):
+        """One call of cpp (this Sequential's _engine()) with these parameters: (outputs, named
+        outputs). Ops with forward hooks run through their own __call__ (the `around` callback)."""
         hooked = any(h & 1 for h in self._hook_flags)
         around = _run_hooked_op(self, {n for n, _ in named_inputs}) if hooked else None
         return cpp.run(input, extra_inputs, named_inputs, params, around)
