@@ -137,6 +137,8 @@ def run_part(name, reps, profile=False):
             rows[label]["kernels_fwd"] = cuda_kernels(lambda: fn(x))
         rows[label]["kernels_fwd_bwd"] = cuda_kernels(fresh_step)
         if profile and label in ("fusible", "eager"):
+            with torch.no_grad():
+                print(f"== {name} {label}: kernels of one forward\n{kernel_table(lambda: fn(x))}")
             print(f"== {name} {label}: kernels of one forward+backward\n{kernel_table(fresh_step)}")
     return rows
 

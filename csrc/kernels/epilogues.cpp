@@ -46,9 +46,10 @@ std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,
   return {std::move(y), std::move(pre)};
 }
 
-at::Tensor linear_bias_relu_fwd(const at::Tensor& x, const at::Tensor& weight,
-                                const std::optional<at::Tensor>& bias) {
-  return activation_fwd(linear_fwd(x, weight, bias), "relu");
+at::Tensor linear_bias_act(const at::Tensor& x, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, c10::string_view act) {
+  check_epilogue_act("linear_bias_act", act);
+  return activation_fwd(linear_fwd(x, weight, bias), std::string(act));
 }
 
 at::Tensor linear_add(const at::Tensor& x, const at::Tensor& weight,
@@ -113,7 +114,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add_ref(
 
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("linear_bias_act_fwd", &reference::linear_bias_act_fwd);
-  m.impl("linear_bias_relu_fwd", &reference::linear_bias_relu_fwd);
+  m.impl("linear_bias_act", &reference::linear_bias_act);
   m.impl("linear_add", &reference::linear_add);
   m.impl("linear_add_", &reference::linear_add_);
   m.impl("linear_dgrad_add", &reference::linear_dgrad_add);

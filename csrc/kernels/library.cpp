@@ -20,7 +20,7 @@ TORCH_LIBRARY(fusible, m) {
   // (y, pre) with pre = x W^T + bias and y = act(pre); act in {gelu (tanh), relu}.
   m.def("linear_bias_act_fwd(Tensor x, Tensor weight, Tensor? bias, str act) -> (Tensor, Tensor)");
   // relu(x W^T + bias) (ReLU's backward reads its output, so no pre-activation is kept).
-  m.def("linear_bias_relu_fwd(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("linear_bias_act(Tensor x, Tensor weight, Tensor? bias, str act) -> Tensor");
   // alpha * x W^T + bias + other, into a new tensor (other: the output's shape and dtype).
   m.def("linear_add(Tensor x, Tensor weight, Tensor? bias, Tensor other, float alpha) -> Tensor");
   // out += alpha * x W^T + bias, in place.
@@ -130,7 +130,7 @@ TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
                            "bias_act_bwd",
                            "rmsnorm_bwd_add",
                            "layernorm_bwd_add",
-                           "linear_bias_relu_fwd"}) {
+                           "linear_bias_act"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }
 }

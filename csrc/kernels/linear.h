@@ -27,8 +27,8 @@ std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,
                                                        const at::Tensor& weight,
                                                        const std::optional<at::Tensor>& bias,
                                                        c10::string_view act);
-at::Tensor linear_bias_relu_fwd(const at::Tensor& x, const at::Tensor& weight,
-                                const std::optional<at::Tensor>& bias);
+at::Tensor linear_bias_act(const at::Tensor& x, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, c10::string_view act);
 at::Tensor linear_add(const at::Tensor& x, const at::Tensor& weight,
                       const std::optional<at::Tensor>& bias, const at::Tensor& other, double alpha);
 void linear_add_(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,

@@ -45,9 +45,9 @@ T2 linear_bias_act_fwd(CT x, CT weight, const std::optional<at::Tensor>& bias,
   FUSIBLE_OP("linear_bias_act_fwd", T2(CT, CT, const std::optional<at::Tensor>&, c10::string_view));
   return op.call(x, weight, bias, act);
 }
-T linear_bias_relu_fwd(CT x, CT weight, const std::optional<at::Tensor>& bias) {
-  FUSIBLE_OP("linear_bias_relu_fwd", T(CT, CT, const std::optional<at::Tensor>&));
-  return op.call(x, weight, bias);
+T linear_bias_act(CT x, CT weight, const std::optional<at::Tensor>& bias, const std::string& act) {
+  FUSIBLE_OP("linear_bias_act", T(CT, CT, const std::optional<at::Tensor>&, c10::string_view));
+  return op.call(x, weight, bias, act);
 }
 T linear_add(CT x, CT weight, const std::optional<at::Tensor>& bias, CT other, double alpha) {
   FUSIBLE_OP("linear_add", T(CT, CT, const std::optional<at::Tensor>&, CT, double));

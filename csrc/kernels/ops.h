@@ -29,9 +29,10 @@ std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,
                                                        const at::Tensor& weight,
                                                        const std::optional<at::Tensor>& bias,
                                                        const std::string& act);
-/// relu(x W^T + bias).
-at::Tensor linear_bias_relu_fwd(const at::Tensor& x, const at::Tensor& weight,
-                                const std::optional<at::Tensor>& bias);
+/// act(x W^T + bias) alone, pre not kept: for ReLU (whose backward needs only the output) and
+/// for forwards that need no backward.
+at::Tensor linear_bias_act(const at::Tensor& x, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, const std::string& act);
 /// alpha * x W^T + bias + other (a new tensor).
 at::Tensor linear_add(const at::Tensor& x, const at::Tensor& weight,
                       const std::optional<at::Tensor>& bias, const at::Tensor& other, double alpha);

@@ -49,18 +49,19 @@ TEST_P(GemmCuda, ForwardDgradWgradWithAlpha) {
   const auto x = rand({m_, k_}), w = rand({n_, k_}), b = rand({n_}), dy = rand({m_, n_});
   expect_close(kernels::linear_fwd(x, w, b), at::linear(d64(x), d64(w), d64(b)), "linear_fwd");
   expect_close(kernels::linear_fwd(x, w, std::nullopt), at::linear(d64(x), d64(w)), "no bias");
-  expect_close(kernels::linear_bias_relu_fwd(x, w, b), at::relu(at::linear(d64(x), d64(w), d64(b))),
-               "RELU_BIAS");
+  expect_close(kernels::linear_bias_act(x, w, b, "relu"),
+               at::relu(at::linear(d64(x), d64(w), d64(b))), "RELU_BIAS");
   expect_close(kernels::linear_dgrad(dy, w, 0.5), 0.5 * at::matmul(d64(dy), d64(w)), "dgrad");
   expect_close(kernels::linear_wgrad(dy, x, -2.0), -2.0 * at::matmul(d64(dy).t(), d64(x)), "wgrad");
 }
 
-TEST_P(GemmCuda, GeluAuxBiasAndDGeluBGrad) {
+TEST_P(GemmCuda, GeluBiasGeluAuxBiasAndDGeluBGrad) {
   const auto x = rand({m_, k_}), w = rand({n_, k_}), b = rand({n_});
   const auto pre_ref = at::linear(d64(x), d64(w), d64(b));
   auto [y, pre] = kernels::linear_bias_act_fwd(x, w, b, "gelu");
   expect_close(pre, pre_ref, "GELU_AUX_BIAS pre");
   expect_close(y, gelu_tanh(pre_ref), "GELU_AUX_BIAS y");
+  expect_close(kernels::linear_bias_act(x, w, b, "gelu"), gelu_tanh(pre_ref), "GELU_BIAS");
   const auto w2 = rand({k_, n_}), dy = rand({m_, k_});
   auto [dpre, dbias] = kernels::linear_dgrad_act_bias(dy, w2, pre, "gelu");
   const auto dpre_ref = at::matmul(d64(dy), d64(w2)) * dgelu_tanh(d64(pre));

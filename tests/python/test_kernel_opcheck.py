@@ -45,7 +45,7 @@ def _cases(device):
         (F.bias_fwd, (x, lnb)),
         (F.bias_bwd, (dy8,)),
         *[(F.linear_bias_act_fwd, (x, w, bb, act)) for bb in (b, None) for act in ("gelu", "relu")],
-        *[(F.linear_bias_relu_fwd, (x, w, bb)) for bb in (b, None)],
+        *[(F.linear_bias_act, (x, w, bb, a)) for bb in (b, None) for a in ("gelu", "relu")],
         (F.linear_add, (x, w, b, r(6, 5), 0.5)),
         (F.linear_add, (x, w, None, r(6, 5), 1.0)),
         (F.linear_add_, (r(6, 5), x, w, b, 2.0)),

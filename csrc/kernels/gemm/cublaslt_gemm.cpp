@@ -64,6 +64,8 @@ cublasLtEpilogue_t lt_epilogue(Epilogue e) {
       return CUBLASLT_EPILOGUE_BIAS;
     case Epilogue::kReluBias:
       return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case Epilogue::kGeluBias:
+      return CUBLASLT_EPILOGUE_GELU_BIAS;
     case Epilogue::kGeluAuxBias:
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case Epilogue::kDGeluBGrad:
@@ -144,6 +146,8 @@ const char* epilogue_name(Epilogue e) {
       return "BIAS";
     case Epilogue::kReluBias:
       return "RELU_BIAS";
+    case Epilogue::kGeluBias:
+      return "GELU_BIAS";
     case Epilogue::kGeluAuxBias:
       return "GELU_AUX_BIAS";
     case Epilogue::kDGeluBGrad:

@@ -10,6 +10,7 @@ enum class Epilogue {
   kNone,
   kBias,         // d += bias[n]
   kReluBias,     // d = relu(d + bias)
+  kGeluBias,     // d = gelu_tanh(d + bias)
   kGeluAuxBias,  // aux = d + bias; d = gelu_tanh(aux)
   kDGeluBGrad,   // d = gelu_tanh'(aux) * d; bias = sum of d over rows (an output)
   kReluAuxBias,  // d = relu(d + bias); aux = the bit mask (d + bias > 0)
@@ -36,7 +37,7 @@ struct RowMajorGemm {
   double alpha = 1.0;
   double beta = 0.0;
   Epilogue epilogue = Epilogue::kNone;
-  // [n]: input (kBias, kReluBias, kGeluAuxBias, kReluAuxBias), output (kDGeluBGrad,
+  // [n]: input (kBias, kReluBias, kGeluBias, kGeluAuxBias, kReluAuxBias), output (kDGeluBGrad,
   // kDReluBGrad); [m]: output (kBGradB).
   at::Tensor bias;
   // [m, n] in d's dtype: output (kGeluAuxBias) or input (kDGeluBGrad); uint8

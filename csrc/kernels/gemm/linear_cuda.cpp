@@ -97,13 +97,14 @@ std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd_cuda(const at::Tensor& x,
   return {g.d.view(shape), g.aux.view(shape)};
 }
 
-at::Tensor linear_bias_relu_fwd_cuda(const at::Tensor& x, const at::Tensor& weight,
-                                     const std::optional<at::Tensor>& bias) {
-  reference::check_fwd_args("linear_bias_relu_fwd", x, weight, bias);
-  if (!bias) return reference::linear_bias_relu_fwd(x, weight, bias);
+at::Tensor linear_bias_act_cuda(const at::Tensor& x, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias, c10::string_view act) {
+  reference::check_fwd_args("linear_bias_act", x, weight, bias);
+  reference::check_epilogue_act("linear_bias_act", act);
+  if (!bias) return reference::linear_bias_act(x, weight, bias, act);
   auto g = forward_gemm(x, weight, bias, 1.0);
-  g.epilogue = Epilogue::kReluBias;
-  if (!gemm::can_run(g)) return reference::linear_bias_relu_fwd(x, weight, bias);
+  g.epilogue = act == "relu" ? Epilogue::kReluBias : Epilogue::kGeluBias;
+  if (!gemm::can_run(g)) return reference::linear_bias_act(x, weight, bias, act);
   gemm::run(g);
   return g.d.view(with_last(x, weight.size(0)));
 }
@@ -179,7 +180,7 @@ TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
   m.impl("linear_dgrad", &linear_dgrad_cuda);
   m.impl("linear_wgrad", &linear_wgrad_cuda);
   m.impl("linear_bias_act_fwd", &linear_bias_act_fwd_cuda);
-  m.impl("linear_bias_relu_fwd", &linear_bias_relu_fwd_cuda);
+  m.impl("linear_bias_act", &linear_bias_act_cuda);
   m.impl("linear_add", &linear_add_cuda);
   m.impl("linear_add_", &linear_add__cuda);
   m.impl("linear_dgrad_add", &linear_dgrad_add_cuda);

@@ -30,9 +30,10 @@ at::Tensor ForwardLinearBiasActivation::fuser_forward(const std::vector<Operatio
   const auto b = bias_->prepare_forward(bias_ctx, args);
   if (!activation_) return kernels::linear_fwd(x, w, b);
   ctxs.at(2)->input_dtype = bias_ctx.compute_dtype;
-  if (activation_->saves_output()) {  // ReLU: its backward needs only y, no aux output
-    auto y = kernels::linear_bias_relu_fwd(x, w, b);
-    activation_->fill_context(*ctxs.at(2), at::Tensor(), y, args);
+  // ReLU's backward needs only y; without a backward nothing needs the pre-activation.
+  if (activation_->saves_output() || !ctxs.at(2)->requires_grad) {
+    auto y = kernels::linear_bias_act(x, w, b, activation_->kind());
+    activation_->fill_context(*ctxs.at(2), y, y, args);  // y stands for x: same dtype
     return y;
   }
   auto [y, pre] = kernels::linear_bias_act_fwd(x, w, b, activation_->kind());
