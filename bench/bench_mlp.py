@@ -66,7 +66,7 @@ def make_models(T, H, F_, dev):
         return x + F.linear(h, fc2.weight, fc2.bias)
 
     models = {"fusible": fusible_fn, "eager": eager_fn, "compile": torch.compile(eager_fn)}
-    return models, list(seq.parameters())
+    return models, list(seq.parameters()), seq
 
 
 def peak_mib(step, params):
@@ -110,7 +110,7 @@ def run_part(name, reps, profile=False):
     s = SHAPES[name]
     dev = "cuda"
     torch.manual_seed(0)
-    models, params = make_models(s["T"], s["H"], s["F"], dev)
+    models, params, _ = make_models(s["T"], s["H"], s["F"], dev)
     x = torch.randn(s["T"], s["H"], device=dev, dtype=torch.bfloat16)
     xg = x.clone().requires_grad_()
     dy = torch.randn_like(x)

@@ -75,3 +75,28 @@ def test_make_graphed_callables_forward_backward():
         torch.testing.assert_close(xs.grad, xr.grad, rtol=1e-5, atol=1e-6)
         for p, q in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_in_a_graph_draws_fresh_masks():
+    """Dropout's Philox seed and offset come from the CUDA generator's graph-safe state: each
+    replay draws a new mask, and every output element is 0 or x / (1 - p)."""
+    p = 0.5
+    model = ops.Sequential(ops.Dropout(p))
+    static_x = torch.rand(4096, device="cuda", dtype=D) + 1.0
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = model(static_x)
+    masks = []
+    for _ in range(2):
+        graph.replay()
+        kept = static_y != 0
+        torch.testing.assert_close(static_y[kept], static_x[kept] / (1 - p), rtol=1e-6, atol=0)
+        assert 0.4 < kept.float().mean().item() < 0.6
+        masks.append(kept.clone())
+    assert not torch.equal(masks[0], masks[1]), "two replays drew the same mask"
