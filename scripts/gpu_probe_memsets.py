@@ -1,6 +1,7 @@
 """Which CUDA events one large GEMM through our cuBLASLt layer launches (are memsets cuBLASLt's?),
 and the same for torch's own matmul, in launch order."""
 
+import fusible  # noqa: F401  (registers torch.ops.fusible)
 import torch
 
 F = torch.ops.fusible

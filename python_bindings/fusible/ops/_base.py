@@ -64,7 +64,12 @@ def split_outputs(outputs, exported):
 def call_parameters(sources):
     """The tensors a fuser call computes with: each module's current attribute, so assignment,
     functional_call, parametrizations and FSDP's unsharded parameters all take effect."""
-    return [getattr(module, name) for module, name in sources]
+    # A registered parameter straight from _parameters (nn.Module.__getattr__ is slow); anything
+    # else (a parametrization's property, a plain attribute) through getattr.
+    return [
+        module._parameters[name] if name in module._parameters else getattr(module, name)
+        for module, name in sources
+    ]
 
 
 class FusibleOperation(torch.nn.Module):
