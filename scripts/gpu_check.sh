@@ -40,6 +40,7 @@ fi
 stage sanitize && OUT="$OUT" bash scripts/gpu_sanitize.sh >"$OUT/sanitize.log" 2>&1
 if stage bench; then
   BENCH_OUT="$OUT" "$PY" bench/bench_mlp.py --profile >"$OUT/bench.log" 2>&1
+  (cd bench && BENCH_OUT="$OUT" "$PY" bench_small_host.py) >>"$OUT/bench.log" 2>&1
   "$PY" bench/plot_ratios.py "$OUT/latest.json" "$OUT/ratios.png" >>"$OUT/bench.log" 2>&1
   BENCH_OUT="$OUT" "$PY" bench/bench_init.py >>"$OUT/bench.log" 2>&1
   "$PY" bench/bench_host_overhead.py --device cuda --stat min >>"$OUT/bench.log" 2>&1
