@@ -15,12 +15,19 @@ namespace {
 using gemm::Epilogue;
 using gemm::RowMajorGemm;
 
-at::Tensor rows(const at::Tensor& t) { return t.contiguous().reshape({-1, t.size(-1)}); }
+// The 2-D row view a GEMM takes; a 2-D contiguous tensor as it is (a view per call costs host
+// time that shows in small calls).
+at::Tensor rows(const at::Tensor& t) {
+  if (t.dim() == 2 && t.is_contiguous()) return t;
+  return t.contiguous().reshape({-1, t.size(-1)});
+}
 
-std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
+// A GEMM's [M, N] result d in the leading shape of t (d itself when t is 2-D).
+at::Tensor shaped_like(const at::Tensor& d, const at::Tensor& t) {
+  if (t.dim() == 2) return d;
   auto shape = t.sizes().vec();
-  shape.back() = last;
-  return shape;
+  shape.back() = d.size(1);
+  return d.view(shape);
 }
 
 // x @ w^T (+ bias): a = x [M, K], b = w [N, K] transposed.
@@ -56,7 +63,7 @@ at::Tensor linear_fwd_cuda(const at::Tensor& x, const at::Tensor& weight,
   auto g = forward_gemm(x, weight, bias, 1.0);
   if (!gemm::can_run(g)) return reference::linear_fwd(x, weight, bias);
   gemm::run(g);
-  return g.d.view(with_last(x, weight.size(0)));
+  return shaped_like(g.d, x);
 }
 
 at::Tensor linear_dgrad_cuda(const at::Tensor& dy, const at::Tensor& weight, double alpha) {
@@ -65,7 +72,7 @@ at::Tensor linear_dgrad_cuda(const at::Tensor& dy, const at::Tensor& weight, dou
   auto g = dgrad_gemm(dy, weight, alpha);
   if (!gemm::can_run(g)) return reference::linear_dgrad(dy, weight, alpha);
   gemm::run(g);
-  return g.d.view(with_last(dy, weight.size(1)));
+  return shaped_like(g.d, dy);
 }
 
 at::Tensor linear_wgrad_cuda(const at::Tensor& dy, const at::Tensor& x, double alpha) {
@@ -93,8 +100,7 @@ std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd_cuda(const at::Tensor& x,
   g.aux = at::empty_like(g.d);
   if (!gemm::can_run(g)) return reference::linear_bias_act_fwd(x, weight, bias, act);
   gemm::run(g);
-  const auto shape = with_last(x, weight.size(0));
-  return {g.d.view(shape), g.aux.view(shape)};
+  return {shaped_like(g.d, x), shaped_like(g.aux, x)};
 }
 
 at::Tensor linear_bias_act_cuda(const at::Tensor& x, const at::Tensor& weight,
@@ -106,7 +112,7 @@ at::Tensor linear_bias_act_cuda(const at::Tensor& x, const at::Tensor& weight,
   g.epilogue = act == "relu" ? Epilogue::kReluBias : Epilogue::kGeluBias;
   if (!gemm::can_run(g)) return reference::linear_bias_act(x, weight, bias, act);
   gemm::run(g);
-  return g.d.view(with_last(x, weight.size(0)));
+  return shaped_like(g.d, x);
 }
 
 at::Tensor linear_add_cuda(const at::Tensor& x, const at::Tensor& weight,
@@ -114,13 +120,13 @@ at::Tensor linear_add_cuda(const at::Tensor& x, const at::Tensor& weight,
                            double alpha) {
   reference::check_fwd_args("linear_add", x, weight, bias);
   auto g = forward_gemm(x, weight, bias, alpha);
-  const auto shape = with_last(x, weight.size(0));
-  reference::check_other("linear_add", "other", other, g.d.view(shape));
+  const auto y = shaped_like(g.d, x);
+  reference::check_other("linear_add", "other", other, y);
   g.c = rows(other);
   g.beta = 1.0;
   if (!gemm::can_run(g)) return reference::linear_add(x, weight, bias, other, alpha);
   gemm::run(g);
-  return g.d.view(shape);
+  return y;
 }
 
 void linear_add__cuda(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
@@ -132,7 +138,7 @@ void linear_add__cuda(const at::Tensor& out, const at::Tensor& x, const at::Tens
     return reference::linear_add_(out, x, weight, bias, alpha);  // checks and reports
   }
   auto g = forward_gemm(x, weight, bias, alpha, out.view({-1, out.size(-1)}));
-  reference::check_other("linear_add_", "out", out, g.d.view(with_last(x, weight.size(0))));
+  reference::check_other("linear_add_", "out", out, shaped_like(g.d, x));
   g.c = g.d;  // in place: C and D are out
   g.beta = 1.0;
   if (!gemm::can_run(g)) return reference::linear_add_(out, x, weight, bias, alpha);
@@ -144,13 +150,13 @@ at::Tensor linear_dgrad_add_cuda(const at::Tensor& dy, const at::Tensor& weight,
   reference::check_linear_args("linear_dgrad_add", "dy", dy, weight, weight.size(0),
                                "weight.size(0), out_features");
   auto g = dgrad_gemm(dy, weight, alpha);
-  const auto shape = with_last(dy, weight.size(1));
-  reference::check_other("linear_dgrad_add", "other", other, g.d.view(shape));
+  const auto dx = shaped_like(g.d, dy);
+  reference::check_other("linear_dgrad_add", "other", other, dx);
   g.c = rows(other);
   g.beta = 1.0;
   if (!gemm::can_run(g)) return reference::linear_dgrad_add(dy, weight, other, alpha);
   gemm::run(g);
-  return g.d.view(shape);
+  return dx;
 }
 
 std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias_cuda(const at::Tensor& dy,
@@ -165,12 +171,12 @@ std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias_cuda(const at::Tensor& 
   // ~0.93 ms for the large MLP's [8192, 16384] gradient, where this pass takes ~0.2 ms; and in
   // fp32 it is off by 2e-5 where fp32 GEMMs are good to 1e-7.
   auto g = dgrad_gemm(dy, weight, 1.0);
-  const auto shape = with_last(dy, weight.size(1));
-  reference::check_other("linear_dgrad_act_bias", "pre", pre, g.d.view(shape));
+  const auto dpre = shaped_like(g.d, dy);
+  reference::check_other("linear_dgrad_act_bias", "pre", pre, dpre);
   if (!gemm::can_run(g)) return reference::linear_dgrad_act_bias(dy, weight, pre, act);
   gemm::run(g);
   auto dbias = bias_act_bwd_in_place(g.d, rows(pre), act);
-  return {g.d.view(shape), dbias};
+  return {dpre, dbias};
 }
 
 }  // namespace
