@@ -119,11 +119,6 @@ __global__ void glu_scale_grad_kernel(const T* __restrict__ dy, const T* __restr
   if (threadIdx.x == 0) dscales[r] = static_cast<A>(sum);
 }
 
-template <typename T>
-bool glu_vectorizes(int64_t h, std::initializer_list<const void*> ptrs) {
-  return cuda::can_vectorize(h, cuda::kVec16<T>, ptrs);
-}
-
 }  // namespace
 
 void launch_activation_fwd(const void* x, void* y, int64_t n, ActKind act, KernelDType dtype,
@@ -154,15 +149,12 @@ void launch_glu_fwd(const void* x, void* y, int64_t rows, int64_t h, const GluPa
     const auto* ts = static_cast<const acc_t<T>*>(scales);
     const auto* tx = static_cast<const T*>(x);
     auto* ty = static_cast<T*>(y);
-    if (glu_vectorizes<T>(h, {x, y})) {
-      constexpr int V = cuda::kVec16<T>;
+    cuda::dispatch_vec<T>(h, {x, y}, [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
       glu_fwd_kernel<T, V>
           <<<cuda::grid_for(rows * h / V, kThreads, num_sms), kThreads, 0, stream>>>(tx, ty, rows,
                                                                                      h, gate, ts);
-    } else {
-      glu_fwd_kernel<T, 1><<<cuda::grid_for(rows * h, kThreads, num_sms), kThreads, 0, stream>>>(
-          tx, ty, rows, h, gate, ts);
-    }
+    });
   });
   cuda::check_launch("glu_fwd_kernel");
 }
@@ -179,15 +171,12 @@ void launch_glu_bwd(const void* dy, const void* x, void* dx, int64_t rows, int64
     const auto* tdy = static_cast<const T*>(dy);
     const auto* tx = static_cast<const T*>(x);
     auto* tdx = static_cast<T*>(dx);
-    if (glu_vectorizes<T>(h, {dy, x, dx})) {
-      constexpr int V = cuda::kVec16<T>;
+    cuda::dispatch_vec<T>(h, {dy, x, dx}, [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
       glu_bwd_kernel<T, V>
           <<<cuda::grid_for(rows * h / V, kThreads, num_sms), kThreads, 0, stream>>>(
               tdy, tx, tdx, rows, h, gate, ts);
-    } else {
-      glu_bwd_kernel<T, 1><<<cuda::grid_for(rows * h, kThreads, num_sms), kThreads, 0, stream>>>(
-          tdy, tx, tdx, rows, h, gate, ts);
-    }
+    });
   });
   cuda::check_launch("glu_bwd_kernel");
 }

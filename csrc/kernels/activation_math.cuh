@@ -29,10 +29,6 @@ __device__ __forceinline__ A sigmoid(A x) {
   return A(1) / (A(1) + exp_(-x));
 }
 
-constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
-constexpr double kGeluA = 0.044715;
-constexpr double kQGeluAlpha = 1.702;
-
 template <typename A>
 __device__ __forceinline__ A act_value(ActKind k, A x) {
   switch (k) {

@@ -71,10 +71,6 @@ using reference::check_scales;
 using reference::parse_activation;
 using reference::parse_gated;
 
-constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
-constexpr double kGeluA = 0.044715;
-constexpr double kQGeluAlpha = 1.702;
-
 // act(x) for x in the accumulation dtype.
 at::Tensor act_value(Act act, const at::Tensor& x) {
   switch (act) {

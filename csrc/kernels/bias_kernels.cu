@@ -100,11 +100,7 @@ void bias_grad(const void* dy, const void* pre, void* dpre, void* workspace, voi
       }
     };
     if (chunks > 0) {
-      if (cuda::can_vectorize(cols, cuda::kVec16<T>, {dy, pre, dpre})) {
-        launch(std::integral_constant<int, cuda::kVec16<T>>{});
-      } else {
-        launch(std::integral_constant<int, 1>{});
-      }
+      cuda::dispatch_vec<T>(cols, {dy, pre, dpre}, launch);
       cuda::check_launch("bias_grad_kernel");
     }
     cuda::launch_column_sum<T>(workspace, dbias, cols, chunks, cols, stream);

@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda_launchers.h"
 
@@ -78,6 +79,17 @@ inline bool can_vectorize(int64_t n, int vec, std::initializer_list<const void*>
     if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
   }
   return true;
+}
+
+/// f(std::integral_constant<int, VEC>) with VEC the 16-byte width of T when n and every pointer
+/// allow it (can_vectorize), else 1.
+template <typename T, typename F>
+void dispatch_vec(int64_t n, std::initializer_list<const void*> ptrs, F&& f) {
+  if (can_vectorize(n, kVec16<T>, ptrs)) {
+    f(std::integral_constant<int, kVec16<T>>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
 }
 
 /// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.

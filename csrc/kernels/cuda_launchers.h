@@ -70,6 +70,11 @@ namespace fusible::kernels {
 /// The activation applied elementwise, or to the first half of a gated pair.
 enum class ActKind { kGelu, kQGelu, kRelu, kSRelu, kSilu, kSigmoid };
 
+/// GELU (tanh form) and quick GELU constants, shared by the CUDA kernels and the CPU reference.
+constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluA = 0.044715;
+constexpr double kQGeluAlpha = 1.702;
+
 /// A gated activation over [a | b] halves: act(a) * b, or with clamped (ClampedSwiGLU):
 /// a' = min(a, limit), b' = clamp(b, -limit, limit), a' * sigmoid(alpha * a') * (b' + 1).
 struct GluParams {

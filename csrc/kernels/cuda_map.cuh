@@ -33,13 +33,12 @@ void launch_map(const void* a, const void* b, void* out, int64_t n, F f, int num
   const auto* ta = static_cast<const T*>(a);
   const auto* tb = static_cast<const T*>(b);
   auto* to = static_cast<T*>(out);
-  if (can_vectorize(n, kVec16<T>, {a, b, out})) {
-    const int64_t vecs = n / kVec16<T>;
-    map_kernel<T, kVec16<T>>
+  dispatch_vec<T>(n, {a, b, out}, [&](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    const int64_t vecs = n / V;
+    map_kernel<T, V>
         <<<grid_for(vecs, kThreads, num_sms), kThreads, 0, stream>>>(ta, tb, to, vecs, f);
-  } else {
-    map_kernel<T, 1><<<grid_for(n, kThreads, num_sms), kThreads, 0, stream>>>(ta, tb, to, n, f);
-  }
+  });
   check_launch(what);
 }
 

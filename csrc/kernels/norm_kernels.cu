@@ -204,16 +204,6 @@ void allow_smem(Kernel kernel, size_t bytes) {
   }
 }
 
-// f(std::integral_constant<int, VEC>) with VEC the 16-byte width when every pointer allows it.
-template <typename T, typename F>
-void dispatch_vec(int64_t cols, std::initializer_list<const void*> ptrs, F&& f) {
-  if (cuda::can_vectorize(cols, cuda::kVec16<T>, ptrs)) {
-    f(std::integral_constant<int, cuda::kVec16<T>>{});
-  } else {
-    f(std::integral_constant<int, 1>{});
-  }
-}
-
 }  // namespace
 
 bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem) {
@@ -227,7 +217,7 @@ void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* 
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    dispatch_vec<T>(cols, {x, weight, bias, y}, [&](auto vec) {
+    cuda::dispatch_vec<T>(cols, {x, weight, bias, y}, [&](auto vec) {
       constexpr int V = decltype(vec)::value;
       const auto kernel = layernorm ? norm_fwd_kernel<T, V, true> : norm_fwd_kernel<T, V, false>;
       const size_t smem = smem_bytes(cols, dtype, false);
@@ -256,7 +246,7 @@ void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void
     const auto* tmean = static_cast<const A*>(mean);
     const auto* trstd = static_cast<const A*>(rstd);
     if (rows > 0) {
-      dispatch_vec<T>(cols, {dy, x, weight, dextra, dx}, [&](auto vec) {
+      cuda::dispatch_vec<T>(cols, {dy, x, weight, dextra, dx}, [&](auto vec) {
         constexpr int V = decltype(vec)::value;
         const auto kernel =
             layernorm ? norm_bwd_dx_kernel<T, V, true> : norm_bwd_dx_kernel<T, V, false>;
@@ -268,7 +258,7 @@ void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void
       });
       cuda::check_launch("norm_bwd_dx_kernel");
       const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
-      dispatch_vec<T>(cols, {dy, x}, [&](auto vec) {
+      cuda::dispatch_vec<T>(cols, {dy, x}, [&](auto vec) {
         constexpr int V = decltype(vec)::value;
         const dim3 grid((cols + kColThreads * V - 1) / (kColThreads * V), chunks);
         const dim3 block(kColThreads, kRowThreads);
