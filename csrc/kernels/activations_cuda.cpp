@@ -74,18 +74,28 @@ at::Tensor glu_fwd_impl(const char* op, const at::Tensor& x, const GluParams& p,
   return y;
 }
 
+// dx; with dscales (ScaledSwiGLU), also the scales' gradient (in the accumulation dtype) from the
+// same prepared operands.
 at::Tensor glu_bwd_impl(const char* op, const at::Tensor& dy, const at::Tensor& x,
-                        const GluParams& p, const at::Tensor& scales) {
+                        const GluParams& p, const at::Tensor& scales,
+                        at::Tensor* dscales = nullptr) {
   reference::check_glu_input(op, x);
   reference::check_glu_grad(op, dy, x);
+  const auto [rows, h] = glu_dims(x);
+  TORCH_CHECK(!dscales || rows <= std::numeric_limits<int32_t>::max(), op,
+              ": at most 2^31 - 1 rows on CUDA (one block per row), got ", rows);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto dyc = dy.to(x.scalar_type()).contiguous(), xc = x.contiguous();
   const auto sc = acc_scales(scales, x);
   auto dx = at::empty(x.sizes(), x.options());
-  const auto [rows, h] = glu_dims(x);
   launch_glu_bwd(dyc.const_data_ptr(), xc.const_data_ptr(), dx.mutable_data_ptr(), rows, h, p,
                  sc.defined() ? sc.const_data_ptr() : nullptr, kernel_dtype(op, x),
                  current_sm_count(), stream());
+  if (dscales) {
+    *dscales = at::empty(scales.sizes(), scales.options().dtype(acc_dtype(x.scalar_type())));
+    launch_glu_scale_grad(dyc.const_data_ptr(), xc.const_data_ptr(), dscales->mutable_data_ptr(),
+                          rows, h, p, kernel_dtype(op, x), stream());
+  }
   return dx;
 }
 
@@ -128,15 +138,8 @@ at::Tensor scaled_swiglu_fwd_cuda(const at::Tensor& x, const at::Tensor& scales)
 std::tuple<at::Tensor, at::Tensor> scaled_swiglu_bwd_cuda(const at::Tensor& dy, const at::Tensor& x,
                                                           const at::Tensor& scales) {
   reference::check_scales("scaled_swiglu_bwd", x, scales);
-  auto dx = glu_bwd_impl("scaled_swiglu_bwd", dy, x, GluParams{}, scales);
-  const c10::cuda::CUDAGuard guard(x.device());
-  const auto dyc = dy.to(x.scalar_type()).contiguous(), xc = x.contiguous();
-  auto dscales = at::empty(scales.sizes(), scales.options().dtype(acc_dtype(x.scalar_type())));
-  const auto [rows, h] = glu_dims(x);
-  TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), "scaled_swiglu_bwd: at most 2^31 - 1 ",
-              "rows on CUDA (one block per row), got ", rows);
-  launch_glu_scale_grad(dyc.const_data_ptr(), xc.const_data_ptr(), dscales.mutable_data_ptr(), rows,
-                        h, GluParams{}, kernel_dtype("scaled_swiglu_bwd", x), stream());
+  at::Tensor dscales;
+  auto dx = glu_bwd_impl("scaled_swiglu_bwd", dy, x, GluParams{}, scales, &dscales);
   return {dx, dscales.to(scales.scalar_type())};
 }
 

@@ -6,6 +6,7 @@
 
 #include "common/checks.h"
 #include "kernels/linear.h"
+#include "kernels/norms.h"
 #include "kernels/ops.h"
 
 namespace fusible::kernels {
@@ -82,6 +83,21 @@ std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias(const at::Tensor& dy,
   return kernels::bias_act_bwd(kernels::linear_dgrad(dy, weight), pre, std::string(act));
 }
 
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor& dy, const at::Tensor& x,
+                                                   const at::Tensor& rstd, const at::Tensor& weight,
+                                                   bool zero_centered_gamma,
+                                                   const at::Tensor& dextra) {
+  auto [dx, dw] = kernels::rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
+  return {kernels::add_fwd(dx, dextra), std::move(dw)};  // in dx's dtype; add_fwd checks the shape
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra) {
+  auto [dx, dw, db] = kernels::layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);
+  return {kernels::add_fwd(dx, dextra), std::move(dw), std::move(db)};
+}
+
 }  // namespace reference
 
 namespace {
@@ -94,22 +110,6 @@ std::tuple<at::Tensor, at::Tensor> bias_act_bwd_ref(const at::Tensor& dy, const 
   return {std::move(dpre), std::move(dbias)};
 }
 
-std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_ref(const at::Tensor& dy, const at::Tensor& x,
-                                                       const at::Tensor& rstd,
-                                                       const at::Tensor& weight,
-                                                       bool zero_centered_gamma,
-                                                       const at::Tensor& dextra) {
-  auto [dx, dw] = rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
-  return {add_fwd(dx, dextra), std::move(dw)};  // in dx's dtype; add_fwd checks the shape
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add_ref(
-    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
-    const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra) {
-  auto [dx, dw, db] = layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);
-  return {add_fwd(dx, dextra), std::move(dw), std::move(db)};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
@@ -120,8 +120,8 @@ TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("linear_dgrad_add", &reference::linear_dgrad_add);
   m.impl("linear_dgrad_act_bias", &reference::linear_dgrad_act_bias);
   m.impl("bias_act_bwd", &bias_act_bwd_ref);
-  m.impl("rmsnorm_bwd_add", &rmsnorm_bwd_add_ref);
-  m.impl("layernorm_bwd_add", &layernorm_bwd_add_ref);
+  m.impl("rmsnorm_bwd_add", &reference::rmsnorm_bwd_add);
+  m.impl("layernorm_bwd_add", &reference::layernorm_bwd_add);
 }
 
 }  // namespace fusible::kernels

@@ -4,6 +4,9 @@
 // separate column pass over dy and x, reduced deterministically: each block sums a fixed chunk of
 // rows into its own partial row, and a last kernel adds the partials in chunk order.
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "kernels/cuda_common.cuh"
 
@@ -195,12 +198,20 @@ size_t smem_bytes(int64_t cols, KernelDType dtype, bool backward) {
 constexpr size_t kStaticSmemMargin = 1024;
 
 // Raises the kernel's dynamic shared memory limit when, with the static part, it would pass the
-// default 48 KiB.
+// default 48 KiB. The limit is per kernel and device and only grows, so the driver call is made
+// only when a launch needs more than was set before, not on every launch.
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes + kStaticSmemMargin > 48 * 1024) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(bytes));
+  if (bytes + kStaticSmemMargin <= 48 * 1024) return;
+  int device = 0;
+  cudaGetDevice(&device);
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, size_t> allowed;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto& set = allowed[{reinterpret_cast<const void*>(kernel), device}];
+  if (bytes > set && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)) == cudaSuccess) {
+    set = bytes;
   }
 }
 

@@ -29,4 +29,14 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::T
                                                const at::Tensor& rstd, const at::Tensor& weight,
                                                bool zero_centered_gamma);
 
+/// The norm backward plus dextra added to dx, through the dispatched ops (each device's own
+/// norm backward and add): what a device falls back to where its fused kernel does not run.
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor& dy, const at::Tensor& x,
+                                                   const at::Tensor& rstd, const at::Tensor& weight,
+                                                   bool zero_centered_gamma,
+                                                   const at::Tensor& dextra);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra);
+
 }  // namespace fusible::kernels::reference

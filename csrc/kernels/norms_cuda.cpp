@@ -38,17 +38,16 @@ bool stats_ok(const at::Tensor& stat, const at::Tensor& x, const RowShape& s) {
 
 // Shapes the kernels take: a non-empty row (empty rows give NaN statistics, as the reference
 // does) and a row count a grid dimension holds (one block per row).
-bool kernel_shape(const at::Tensor& x, const at::Tensor& weight) {
-  const auto s = row_shape(x, weight);
+bool kernel_shape(const RowShape& s) {
   return s.cols > 0 && s.rows <= std::numeric_limits<int32_t>::max();
 }
 
+// norm_fwd and norm_bwd run under the wrapper's CUDAGuard, with s = row_shape(x, weight).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const char* op, const at::Tensor& x,
                                                         const at::Tensor& weight,
                                                         const at::Tensor* bias, double eps,
-                                                        bool zero_centered_gamma) {
-  const c10::cuda::CUDAGuard guard(x.device());
-  const auto s = row_shape(x, weight);
+                                                        bool zero_centered_gamma,
+                                                        const RowShape& s) {
   const bool layernorm = bias != nullptr;
   const auto xc = x.contiguous(), wc = weight.contiguous();
   const auto bc = layernorm ? bias->contiguous() : at::Tensor();
@@ -65,14 +64,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const char* op, const at
 }
 
 // dx (+ dextra), dweight, dbias (LayerNorm: mean given).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const char* op, const at::Tensor& dy,
-                                                        const at::Tensor& x, const at::Tensor* mean,
-                                                        const at::Tensor& rstd,
-                                                        const at::Tensor& weight,
-                                                        bool zero_centered_gamma,
-                                                        const at::Tensor* dextra) {
-  const c10::cuda::CUDAGuard guard(x.device());
-  const auto s = row_shape(x, weight);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
+    const char* op, const at::Tensor& dy, const at::Tensor& x, const at::Tensor* mean,
+    const at::Tensor& rstd, const at::Tensor& weight, bool zero_centered_gamma,
+    const at::Tensor* dextra, const RowShape& s) {
   const bool layernorm = mean != nullptr;
   const auto dtype = kernel_dtype(op, x);
   const auto dyc = dy.contiguous(), xc = x.contiguous(), wc = weight.contiguous();
@@ -99,31 +94,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_cuda(const at::Tens
   reference::check_norm_args("layernorm_fwd", x, weight);
   reference::check_norm_bias("layernorm_fwd", x, weight, bias);
   const c10::cuda::CUDAGuard guard(x.device());  // norm_fits reads this device's limits
-  if (!kernel_shape(x, weight) ||
-      !norm_fits(weight.numel(), kernel_dtype("layernorm_fwd", x), false, current_max_smem())) {
+  const auto s = row_shape(x, weight);
+  if (!kernel_shape(s) ||
+      !norm_fits(s.cols, kernel_dtype("layernorm_fwd", x), false, current_max_smem())) {
     return reference::layernorm_fwd(x, weight, bias, eps, zero_centered_gamma);
   }
-  return norm_fwd("layernorm_fwd", x, weight, &bias, eps, zero_centered_gamma);
+  return norm_fwd("layernorm_fwd", x, weight, &bias, eps, zero_centered_gamma, s);
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cuda(const at::Tensor& x, const at::Tensor& weight,
                                                     double eps, bool zero_centered_gamma) {
   reference::check_norm_args("rmsnorm_fwd", x, weight);
   const c10::cuda::CUDAGuard guard(x.device());  // norm_fits reads this device's limits
-  if (!kernel_shape(x, weight) ||
-      !norm_fits(weight.numel(), kernel_dtype("rmsnorm_fwd", x), false, current_max_smem())) {
+  const auto s = row_shape(x, weight);
+  if (!kernel_shape(s) ||
+      !norm_fits(s.cols, kernel_dtype("rmsnorm_fwd", x), false, current_max_smem())) {
     return reference::rmsnorm_fwd(x, weight, eps, zero_centered_gamma);
   }
-  auto [y, mean, rstd] = norm_fwd("rmsnorm_fwd", x, weight, nullptr, eps, zero_centered_gamma);
+  auto [y, mean, rstd] = norm_fwd("rmsnorm_fwd", x, weight, nullptr, eps, zero_centered_gamma, s);
   return {y, rstd};
 }
 
 // The kernels run when the row fits and the statistics are the forward's own. Call under a
 // CUDAGuard on x's device (norm_fits reads its limits).
-bool bwd_runs(const char* op, const at::Tensor& x, const at::Tensor& weight,
+bool bwd_runs(const char* op, const at::Tensor& x, const RowShape& s,
               std::initializer_list<const at::Tensor*> stats) {
-  if (!kernel_shape(x, weight)) return false;
-  const auto s = row_shape(x, weight);
+  if (!kernel_shape(s)) return false;
   for (const auto* st : stats) {
     if (!stats_ok(*st, x, s)) return false;
   }
@@ -137,11 +133,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_cuda(
   FUSIBLE_CHECK_SHAPE_LIKE("layernorm_bwd", "dy", dy, x);
   FUSIBLE_CHECK_SAME_DEVICE("layernorm_bwd", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
-  if (dy.scalar_type() != x.scalar_type() ||
-      !bwd_runs("layernorm_bwd", x, weight, {&mean, &rstd})) {
+  const auto s = row_shape(x, weight);
+  if (dy.scalar_type() != x.scalar_type() || !bwd_runs("layernorm_bwd", x, s, {&mean, &rstd})) {
     return reference::layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);
   }
-  return norm_bwd("layernorm_bwd", dy, x, &mean, rstd, weight, zero_centered_gamma, nullptr);
+  return norm_bwd("layernorm_bwd", dy, x, &mean, rstd, weight, zero_centered_gamma, nullptr, s);
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cuda(const at::Tensor& dy, const at::Tensor& x,
@@ -152,11 +148,12 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cuda(const at::Tensor& dy, const 
   FUSIBLE_CHECK_SHAPE_LIKE("rmsnorm_bwd", "dy", dy, x);
   FUSIBLE_CHECK_SAME_DEVICE("rmsnorm_bwd", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
-  if (dy.scalar_type() != x.scalar_type() || !bwd_runs("rmsnorm_bwd", x, weight, {&rstd})) {
+  const auto s = row_shape(x, weight);
+  if (dy.scalar_type() != x.scalar_type() || !bwd_runs("rmsnorm_bwd", x, s, {&rstd})) {
     return reference::rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
   }
   auto [dx, dw, db] =
-      norm_bwd("rmsnorm_bwd", dy, x, nullptr, rstd, weight, zero_centered_gamma, nullptr);
+      norm_bwd("rmsnorm_bwd", dy, x, nullptr, rstd, weight, zero_centered_gamma, nullptr, s);
   return {dx, dw};
 }
 
@@ -175,12 +172,12 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_cuda(const at::Tensor& dy, co
   FUSIBLE_CHECK_SHAPE_LIKE("rmsnorm_bwd_add", "dy", dy, x);
   FUSIBLE_CHECK_SAME_DEVICE("rmsnorm_bwd_add", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
-  if (!dextra_fuses(dy, x, dextra) || !bwd_runs("rmsnorm_bwd_add", x, weight, {&rstd})) {
-    auto [dx, dw] = rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
-    return {add_fwd(dx, dextra), dw};
+  const auto s = row_shape(x, weight);
+  if (!dextra_fuses(dy, x, dextra) || !bwd_runs("rmsnorm_bwd_add", x, s, {&rstd})) {
+    return reference::rmsnorm_bwd_add(dy, x, rstd, weight, zero_centered_gamma, dextra);
   }
   auto [dx, dw, db] =
-      norm_bwd("rmsnorm_bwd_add", dy, x, nullptr, rstd, weight, zero_centered_gamma, &dextra);
+      norm_bwd("rmsnorm_bwd_add", dy, x, nullptr, rstd, weight, zero_centered_gamma, &dextra, s);
   return {dx, dw};
 }
 
@@ -191,11 +188,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add_cuda(
   FUSIBLE_CHECK_SHAPE_LIKE("layernorm_bwd_add", "dy", dy, x);
   FUSIBLE_CHECK_SAME_DEVICE("layernorm_bwd_add", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
-  if (!dextra_fuses(dy, x, dextra) || !bwd_runs("layernorm_bwd_add", x, weight, {&mean, &rstd})) {
-    auto [dx, dw, db] = layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);
-    return {add_fwd(dx, dextra), dw, db};
+  const auto s = row_shape(x, weight);
+  if (!dextra_fuses(dy, x, dextra) || !bwd_runs("layernorm_bwd_add", x, s, {&mean, &rstd})) {
+    return reference::layernorm_bwd_add(dy, x, mean, rstd, weight, zero_centered_gamma, dextra);
   }
-  return norm_bwd("layernorm_bwd_add", dy, x, &mean, rstd, weight, zero_centered_gamma, &dextra);
+  return norm_bwd("layernorm_bwd_add", dy, x, &mean, rstd, weight, zero_centered_gamma, &dextra, s);
 }
 
 }  // namespace

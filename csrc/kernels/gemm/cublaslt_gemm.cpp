@@ -92,7 +92,9 @@ uint32_t alignment(const void* p) {
 }
 
 // What a cached algorithm depends on.
+// The heuristic's pick depends on the GPU too: the device is part of the key.
 struct Key {
+  int device;
   int64_t m, n, k;
   bool trans_a, trans_b, has_c, c_is_d;
   at::ScalarType dtype;
@@ -100,19 +102,20 @@ struct Key {
   cublasComputeType_t compute;
   uint32_t align_a, align_b, align_c, align_d;
   bool operator==(const Key& o) const {
-    return std::tie(m, n, k, trans_a, trans_b, has_c, c_is_d, dtype, epilogue, compute, align_a,
-                    align_b, align_c, align_d) ==
-           std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b, o.has_c, o.c_is_d, o.dtype, o.epilogue,
-                    o.compute, o.align_a, o.align_b, o.align_c, o.align_d);
+    return std::tie(device, m, n, k, trans_a, trans_b, has_c, c_is_d, dtype, epilogue, compute,
+                    align_a, align_b, align_c, align_d) ==
+           std::tie(o.device, o.m, o.n, o.k, o.trans_a, o.trans_b, o.has_c, o.c_is_d, o.dtype,
+                    o.epilogue, o.compute, o.align_a, o.align_b, o.align_c, o.align_d);
   }
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = std::hash<int64_t>()(k.m);
-    for (int64_t v : {k.n, k.k, int64_t(k.trans_a), int64_t(k.trans_b), int64_t(k.has_c),
-                      int64_t(k.c_is_d), int64_t(k.dtype), int64_t(k.epilogue), int64_t(k.compute),
-                      int64_t(k.align_a) << 27 | int64_t(k.align_b) << 18 |
-                          int64_t(k.align_c) << 9 | int64_t(k.align_d)}) {
+    for (int64_t v :
+         {int64_t(k.device), k.n, k.k, int64_t(k.trans_a), int64_t(k.trans_b), int64_t(k.has_c),
+          int64_t(k.c_is_d), int64_t(k.dtype), int64_t(k.epilogue), int64_t(k.compute),
+          int64_t(k.align_a) << 27 | int64_t(k.align_b) << 18 | int64_t(k.align_c) << 9 |
+              int64_t(k.align_d)}) {
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     }
     return h;
@@ -247,7 +250,8 @@ void run(const RowMajorGemm& g) {
   }
   const void* c_ptr = has_c ? g.c.data_ptr() : g.d.data_ptr();
   // cuBLASLt's A is our b and its B our a (the mapping above).
-  const Key key{m,
+  const Key key{g.d.device().index(),
+                m,
                 n,
                 k,
                 g.trans_a,
