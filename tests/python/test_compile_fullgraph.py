@@ -99,6 +99,31 @@ def test_training_dropout_is_refused_with_a_clear_error():
     )
 
 
+def test_torch_dropout_between_groups_is_refused_in_training():
+    """A plain torch.nn.Dropout would draw a new mask in the recomputing backward, too."""
+    torch._dynamo.reset()
+    model = ops.Sequential(
+        ops.Linear(8, 8, dtype=D, device="cpu"),
+        torch.nn.Dropout(0.5),
+        ops.Linear(8, 8, dtype=D, device="cpu"),
+    )
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="Dropout under torch.compile"):
+        compiled(torch.randn(2, 8, dtype=D, requires_grad=True))
+
+
+@pytest.mark.parametrize("op", [ops.AddExtraInput, ops.MakeExtraOutput])
+def test_in_place_extra_ops_are_refused(op):
+    """In place, they write into a tensor the custom op was given (undeclared mutation)."""
+    torch._dynamo.reset()
+    model = ops.Sequential(ops.Linear(8, 8, dtype=D, device="cpu"), op(in_place=True))
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, 8, dtype=D, requires_grad=True)
+    args = (x, torch.randn(2, 8, dtype=D)) if op is ops.AddExtraInput else (x,)
+    with pytest.raises(Exception, match=r"\(in_place=True\) under torch.compile"):
+        compiled(*args)
+
+
 def test_forward_hooks_on_inner_ops_are_refused_with_a_clear_error():
     torch._dynamo.reset()
     model = _model("cpu")

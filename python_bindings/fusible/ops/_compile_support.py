@@ -189,7 +189,17 @@ def _param_paths(handle):
 def _has_training_dropout(seq):
     from . import _basic
 
-    return any(isinstance(m, _basic.Dropout) and m.training and m.p > 0 for m in seq.modules())
+    dropouts = (_basic.Dropout, torch.nn.modules.dropout._DropoutNd)
+    return any(isinstance(m, dropouts) and m.training and m.p > 0 for m in seq.modules())
+
+
+def _in_place_op(seq):
+    """The first op that writes into a tensor it was given (the custom op declares no mutation,
+    and its backward recomputes the call from the same tensors), or None."""
+    from . import _basic
+
+    kinds = (_basic.AddExtraInput, _basic.MakeExtraOutput)
+    return next((m for m in seq.modules() if isinstance(m, kinds) and m.in_place), None)
 
 
 def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
@@ -202,6 +212,12 @@ def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
         raise NotImplementedError(
             "Sequential: a training-mode Dropout under torch.compile with autograd is not "
             "supported yet (the compiled backward recomputes the call, and would draw a new mask)"
+        )
+    op = _in_place_op(seq)
+    if op is not None:
+        raise NotImplementedError(
+            f"Sequential: {type(op).__name__}(in_place=True) under torch.compile is not supported "
+            "yet (it writes into a tensor the compiled call was given); use in_place=False"
         )
     paths = _param_paths(seq._compile_handle)
     params = [getattr(seq.get_submodule(path), name) for path, name in paths]
