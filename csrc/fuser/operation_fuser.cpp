@@ -379,6 +379,14 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
     TORCH_CHECK(!at::GradMode::is_enabled(), "OperationFuser ", op_names(*call->plan),
                 ": double backward (backward with create_graph=True) through a fuser call is not ",
                 "supported");
+    // The call-internal tensors live in the contexts: a backward that did not keep the graph (or
+    // failed part-way through one) freed them, and autograd cannot tell when it saved none itself.
+    for (size_t i = 0; i < call->ctxs.size(); ++i) {
+      TORCH_CHECK(call->ctxs[i]->saved_tensors.size() == call->saved_slots[i].size(),
+                  "OperationFuser ", op_names(*call->plan),
+                  ": trying to backward through the graph a second time, after its saved tensors "
+                  "were freed; specify retain_graph=True the first time");
+    }
     const auto saved = ctx->get_saved_variables();
     // A kept graph (retain_graph=True) runs this backward again: its tensors must stay.
     const bool keep = torch::autograd::get_current_graph_task_keep_graph();

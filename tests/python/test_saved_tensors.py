@@ -32,6 +32,31 @@ def test_retain_graph_runs_backward_twice(device):
         torch.autograd.grad(y.sum(), x)
 
 
+def test_retry_after_a_failed_backward_is_a_clear_error():
+    """A backward that fails part-way has freed the activations of the ops it already ran; autograd
+    keeps the node, so a retry reaches the fuser again, which refuses it cleanly."""
+
+    class FailOnce(ops.BasicOperation):
+        failed = False
+
+        def op_forward(self, ctx, input_, **unused):
+            return input_ * 1.0
+
+        def op_backward(self, ctx, grad_output):
+            if not self.failed:
+                type(self).failed = True
+                raise RuntimeError("injected failure")
+            return grad_output, []
+
+    model = ops.Sequential(FailOnce(), *_mlp("cpu"))
+    x = torch.randn(5, 8, dtype=D, requires_grad=True)
+    y = model(x)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        y.sum().backward()  # the MLP's backwards ran and freed their tensors, then FailOnce raised
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.sum().backward()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_saved_tensor_hooks_see_the_activations(device):
     model = _mlp(device)
