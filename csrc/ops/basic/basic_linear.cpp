@@ -53,14 +53,10 @@ at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,
 
 std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::op_backward(OperationContext& ctx,
                                                                         const at::Tensor& dy) {
-  const auto& x = ctx.saved_tensors.at(0);
-  const auto& w = ctx.saved_tensors.at(1);
-  const auto dyc = cast_to(dy, ctx.compute_dtype);
-  at::Tensor dx, dw;
-  // The wgrad first: the saved input can go before dx is allocated.
-  if (x.defined()) dw = kernels::linear_wgrad(dyc, x);  // the fuser casts to the weight's dtype
-  ctx.release_saved_tensor(0);
-  if (w.defined()) dx = kernels::linear_dgrad(dyc, w);
+  // dw in the compute dtype: the fuser casts it to the weight's.
+  auto [dx, dw] = backward_gemms(
+      ctx, cast_to(dy, ctx.compute_dtype), 1.0,
+      [](const at::Tensor& g, const at::Tensor& w) { return kernels::linear_dgrad(g, w); });
   return {dx, {dw}};
 }
 

@@ -1,6 +1,7 @@
 // BasicLinear: y = x W^T, no bias (Linear composes it with Bias).
 #pragma once
 
+#include "kernels/ops.h"
 #include "ops/fusible_operation.h"
 
 namespace fusible::ops {
@@ -25,6 +26,22 @@ class BasicLinear : public BasicOperation {
                                                     const ForwardArgs& args);
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
+  /// The backward's GEMMs for dy (in the compute dtype) on a context this op's forward filled:
+  /// the wgrad (scaled by alpha) first, so the saved input is released before dx is allocated,
+  /// then dx = dgrad(dy, w) where the input needs a gradient (fused ops pass an epilogue GEMM).
+  /// -> (dx, dw), each undefined where not needed.
+  template <typename Dgrad>
+  static std::pair<at::Tensor, at::Tensor> backward_gemms(OperationContext& ctx,
+                                                          const at::Tensor& dy, double alpha,
+                                                          Dgrad&& dgrad) {
+    at::Tensor dx, dw;
+    const auto& x = ctx.saved_tensors.at(0);
+    if (x.defined()) dw = kernels::linear_wgrad(dy, x, alpha);
+    ctx.release_saved_tensor(0);
+    const auto& w = ctx.saved_tensors.at(1);
+    if (w.defined()) dx = dgrad(dy, w);
+    return {dx, dw};
+  }
 
  private:
   int64_t in_features_;

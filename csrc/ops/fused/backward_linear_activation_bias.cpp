@@ -16,22 +16,21 @@ BackwardLinearActivationBias::BackwardLinearActivationBias(
 
 BackwardResult BackwardLinearActivationBias::fuser_backward(
     const std::vector<OperationContext*>& ctxs, const at::Tensor& grad_output, const TensorLists&) {
-  const auto& act_ctx = *ctxs.at(1);
-  const auto& linear_ctx = *ctxs.at(2);
-  const auto& h = linear_ctx.saved_tensors.at(0);  // the activation's output, for the wgrad
-  const auto& w = linear_ctx.saved_tensors.at(1);  // saved: the bias's backward runs
-  const auto& pre = act_ctx.saved_tensors.at(0);
-  const auto dy = cast_to(grad_output, linear_ctx.compute_dtype);
-  at::Tensor dw;
-  if (h.defined()) dw = kernels::linear_wgrad(dy, h);
-  ctxs.at(2)->release_saved_tensor(0);  // h's memory serves dpre
-  at::Tensor dpre, dbias;
-  if (pre.scalar_type() == linear_ctx.compute_dtype) {
-    std::tie(dpre, dbias) = kernels::linear_dgrad_act_bias(dy, w, pre, kind_);
-  } else {  // mixed dtypes: the dgrad rounds to the activation's dtype first, as unfused
-    std::tie(dpre, dbias) =
-        kernels::bias_act_bwd(cast_to(kernels::linear_dgrad(dy, w), pre.scalar_type()), pre, kind_);
-  }
+  const auto& pre = ctxs.at(1)->saved_tensors.at(0);
+  auto& linear_ctx = *ctxs.at(2);  // w is saved: the bias's backward runs
+  at::Tensor dbias;
+  auto [dpre, dw] = BasicLinear::backward_gemms(
+      linear_ctx, cast_to(grad_output, linear_ctx.compute_dtype), 1.0,
+      [&](const at::Tensor& dy, const at::Tensor& w) {
+        at::Tensor dpre;
+        if (pre.scalar_type() == linear_ctx.compute_dtype) {
+          std::tie(dpre, dbias) = kernels::linear_dgrad_act_bias(dy, w, pre, kind_);
+        } else {  // mixed dtypes: the dgrad rounds to the activation's dtype first, as unfused
+          std::tie(dpre, dbias) = kernels::bias_act_bwd(
+              cast_to(kernels::linear_dgrad(dy, w), pre.scalar_type()), pre, kind_);
+        }
+        return dpre;
+      });
   if (!ctxs.at(0)->param_requires_grad.at(0)) dbias = at::Tensor();
   return {dpre, {{dbias}, {}, {dw}}, {{}, {}, {}}};
 }

@@ -15,23 +15,19 @@ BackwardLinearAdd::BackwardLinearAdd(std::shared_ptr<MakeExtraOutput> make,
 BackwardResult BackwardLinearAdd::fuser_backward(const std::vector<OperationContext*>& ctxs,
                                                  const at::Tensor& grad_output,
                                                  const TensorLists& grad_extra_outputs) {
-  const auto& ctx = *ctxs.at(1);
-  const auto& x = ctx.saved_tensors.at(0);  // saved when the weight needs a gradient
-  const auto& w = ctx.saved_tensors.at(1);  // saved when the input needs a gradient
-  const auto dy = cast_to(grad_output, ctx.compute_dtype);
+  auto& ctx = *ctxs.at(1);
   const auto& dextra = grad_extra_outputs.at(0).at(0);
-  at::Tensor dx = dextra;
-  if (w.defined() && !dextra.defined()) {
-    dx = kernels::linear_dgrad(dy, w);
-  } else if (w.defined() && dextra.scalar_type() == ctx.compute_dtype &&
-             ctx.input_dtype == ctx.compute_dtype) {
-    dx = kernels::linear_dgrad_add(dy, w, dextra, 1.0);  // the add in the GEMM's epilogue
-  } else if (w.defined()) {
-    // Mixed dtypes (autocast): add in the input's dtype, as MakeExtraOutput would.
-    dx = kernels::add_fwd(cast_to(kernels::linear_dgrad(dy, w), ctx.input_dtype), dextra);
-  }
-  at::Tensor dw;
-  if (x.defined()) dw = kernels::linear_wgrad(dy, x);
+  auto [dx, dw] = BasicLinear::backward_gemms(
+      ctx, cast_to(grad_output, ctx.compute_dtype), 1.0,
+      [&](const at::Tensor& dy, const at::Tensor& w) {
+        if (!dextra.defined()) return kernels::linear_dgrad(dy, w);
+        if (dextra.scalar_type() == ctx.compute_dtype && ctx.input_dtype == ctx.compute_dtype) {
+          return kernels::linear_dgrad_add(dy, w, dextra, 1.0);  // the add in the GEMM's epilogue
+        }
+        // Mixed dtypes (autocast): add in the input's dtype, as MakeExtraOutput would.
+        return kernels::add_fwd(cast_to(kernels::linear_dgrad(dy, w), ctx.input_dtype), dextra);
+      });
+  if (!dx.defined()) dx = dextra;  // the input needs no gradient: only the extra output's
   return {dx, {{}, {dw}}, {{}, {}}};
 }
 

@@ -15,13 +15,11 @@ BackwardLinearScale::BackwardLinearScale(std::shared_ptr<BasicLinear> linear,
 BackwardResult BackwardLinearScale::fuser_backward(const std::vector<OperationContext*>& ctxs,
                                                    const at::Tensor& grad_output,
                                                    const TensorLists&) {
-  const auto& ctx = *ctxs.at(0);
-  const auto& x = ctx.saved_tensors.at(0);
-  const auto& w = ctx.saved_tensors.at(1);
-  const auto dy = cast_to(grad_output, ctx.compute_dtype);
-  at::Tensor dx, dw;
-  if (w.defined()) dx = kernels::linear_dgrad(dy, w, scale_);
-  if (x.defined()) dw = kernels::linear_wgrad(dy, x, scale_);
+  auto& ctx = *ctxs.at(0);
+  auto [dx, dw] = BasicLinear::backward_gemms(ctx, cast_to(grad_output, ctx.compute_dtype), scale_,
+                                              [&](const at::Tensor& dy, const at::Tensor& w) {
+                                                return kernels::linear_dgrad(dy, w, scale_);
+                                              });
   return {dx, {{dw}, {}}, {{}, {}}};
 }
 
