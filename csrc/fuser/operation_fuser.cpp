@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "common/checks.h"
@@ -297,8 +298,6 @@ std::string op_names(const Plan& plan) {
   return out + "]";
 }
 
-}  // namespace
-
 // Moves every context's to_save into its saved_tensors, routing each tensor the caller can reach
 // (sharing storage with an input, parameter, extra tensor or output) through autograd's
 // save_for_backward, where its version is checked; the rest stays in the context, for the backward
@@ -306,12 +305,17 @@ std::string op_names(const Plan& plan) {
 // tensor goes through autograd, so the hooks see them all.
 void save_tensors(AutogradContext& actx, FuserCall& call,
                   std::initializer_list<at::TensorList> visible) {
-  std::unordered_set<const c10::StorageImpl*> reachable;
+  // A handful of storages: a linear scan beats a hash set built per call.
+  std::vector<const c10::StorageImpl*> reachable;
   for (const auto& group : visible) {
     for (const auto& t : group) {
-      if (t.defined() && t.has_storage()) reachable.insert(t.storage().unsafeGetStorageImpl());
+      if (t.defined() && t.has_storage()) reachable.push_back(t.storage().unsafeGetStorageImpl());
     }
   }
+  const auto is_reachable = [&](const at::Tensor& t) {
+    return std::find(reachable.begin(), reachable.end(), t.storage().unsafeGetStorageImpl()) !=
+           reachable.end();
+  };
   const bool hooks = at::SavedTensorDefaultHooks::get_hooks().has_value();
   std::vector<at::Tensor> through_autograd;
   call.saved_slots.assign(call.ctxs.size(), {});
@@ -321,8 +325,8 @@ void save_tensors(AutogradContext& actx, FuserCall& call,
     c.saved_tensors.assign(c.to_save.size(), at::Tensor());
     for (size_t j = 0; j < c.to_save.size(); ++j) {
       auto& t = c.to_save[j];
-      const bool internal = !hooks && !c.check_saved_versions && t.defined() && t.has_storage() &&
-                            !reachable.count(t.storage().unsafeGetStorageImpl());
+      const bool internal =
+          !hooks && !c.check_saved_versions && t.defined() && t.has_storage() && !is_reachable(t);
       if (internal) {
         slots.push_back(-1);
         c.saved_tensors[j] = std::move(t);
@@ -335,6 +339,8 @@ void save_tensors(AutogradContext& actx, FuserCall& call,
   }
   actx.save_for_backward(through_autograd);
 }
+
+}  // namespace
 
 // The one autograd node per fuser call.
 struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
@@ -397,16 +403,12 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
       }
       call->ctxs[i]->release_saved = !keep;
     }
-    auto grads = run_backward(*call, grad_outputs);
-    for (size_t i = 0; i < call->ctxs.size(); ++i) {
+    auto grads = run_backward(*call, grad_outputs);  // without keep, it freed what it ran
+    for (size_t i = 0; keep && i < call->ctxs.size(); ++i) {
       auto& kept = call->ctxs[i]->saved_tensors;
-      if (!keep) {
-        kept.clear();
-      } else {
-        const auto& slots = call->saved_slots[i];
-        for (size_t j = 0; j < kept.size(); ++j) {
-          if (slots[j] >= 0) kept[j] = at::Tensor();  // autograd holds these
-        }
+      const auto& slots = call->saved_slots[i];
+      for (size_t j = 0; j < kept.size(); ++j) {
+        if (slots[j] >= 0) kept[j] = at::Tensor();  // autograd holds these
       }
     }
     grads.emplace_back();  // for the call argument
