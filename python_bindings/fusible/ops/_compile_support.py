@@ -36,7 +36,7 @@ _SEP = "\x1f"  # joins the channel names into one string argument (the schema ha
 
 def _run(seq, input, extras, names, named, params):
     cpp = seq._engine()
-    if any(h & 1 for h in seq._hook_flags):
+    if seq._hooked:
         # A hooked op's group reads the module's own parameters after its pre-hooks, not the
         # call's: under compile that would differentiate the wrong tensors.
         raise NotImplementedError(
@@ -53,7 +53,7 @@ def _run(seq, input, extras, names, named, params):
                 "torch.compile is not supported yet; compile it outside the Sequential"
             )
     pairs = list(zip(names.split(_SEP), named)) if named else []
-    outputs, _ = seq._run_engine(cpp, input, list(extras), pairs, params)
+    outputs, _ = cpp.run(input, list(extras), pairs, params, None)  # no hooked ops: checked above
     return outputs
 
 

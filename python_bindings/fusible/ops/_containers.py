@@ -269,11 +269,12 @@ class Sequential(torch.nn.Module):
                     _warn_backward_hooks(m)
             self._cpp.set_isolated([bool(h & 1) for h in hooks])
             self._hook_flags = hooks
+            self._hooked = any(h & 1 for h in hooks)
         return self._cpp
 
     def forward(self, input, *extra_inputs, channel_inputs=None, return_dict=False):
+        check_tensors("Sequential", input, extra_inputs)
         if torch.compiler.is_compiling():  # one custom op: no graph break (_compile_support)
-            check_tensors("Sequential", input, extra_inputs)
             return _compile_support.compiled_forward(
                 self, input, extra_inputs, channel_inputs, return_dict
             )
@@ -283,7 +284,6 @@ class Sequential(torch.nn.Module):
 
     @_disable_dynamo
     def _forward(self, input, *extra_inputs, channel_inputs=None, return_dict=False):
-        check_tensors("Sequential", input, extra_inputs)
         cpp = self._engine()  # also sets _param_sources
         named_inputs = list((channel_inputs or {}).items())
         params = call_parameters(self._param_sources)
@@ -300,8 +300,7 @@ class Sequential(torch.nn.Module):
     def _run_engine(self, cpp, input, extra_inputs, named_inputs, params):
         """One call of cpp (this Sequential's _engine()) with these parameters: (outputs, named
         outputs). Ops with forward hooks run through their own __call__ (the `around` callback)."""
-        hooked = any(h & 1 for h in self._hook_flags)
-        around = _run_hooked_op(self, {n for n, _ in named_inputs}) if hooked else None
+        around = _run_hooked_op(self, {n for n, _ in named_inputs}) if self._hooked else None
         return cpp.run(input, extra_inputs, named_inputs, params, around)
 
     def fusers(self, named_inputs=()):
