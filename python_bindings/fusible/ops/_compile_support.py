@@ -19,8 +19,14 @@ _live = {}  # id(Sequential) -> weakref: what the custom ops' handle names
 def register(seq):
     """Makes seq reachable from the custom ops by its handle (its id, kept as an attribute Dynamo
     reads as a constant); called at construction and on copies."""
-    seq.__dict__["_compile_handle"] = id(seq)
-    _live[id(seq)] = weakref.ref(seq)
+    handle = id(seq)
+    seq.__dict__["_compile_handle"] = handle
+
+    def forget(ref):  # the entry goes with its Sequential (unless the id was reused since)
+        if _live.get(handle) is ref:
+            del _live[handle]
+
+    _live[handle] = weakref.ref(seq, forget)
 
 
 def _sequential(handle):
