@@ -1,6 +1,7 @@
 // Operations and fused operations written in Python (te.ops' protocol): C++ trampolines that call
 // back into Python, and the built-in ops' own forward/backward for Python fused ops.
 #include <fusible/fusible.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
@@ -99,6 +100,11 @@ BackwardResult call_python_backward(const py::object& self, bool fuser_level,
                                     const std::vector<size_t>& num_params,
                                     const std::vector<size_t>& num_extra_inputs,
                                     const std::string& name) {
+  // The fuser's backward runs below autograd; user code sees autograd as in te.ops's backward
+  // (a recompute under torch.enable_grad() records its graph).
+  auto keys = c10::impl::tls_local_dispatch_key_set();
+  keys.excluded_ = keys.excluded_ - c10::autograd_dispatch_keyset;
+  const c10::impl::ForceDispatchKeyGuard with_autograd(keys);
   py::object dy = grad_output.defined() ? py::cast(grad_output) : py::none();
   if (!fuser_level) {
     auto r = self.attr("op_backward")(context_object(ctxs[0]), dy);

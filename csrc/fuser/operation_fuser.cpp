@@ -2,6 +2,7 @@
 #include "fuser/operation_fuser.h"
 
 #include <ATen/SavedTensorHooks.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -403,6 +404,10 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
       }
       call->ctxs[i]->release_saved = !keep;
     }
+    // Below autograd, as the forward runs (Function::apply): our ops record nothing here anyway
+    // (double backward is refused above), and their autograd kernel is a boxed fallback whose cost
+    // shows in small calls.
+    const at::AutoDispatchBelowAutograd below_autograd;
     auto grads = run_backward(*call, grad_outputs);  // without keep, it freed what it ran
     for (size_t i = 0; keep && i < call->ctxs.size(); ++i) {
       auto& kept = call->ctxs[i]->saved_tensors;
@@ -461,8 +466,10 @@ std::vector<at::Tensor> OperationFuser::forward(
   const auto first_backward = first_backward_index(input, params, extra_inputs, external);
   auto call = make_call(input, params, extra_inputs, external, first_backward);
   if (first_backward == static_cast<int64_t>(basic_ops_.size())) {
-    // Nothing needs a gradient: no node, nothing saved.
+    // Nothing needs a gradient: no node, nothing saved, and the ops run below autograd (their
+    // autograd kernel, a boxed fallback, would only cost host time).
     const at::NoGradGuard no_grad;
+    const at::AutoDispatchBelowAutograd below_autograd;
     auto outputs = run_forward(*call, input, extra_inputs, external);
     bump_written_inputs(outputs, extra_inputs, external);
     return outputs;

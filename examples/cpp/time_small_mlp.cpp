@@ -1,9 +1,11 @@
 // Host time per call of PERF.md's small MLP block from C++ (the overhead the C++ path adds when the
 // GPU work is tiny): y = x + fc2(gelu(fc1(layernorm(x)))), T=16, H=1024, F=4096, bf16 on CUDA
 // (fp32 on CPU), the residual through a channel. Prints microseconds per forward (no grad) and per
-// forward+backward, each the mean of a timed loop after a warm-up, synchronized at the end.
+// forward+backward, each the mean of a timed loop after a warm-up, synchronized at the end; then
+// the same for each op the forward plan runs, called alone, and for the ATen ops eager runs.
 // Usage: time_small_mlp [iterations]
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/grad_mode.h>
 #include <fusible/fusible.h>
 
@@ -49,14 +51,10 @@ int main(int argc, char** argv) {
   make->set_extra_output_channel(0, "residual", /*output_to_caller=*/false);
   auto add = std::make_shared<ops::AddExtraInput>();
   add->set_extra_input_channel(0, "residual");
-  fuser::Sequential block({
-      make,
-      std::make_shared<ops::LayerNorm>(std::vector<int64_t>{hidden}, 1e-5, device, dtype),
-      std::make_shared<ops::Linear>(hidden, ffn, true, device, dtype),
-      std::make_shared<ops::GELU>(),
-      std::make_shared<ops::Linear>(ffn, hidden, true, device, dtype),
-      add,
-  });
+  auto ln = std::make_shared<ops::LayerNorm>(std::vector<int64_t>{hidden}, 1e-5, device, dtype);
+  auto fc1 = std::make_shared<ops::Linear>(hidden, ffn, true, device, dtype);
+  auto fc2 = std::make_shared<ops::Linear>(ffn, hidden, true, device, dtype);
+  fuser::Sequential block({make, ln, fc1, std::make_shared<ops::GELU>(), fc2, add});
   const auto x = at::randn({tokens, hidden}, at::device(device).dtype(dtype));
   const auto xg = x.clone().requires_grad_();
   const auto dy = at::randn_like(x);
@@ -74,5 +72,28 @@ int main(int argc, char** argv) {
       "forward+backward %.1f us\n",
       static_cast<long long>(tokens), static_cast<long long>(hidden), static_cast<long long>(ffn),
       device.str().c_str(), forward, forward_backward);
+
+  // Stages below the fuser: the forward plan's three ops called directly (through the dispatcher,
+  // below autograd as the fuser calls them), the ATen ops eager runs, and an allocation.
+  const auto w1 = fc1->weight(), b1 = fc1->bias_op()->bias();
+  const auto w2 = fc2->weight(), b2 = fc2->bias_op()->bias();
+  const auto lw = ln->weight(), lb = ln->bias();
+  const at::NoGradGuard no_grad;
+  const at::AutoDispatchBelowAutograd below_autograd;
+  const auto h1 = std::get<0>(kernels::layernorm_fwd(x, lw, lb, 1e-5, false));
+  const auto h2 = kernels::linear_bias_act(h1, w1, b1, "gelu");
+  const std::pair<const char*, std::function<void()>> stages[] = {
+      {"fusible layernorm_fwd", [&] { kernels::layernorm_fwd(x, lw, lb, 1e-5, false); }},
+      {"fusible linear_bias_act (gelu)", [&] { kernels::linear_bias_act(h1, w1, b1, "gelu"); }},
+      {"fusible linear_add", [&] { kernels::linear_add(h2, w2, b2, x, 1.0); }},
+      {"aten layer_norm", [&] { at::layer_norm(x, {hidden}, lw, lb, 1e-5); }},
+      {"aten linear (bias)", [&] { at::linear(h1, w1, b1); }},
+      {"aten gelu (tanh)", [&] { at::gelu(h2, "tanh"); }},
+      {"aten add", [&] { at::add(h1, h1); }},
+      {"at::empty [T, H]", [&] { at::empty({tokens, hidden}, x.options()); }},
+  };
+  for (const auto& [name, call] : stages) {
+    std::printf("  %-32s %7.1f us\n", name, us_per_call(call, iterations, device));
+  }
   return forward > 0 && forward_backward > 0 ? 0 : 1;
 }

@@ -474,3 +474,35 @@ class TestCopiesOfPythonOps:
             clone[0].weight.fill_(2.0)
         torch.testing.assert_close(clone(x, r), 0.25 * (2.0 * x) + r)
         torch.testing.assert_close(model(x, r), y, rtol=0, atol=0)
+
+
+class RecomputedTanh(ops.BasicOperation):
+    """y = tanh(x), its backward recomputing the forward under enable_grad (activation recompute),
+    as a te.ops op may: autograd works inside a Python op's backward."""
+
+    def op_forward(self, ctx, input_, **unused):
+        ctx.save_for_backward(input_)
+        return torch.tanh(input_)
+
+    def op_backward(self, ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            (dx,) = torch.autograd.grad(torch.tanh(x), [x], grad_output)
+        return dx, []
+
+
+def test_python_op_backward_can_use_autograd():
+    # The fuser runs its own ops below autograd; a Python op's backward still sees autograd.
+    seq = ops.Sequential(ops.Linear(4, 4, dtype=D), RecomputedTanh(), ops.ConstantScale(2.0))
+    x = _x(3, 4)
+    dy = torch.randn(3, 4, dtype=D)
+    y = seq(x)
+    fc = seq[0]
+    xr = x.detach().requires_grad_()
+    ref = 2.0 * torch.tanh(F.linear(xr, fc.weight, fc.bias))
+    torch.testing.assert_close(y, ref)
+    gx, gw = torch.autograd.grad(y, [x, fc.weight], dy)
+    rx, rw = torch.autograd.grad(ref, [xr, fc.weight], dy)
+    torch.testing.assert_close(gx, rx)
+    torch.testing.assert_close(gw, rw)

@@ -1,4 +1,5 @@
-// cuBLASLt GEMM: descriptors (RAII), the row-major to column-major mapping, the heuristics cache.
+// cuBLASLt GEMM: descriptors (RAII), the row-major to column-major mapping, the cache of prepared
+// descriptors and algorithms.
 //
 // Mapping: cuBLASLt is column-major, and a row-major [r, c] matrix is, in the same memory, the
 // column-major [c, r] matrix (its transpose), leading dim c. So the row-major d = op(a) op(b) is
@@ -14,7 +15,7 @@
 #include <cublasLt.h>
 
 #include <cstdint>
-#include <mutex>
+#include <memory>
 #include <tuple>
 #include <unordered_map>
 
@@ -122,9 +123,6 @@ struct KeyHash {
   }
 };
 
-std::mutex cache_mutex;
-std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash> algo_cache;
-
 bool uses_mask(Epilogue e) { return e == Epilogue::kReluAuxBias || e == Epilogue::kDReluBGrad; }
 bool uses_aux(Epilogue e) {
   return uses_mask(e) || e == Epilogue::kGeluAuxBias || e == Epilogue::kDGeluBGrad;
@@ -189,67 +187,110 @@ bool can_run(const RowMajorGemm& g) {
   return !uses_aux(g.epilogue) || mask || g.d.size(1) % 8 == 0;
 }
 
+namespace {
+
+// What a GEMM of one key needs besides its pointers: the descriptors and the heuristic's algorithm,
+// built once. Per call only the bias and aux pointers are set (a descriptor's other attributes are
+// functions of the key).
+struct Prepared {
+  MatmulDesc desc;
+  Layout a, b, c, d;  // cuBLASLt's (see the mapping above)
+  cublasLtMatmulAlgo_t algo;
+};
+
+void set_attribute(const MatmulDesc& desc, cublasLtMatmulDescAttributes_t attr, const void* value,
+                   size_t size) {
+  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, attr, value, size));
+}
+
+std::unique_ptr<Prepared> prepare(const Key& key, const RowMajorGemm& g, cublasLtHandle_t handle,
+                                  size_t workspace_size) {
+  auto p = std::make_unique<Prepared>();
+  const auto type = cuda_type(key.dtype);
+  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p->desc.handle, key.compute, CUDA_R_32F));
+  // cuBLASLt's A is our b, its B is our a (see the mapping above).
+  const cublasOperation_t op_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_attribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a));
+  set_attribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b));
+  const auto epilogue = lt_epilogue(key.epilogue);
+  set_attribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+  if (uses_aux(key.epilogue)) {
+    // The ReLU mask's leading dim counts bits (the mask is bytes); the GELU aux's, elements.
+    const int64_t aux_ld = uses_mask(key.epilogue) ? relu_mask_row_bytes(key.n) * 8 : key.n;
+    set_attribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld));
+  }
+  make_layout(p->a, type, g.b.size(0), g.b.size(1));  // our b, as stored
+  make_layout(p->b, type, g.a.size(0), g.a.size(1));  // our a, as stored
+  make_layout(p->c, type, key.m, key.n);
+  make_layout(p->d, type, key.m, key.n);
+
+  Preference pref;
+  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref.handle));
+  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_size,
+      sizeof(workspace_size)));
+  // The pointers' real alignment (the default assumes 256 bytes).
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+  for (const auto& [attr, align] : aligns) {
+    FUSIBLE_CUBLASLT_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref.handle, attr, &align, sizeof(align)));
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->desc.handle, p->a.handle,
+                                                        p->b.handle, p->c.handle, p->d.handle,
+                                                        pref.handle, 1, &result, &found));
+  TORCH_CHECK(found > 0, "cuBLASLt GEMM: no algorithm for m=", key.m, ", n=", key.n,
+              ", k=", key.k, ", dtype ", key.dtype, ", epilogue ", epilogue_name(key.epilogue),
+              key.trans_a ? ", a transposed" : "", key.trans_b ? ", b transposed" : "");
+  p->algo = result.algo;
+  return p;
+}
+
+// Per thread: a descriptor's pointers are set per call, so threads must not share one (and no
+// lock is taken on the per-call path). The autograd engine runs a device's backwards on one thread.
+Prepared& prepared(const Key& key, const RowMajorGemm& g, cublasLtHandle_t handle,
+                   size_t workspace_size) {
+  thread_local std::unordered_map<Key, std::unique_ptr<Prepared>, KeyHash> cache;
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, prepare(key, g, handle, workspace_size)).first;
+  return *it->second;
+}
+
+}  // namespace
+
 void run(const RowMajorGemm& g) {
   const int64_t m = rows_of_op(g.a, g.trans_a);
   const int64_t k = cols_of_op(g.a, g.trans_a);
   const int64_t n = cols_of_op(g.b, g.trans_b);
   TORCH_CHECK(rows_of_op(g.b, g.trans_b) == k && g.d.size(0) == m && g.d.size(1) == n,
               "cuBLASLt GEMM: inconsistent shapes (m ", m, ", n ", n, ", k ", k, ")");
-  const c10::cuda::CUDAGuard guard(g.d.device());
-  const auto dtype = g.d.scalar_type();
-  const auto type = cuda_type(dtype);
-  const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS();
-  const auto compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-
-  MatmulDesc desc;
-  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&desc.handle, compute, CUDA_R_32F));
-  // cuBLASLt's A is our b, its B is our a (see the mapping above).
-  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                        &op_a, sizeof(op_a)));
-  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                        &op_b, sizeof(op_b)));
-  const auto epilogue = lt_epilogue(g.epilogue);
-  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                        &epilogue, sizeof(epilogue)));
   if (g.epilogue != Epilogue::kNone) {
     const int64_t bias_size = g.epilogue == Epilogue::kBGradB ? m : n;
     TORCH_CHECK(g.bias.defined() && g.bias.numel() == bias_size, "cuBLASLt GEMM: epilogue ",
                 epilogue_name(g.epilogue), " expects a bias of ", bias_size, " elements");
-    const void* bias = g.bias.data_ptr();
-    FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(
-        desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
   if (uses_aux(g.epilogue)) {
-    // The ReLU mask's leading dim counts bits (the mask is bytes); the GELU aux's, elements.
-    const bool mask = uses_mask(g.epilogue);
-    const int64_t aux_cols = mask ? relu_mask_row_bytes(n) : n;
+    const int64_t aux_cols = uses_mask(g.epilogue) ? relu_mask_row_bytes(n) : n;
     TORCH_CHECK(
         g.aux.defined() && g.aux.dim() == 2 && g.aux.size(0) == m && g.aux.size(1) == aux_cols,
         "cuBLASLt GEMM: epilogue ", epilogue_name(g.epilogue), " expects aux [", m, ", ", aux_cols,
         "]");
-    const void* aux = g.aux.data_ptr();
-    const int64_t aux_ld = mask ? aux_cols * 8 : n;
-    FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(
-        desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-    FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(
-        desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
   }
-
-  Layout la, lb, lc, ld;
-  make_layout(la, type, g.b.size(0), g.b.size(1));  // our b, as stored
-  make_layout(lb, type, g.a.size(0), g.a.size(1));  // our a, as stored
-  make_layout(lc, type, m, n);
-  make_layout(ld, type, m, n);
-
   const bool has_c = g.c.defined() && g.beta != 0.0;
   if (has_c) {
     TORCH_CHECK(g.c.size(0) == m && g.c.size(1) == n, "cuBLASLt GEMM: expected c of shape [", m,
                 ", ", n, "]");
   }
+  const c10::cuda::CUDAGuard guard(g.d.device());
+  const auto dtype = g.d.scalar_type();
+  const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS();
   const void* c_ptr = has_c ? g.c.data_ptr() : g.d.data_ptr();
-  // cuBLASLt's A is our b and its B our a (the mapping above).
   const Key key{g.d.device().index(),
                 m,
                 n,
@@ -260,52 +301,27 @@ void run(const RowMajorGemm& g) {
                 has_c && g.c.is_same(g.d),
                 dtype,
                 g.epilogue,
-                compute,
+                tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
                 alignment(g.b.data_ptr()),
                 alignment(g.a.data_ptr()),
                 alignment(c_ptr),
                 alignment(g.d.data_ptr())};
   auto handle = at::cuda::getCurrentCUDABlasLtHandle();
   const size_t workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
-  cublasLtMatmulAlgo_t algo;
-  {
-    const std::lock_guard<std::mutex> lock(cache_mutex);
-    auto it = algo_cache.find(key);
-    if (it != algo_cache.end()) {
-      algo = it->second;
-    } else {
-      Preference pref;
-      FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref.handle));
-      FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-          pref.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_size,
-          sizeof(workspace_size)));
-      // The pointers' real alignment (the default assumes 256 bytes).
-      const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
-      for (const auto& [attr, align] : aligns) {
-        FUSIBLE_CUBLASLT_CHECK(
-            cublasLtMatmulPreferenceSetAttribute(pref.handle, attr, &align, sizeof(align)));
-      }
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc.handle, la.handle,
-                                                            lb.handle, lc.handle, ld.handle,
-                                                            pref.handle, 1, &result, &found));
-      TORCH_CHECK(found > 0, "cuBLASLt GEMM: no algorithm for m=", m, ", n=", n, ", k=", k,
-                  ", dtype ", dtype, ", epilogue ", epilogue_name(g.epilogue),
-                  g.trans_a ? ", a transposed" : "", g.trans_b ? ", b transposed" : "");
-      algo = result.algo;
-      algo_cache.emplace(key, algo);
-    }
+  auto& p = prepared(key, g, handle, workspace_size);
+  if (g.epilogue != Epilogue::kNone) {
+    const void* bias = g.bias.data_ptr();
+    set_attribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  }
+  if (uses_aux(g.epilogue)) {
+    const void* aux = g.aux.data_ptr();
+    set_attribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux));
   }
   const float alpha = static_cast<float>(g.alpha);
   const float beta = has_c ? static_cast<float>(g.beta) : 0.0f;
   FUSIBLE_CUBLASLT_CHECK(cublasLtMatmul(
-      handle, desc.handle, &alpha, g.b.data_ptr(), la.handle, g.a.data_ptr(), lb.handle, &beta,
-      c_ptr, lc.handle, g.d.data_ptr(), ld.handle, &algo, at::cuda::getCUDABlasLtWorkspace(),
+      handle, p.desc.handle, &alpha, g.b.data_ptr(), p.a.handle, g.a.data_ptr(), p.b.handle, &beta,
+      c_ptr, p.c.handle, g.d.data_ptr(), p.d.handle, &p.algo, at::cuda::getCUDABlasLtWorkspace(),
       workspace_size, c10::cuda::getCurrentCUDAStream()));
 }
 
