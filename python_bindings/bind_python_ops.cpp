@@ -1,7 +1,7 @@
 // Operations and fused operations written in Python (te.ops' protocol): C++ trampolines that call
 // back into Python, and the built-in ops' own forward/backward for Python fused ops.
-#include <fusible/fusible.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <fusible/fusible.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>

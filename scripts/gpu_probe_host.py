@@ -118,7 +118,10 @@ def main():
     b2 = torch.randn(H, device="cuda", dtype=torch.bfloat16)
     dyb = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
     gemms = [
-        ("fc1 fwd + GELU aux (linear_bias_act_fwd)", lambda: F.linear_bias_act_fwd(xb, w1, b1, "gelu")),
+        (
+            "fc1 fwd + GELU aux (linear_bias_act_fwd)",
+            lambda: F.linear_bias_act_fwd(xb, w1, b1, "gelu"),
+        ),
         ("fc2 fwd + bias + residual (linear_add)", lambda: F.linear_add(hb, w2, b2, xb, 1.0)),
         ("fc2 dgrad (linear_dgrad)", lambda: F.linear_dgrad(dyb, w2, 1.0)),
         ("fc2 wgrad (linear_wgrad)", lambda: F.linear_wgrad(dyb, hb, 1.0)),

@@ -90,7 +90,10 @@ int main(int argc, char** argv) {
       {"aten linear (bias)", [&] { at::linear(h1, w1, b1); }},
       {"aten gelu (tanh)", [&] { at::gelu(h2, "tanh"); }},
       {"aten add", [&] { at::add(h1, h1); }},
-      {"at::empty [T, H]", [&] { at::empty({tokens, hidden}, x.options()); }},
+      {"at::empty [T, H]",
+       [&] {
+         at::empty({tokens, hidden}, x.options());
+       }},
   };
   for (const auto& [name, call] : stages) {
     std::printf("  %-32s %7.1f us\n", name, us_per_call(call, iterations, device));

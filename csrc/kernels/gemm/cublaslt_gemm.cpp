@@ -227,9 +227,9 @@ std::unique_ptr<Prepared> prepare(const Key& key, const RowMajorGemm& g, cublasL
 
   Preference pref;
   FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref.handle));
-  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_size,
-      sizeof(workspace_size)));
+  FUSIBLE_CUBLASLT_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_size, sizeof(workspace_size)));
   // The pointers' real alignment (the default assumes 256 bytes).
   const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
@@ -245,8 +245,8 @@ std::unique_ptr<Prepared> prepare(const Key& key, const RowMajorGemm& g, cublasL
   FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->desc.handle, p->a.handle,
                                                         p->b.handle, p->c.handle, p->d.handle,
                                                         pref.handle, 1, &result, &found));
-  TORCH_CHECK(found > 0, "cuBLASLt GEMM: no algorithm for m=", key.m, ", n=", key.n,
-              ", k=", key.k, ", dtype ", key.dtype, ", epilogue ", epilogue_name(key.epilogue),
+  TORCH_CHECK(found > 0, "cuBLASLt GEMM: no algorithm for m=", key.m, ", n=", key.n, ", k=", key.k,
+              ", dtype ", key.dtype, ", epilogue ", epilogue_name(key.epilogue),
               key.trans_a ? ", a transposed" : "", key.trans_b ? ", b transposed" : "");
   p->algo = result.algo;
   return p;
