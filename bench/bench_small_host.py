@@ -92,8 +92,7 @@ def main():
 
     stages = [
         ("seq(x): nn.Module.__call__", no_grad(lambda: seq(x))),
-        ("seq.forward(x): + the compile check", no_grad(lambda: seq.forward(x))),
-        ("seq._forward(x): + hooks, parameters", no_grad(lambda: seq._forward(x))),
+        ("seq.forward(x): + checks, hooks, parameters", no_grad(lambda: seq.forward(x))),
         ("C++ engine call from Python", no_grad(lambda: cpp.run(x, [], [], call_params, None))),
         ("the plan's 3 fused ops from Python", no_grad(kernels_only)),
         ("forward with grad (saves for backward)", lambda: seq(xg)),

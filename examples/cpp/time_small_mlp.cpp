@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
         block.forward(x);
       },
       iterations, device);
+  const double forward_with_grad = us_per_call([&] { block.forward(xg); }, iterations, device);
   const double forward_backward =
       us_per_call([&] { block.forward(xg)[0].backward(dy); }, iterations, device);
   std::printf(
@@ -72,20 +73,32 @@ int main(int argc, char** argv) {
       "forward+backward %.1f us\n",
       static_cast<long long>(tokens), static_cast<long long>(hidden), static_cast<long long>(ffn),
       device.str().c_str(), forward, forward_backward);
+  std::printf("  forward with grad (the autograd node, saved tensors)  %7.1f us\n",
+              forward_with_grad);
 
-  // Stages below the fuser: the forward plan's three ops called directly (through the dispatcher,
-  // below autograd as the fuser calls them), the ATen ops eager runs, and an allocation.
+  // Stages below the fuser: the forward and backward plans' ops called directly (through the
+  // dispatcher, below autograd as the fuser calls them), the ATen ops eager runs, an allocation.
   const auto w1 = fc1->weight(), b1 = fc1->bias_op()->bias();
   const auto w2 = fc2->weight(), b2 = fc2->bias_op()->bias();
   const auto lw = ln->weight(), lb = ln->bias();
   const at::NoGradGuard no_grad;
   const at::AutoDispatchBelowAutograd below_autograd;
   const auto h1 = std::get<0>(kernels::layernorm_fwd(x, lw, lb, 1e-5, false));
-  const auto h2 = kernels::linear_bias_act(h1, w1, b1, "gelu");
+  const auto [pre, lmean, lrstd] = kernels::layernorm_fwd(x, lw, lb, 1e-5, false);
+  const auto [h2, a1] = kernels::linear_bias_act_fwd(h1, w1, b1, "gelu");
   const std::pair<const char*, std::function<void()>> stages[] = {
       {"fusible layernorm_fwd", [&] { kernels::layernorm_fwd(x, lw, lb, 1e-5, false); }},
       {"fusible linear_bias_act (gelu)", [&] { kernels::linear_bias_act(h1, w1, b1, "gelu"); }},
       {"fusible linear_add", [&] { kernels::linear_add(h2, w2, b2, x, 1.0); }},
+      // The backward plan's ops, in the order it runs them.
+      {"fusible bias_bwd (fc2)", [&] { kernels::bias_bwd(dy); }},
+      {"fusible linear_wgrad (fc2)", [&] { kernels::linear_wgrad(dy, h2, 1.0); }},
+      {"fusible linear_dgrad_act_bias (fc2)",
+       [&] { kernels::linear_dgrad_act_bias(dy, w2, a1, "gelu"); }},
+      {"fusible linear_wgrad (fc1)", [&] { kernels::linear_wgrad(h2, h1, 1.0); }},
+      {"fusible linear_dgrad (fc1)", [&] { kernels::linear_dgrad(h2, w1, 1.0); }},
+      {"fusible layernorm_bwd_add",
+       [&] { kernels::layernorm_bwd_add(dy, x, lmean, lrstd, lw, false, dy); }},
       {"aten layer_norm", [&] { at::layer_norm(x, {hidden}, lw, lb, 1e-5); }},
       {"aten linear (bias)", [&] { at::linear(h1, w1, b1); }},
       {"aten gelu (tanh)", [&] { at::gelu(h2, "tanh"); }},
@@ -96,7 +109,7 @@ int main(int argc, char** argv) {
        }},
   };
   for (const auto& [name, call] : stages) {
-    std::printf("  %-32s %7.1f us\n", name, us_per_call(call, iterations, device));
+    std::printf("  %-36s %7.1f us\n", name, us_per_call(call, iterations, device));
   }
   return forward > 0 && forward_backward > 0 ? 0 : 1;
 }

@@ -252,7 +252,6 @@ class Sequential(torch.nn.Module):
     # ---- running: the C++ Sequential groups and routes; this passes parameters and runs hooks
     def _engine(self):
         """The C++ Sequential, with its hook flags brought up to date."""
-        hooks = tuple(_hooks(m) for m in self._modules.values())
         if self._cpp is None:
             cpp = _C.Sequential()
             for m in self._modules.values():
@@ -262,14 +261,29 @@ class Sequential(torch.nn.Module):
                     cpp.append_step(_plain_step(m), type(m).__name__)
             fusible = [m for m in self._modules.values() if isinstance(m, FusibleOperation)]
             self._param_sources = [src for m in fusible for src in m._param_sources()]
+            # Every hook dict of the ops: while all are empty (the usual case) one any() per call
+            # tells that nothing changed, instead of four attribute reads per op.
+            self._hook_dicts = tuple(
+                d
+                for m in fusible
+                for d in (
+                    m._forward_hooks,
+                    m._forward_pre_hooks,
+                    m._backward_hooks,
+                    m._backward_pre_hooks,
+                )
+            )
             self._cpp, self._hook_flags = cpp, None  # last: a failure above leaves no engine
-        if hooks != self._hook_flags:
-            for m, h in zip(self._modules.values(), hooks):
-                if h & 2:
-                    _warn_backward_hooks(m)
-            self._cpp.set_isolated([bool(h & 1) for h in hooks])
-            self._hook_flags = hooks
-            self._hooked = any(h & 1 for h in hooks)
+        if self._hook_flags is None or self._any_hook or any(self._hook_dicts):
+            hooks = tuple(_hooks(m) for m in self._modules.values())
+            if hooks != self._hook_flags:
+                for m, h in zip(self._modules.values(), hooks):
+                    if h & 2:
+                        _warn_backward_hooks(m)
+                self._cpp.set_isolated([bool(h & 1) for h in hooks])
+                self._hook_flags = hooks
+                self._hooked = any(h & 1 for h in hooks)
+                self._any_hook = any(hooks)
         return self._cpp
 
     def forward(self, input, *extra_inputs, channel_inputs=None, return_dict=False):
@@ -278,14 +292,9 @@ class Sequential(torch.nn.Module):
             return _compile_support.compiled_forward(
                 self, input, extra_inputs, channel_inputs, return_dict
             )
-        return self._forward(
-            input, *extra_inputs, channel_inputs=channel_inputs, return_dict=return_dict
-        )
-
-    @_disable_dynamo
-    def _forward(self, input, *extra_inputs, channel_inputs=None, return_dict=False):
+        # Dynamo never gets here (the branch above), so no _disable_dynamo wrapper on this path.
         cpp = self._engine()  # also sets _param_sources
-        named_inputs = list((channel_inputs or {}).items())
+        named_inputs = list(channel_inputs.items()) if channel_inputs else []
         params = call_parameters(self._param_sources)
         outputs, named = self._run_engine(cpp, input, list(extra_inputs), named_inputs, params)
         if return_dict:
