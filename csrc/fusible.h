@@ -1,6 +1,7 @@
 // fusible's public C++ header: operations, fusion registry, OperationFuser, Sequential, kernels.
 #pragma once
 
+#include "fuser/compiled_call.h"
 #include "fuser/operation_fuser.h"
 #include "fuser/sequential.h"
 #include "kernels/ops.h"

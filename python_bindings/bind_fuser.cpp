@@ -119,6 +119,19 @@ void bind_fuser(py::module_& m) {
         }
         return out;
       });
+
+  // torch.compile's fusible::sequential_call finds a Sequential's engine by handle through fn.
+  m.def("_set_sequential_resolver", [](const py::function& fn) {
+    // Held by pointer, so copies of the resolver touch no Python reference count without the GIL.
+    std::shared_ptr<py::function> held(new py::function(fn), [](py::function* f) {
+      py::gil_scoped_acquire gil;
+      delete f;
+    });
+    fuser::set_sequential_resolver([held](int64_t handle) {
+      py::gil_scoped_acquire gil;
+      return (*held)(handle).cast<std::shared_ptr<Sequential>>();
+    });
+  });
 }
 
 }  // namespace fusible::python

@@ -68,11 +68,23 @@ std::vector<std::vector<at::Tensor>> nested_lists(const py::handle& obj,
   return out;
 }
 
+// The fuser runs its ops below autograd (their autograd kernels would only cost time); user code
+// sees autograd as in te.ops (a recompute under torch.enable_grad() records its graph).
+struct WithAutograd {
+  static c10::impl::LocalDispatchKeySet keys() {
+    auto keys = c10::impl::tls_local_dispatch_key_set();
+    keys.excluded_ = keys.excluded_ - c10::autograd_dispatch_keyset;
+    return keys;
+  }
+  c10::impl::ForceDispatchKeyGuard guard{keys()};
+};
+
 // Calls the Python protocol of a (basic or fused) op.
 at::Tensor call_python_forward(const py::object& self, bool fuser_level,
                                const std::vector<OperationContext*>& ctxs, const at::Tensor& input,
                                const TensorLists& extra_inputs, TensorLists& extra_outputs,
                                const std::string& name) {
+  const WithAutograd with_autograd;
   if (!fuser_level) {
     auto r = self.attr("op_forward")(context_object(ctxs[0]), input,
                                      py::arg("prev_op_grad_output_quantizer") = py::none(),
@@ -100,11 +112,7 @@ BackwardResult call_python_backward(const py::object& self, bool fuser_level,
                                     const std::vector<size_t>& num_params,
                                     const std::vector<size_t>& num_extra_inputs,
                                     const std::string& name) {
-  // The fuser's backward runs below autograd; user code sees autograd as in te.ops's backward
-  // (a recompute under torch.enable_grad() records its graph).
-  auto keys = c10::impl::tls_local_dispatch_key_set();
-  keys.excluded_ = keys.excluded_ - c10::autograd_dispatch_keyset;
-  const c10::impl::ForceDispatchKeyGuard with_autograd(keys);
+  const WithAutograd with_autograd;
   py::object dy = grad_output.defined() ? py::cast(grad_output) : py::none();
   if (!fuser_level) {
     auto r = self.attr("op_backward")(context_object(ctxs[0]), dy);

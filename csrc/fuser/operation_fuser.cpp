@@ -352,7 +352,13 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
     ctx->saved_data["call"] = c10::IValue::make_capsule(call);
     const std::vector<at::Tensor> extras(extra_inputs.begin(), extra_inputs.end());
     const std::vector<at::Tensor> external(external_inputs.begin(), external_inputs.end());
-    auto outputs = run_forward(*call, input, extras, external);
+    std::vector<at::Tensor> outputs;
+    {
+      // apply() turns grad mode off but leaves the autograd keys on: without this, every op would
+      // pass through its (boxed) autograd kernel.
+      const at::AutoDispatchBelowAutograd below_autograd;
+      outputs = run_forward(*call, input, extras, external);
+    }
     save_tensors(*ctx, *call, {input, params, extra_inputs, external_inputs, outputs});
 
     // An output that repeats an earlier output needs its own tensor, or both would share one
@@ -404,9 +410,9 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
       }
       call->ctxs[i]->release_saved = !keep;
     }
-    // Below autograd, as the forward runs (Function::apply): our ops record nothing here anyway
-    // (double backward is refused above), and their autograd kernel is a boxed fallback whose cost
-    // shows in small calls.
+    // Below autograd, as the forward runs: our ops record nothing here anyway (double backward is
+    // refused above), and their autograd kernel is a boxed fallback whose cost shows in small
+    // calls.
     const at::AutoDispatchBelowAutograd below_autograd;
     auto grads = run_backward(*call, grad_outputs);  // without keep, it freed what it ran
     for (size_t i = 0; keep && i < call->ctxs.size(); ++i) {

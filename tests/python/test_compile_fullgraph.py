@@ -133,6 +133,34 @@ def test_forward_hooks_on_inner_ops_are_refused_with_a_clear_error():
         _run(compiled, torch.randn(4, 8, dtype=D), torch.randn(4, 8, dtype=D))
 
 
+def test_a_hook_added_after_compiling_is_seen_with_dynamo_hook_guards():
+    # As for any module under torch.compile: Dynamo skips guards on hooks by default; with them on,
+    # a hook added to an inner op after compiling recompiles, and is refused there.
+    torch._dynamo.reset()
+    model = _model("cpu")
+    x, gate = torch.randn(4, 8, dtype=D), torch.randn(4, 8, dtype=D)
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        ref = _run(compiled, x, gate)[0]
+        handle = model[2].register_forward_hook(lambda m, i, o: o * 2)
+        with pytest.raises(Exception, match="forward hooks on ops inside a Sequential under"):
+            _run(compiled, x, gate)
+        handle.remove()
+        torch.testing.assert_close(_run(compiled, x, gate)[0], ref)
+
+
+def test_the_engine_is_found_again_after_the_sequential_changed():
+    # The compiled call finds the C++ engine by handle; a list change rebuilds the engine.
+    torch._dynamo.reset()
+    model = _model("cpu")
+    x, gate = torch.randn(4, 8, dtype=D), torch.randn(4, 8, dtype=D)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    ref = _run(compiled, x, gate)[0]
+    model.append(torch.nn.Identity())
+    torch.testing.assert_close(_run(compiled, x, gate)[0], ref)
+    torch.testing.assert_close(_run(model, x, gate)[0], ref)
+
+
 def test_opcheck_of_the_call_ops():
     model = _model("cpu")
     from fusible.ops import _compile_support as cs

@@ -1,0 +1,246 @@
+// fusible::sequential_call and fusible::sequential_call_backward: C++ kernels and autograd formula,
+// so a compiled graph runs a fusible Sequential with no Python on the per-call path (their fake
+// kernels, used while tracing, are registered from Python).
+#include "fuser/compiled_call.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace fusible::fuser {
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  SequentialResolver resolver;
+  std::unordered_map<int64_t, std::weak_ptr<Sequential>> engines;
+};
+
+// Never destroyed: the resolver may hold a Python callable, which must not be released after the
+// interpreter is gone.
+Registry& registry() {
+  static auto* r = new Registry();
+  return *r;
+}
+
+std::shared_ptr<Sequential> engine(int64_t handle) {
+  auto& r = registry();
+  SequentialResolver resolver;
+  {
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.engines.find(handle);
+    if (it != r.engines.end()) {
+      if (auto seq = it->second.lock()) return seq;
+    }
+    resolver = r.resolver;
+  }
+  TORCH_CHECK(resolver, "fusible::sequential_call: no Sequential is registered for handle ",
+              handle);
+  auto seq = resolver(handle);  // outside the lock: it may run Python, which takes the GIL
+  TORCH_CHECK(seq, "fusible::sequential_call: handle ", handle, " names no Sequential");
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  r.engines[handle] = seq;
+  return seq;
+}
+
+constexpr char kNameSeparator = '\x1f';  // joins the channel names (the schema has no str[])
+
+Sequential::NamedTensors named_inputs(c10::string_view names, at::TensorList named) {
+  Sequential::NamedTensors out;
+  if (named.empty()) return out;
+  size_t start = 0;
+  for (const auto& t : named) {
+    const auto end = std::min(names.find(kNameSeparator, start), names.size());
+    out.emplace_back(std::string(names.substr(start, end - start)), t);
+    start = end + 1;
+  }
+  return out;
+}
+
+// An op's outputs may alias neither an input nor each other: those that do are copied.
+std::vector<at::Tensor> owned(std::vector<at::Tensor> outputs,
+                              std::initializer_list<at::TensorList> inputs) {
+  std::vector<const void*> seen;
+  const auto storage = [](const at::Tensor& t) {
+    return t.defined() && t.numel() > 0 ? t.storage().unsafeGetStorageImpl() : nullptr;
+  };
+  for (const auto& group : inputs) {
+    for (const auto& t : group) {
+      if (const void* s = storage(t)) seen.push_back(s);
+    }
+  }
+  for (auto& t : outputs) {
+    const void* s = storage(t);
+    if (s == nullptr) continue;
+    if (std::find(seen.begin(), seen.end(), s) != seen.end()) {
+      t = t.clone();
+    } else {
+      seen.push_back(s);
+    }
+  }
+  return outputs;
+}
+
+std::vector<at::Tensor> sequential_call(int64_t handle, const at::Tensor& input,
+                                        at::TensorList extras, c10::string_view names,
+                                        at::TensorList named, at::TensorList params) {
+  auto seq = engine(handle);
+  const at::NoGradGuard no_grad;
+  auto outputs = seq->run(input, extras.vec(), named_inputs(names, named), params.vec()).outputs;
+  return owned(std::move(outputs), {input, extras, named, params});
+}
+
+// Recomputes the call with autograd on and differentiates it: a compiled graph keeps only the
+// call's inputs between forward and backward.
+std::vector<at::Tensor> sequential_call_backward(int64_t handle, const at::Tensor& input,
+                                                 at::TensorList extras, c10::string_view names,
+                                                 at::TensorList named, at::TensorList params,
+                                                 at::TensorList grad_outputs) {
+  auto seq = engine(handle);
+  std::vector<at::Tensor> leaves;
+  for (const auto group : {at::TensorList(input), extras, named, params}) {
+    for (const auto& t : group) leaves.push_back(t.detach().requires_grad_(t.is_floating_point()));
+  }
+  const auto slice = [&](size_t from, size_t n) {
+    return std::vector<at::Tensor>(leaves.begin() + from, leaves.begin() + from + n);
+  };
+  const size_t ne = extras.size(), nn = named.size();
+  std::vector<at::Tensor> grads(leaves.size());
+  {
+    // A kernel may run below autograd (excluded keys); the recomputation needs it on.
+    auto keys = c10::impl::tls_local_dispatch_key_set();
+    keys.excluded_ = keys.excluded_ - c10::autograd_dispatch_keyset;
+    const c10::impl::ForceDispatchKeyGuard with_autograd(keys);
+    const at::AutoGradMode grad_mode(true);
+    const auto outputs = seq->run(leaves[0], slice(1, ne), named_inputs(names, slice(1 + ne, nn)),
+                                  slice(1 + ne + nn, params.size()))
+                             .outputs;
+    TORCH_CHECK(outputs.size() == grad_outputs.size(),
+                "fusible::sequential_call_backward: ", grad_outputs.size(),
+                " output gradients for ", outputs.size(), " outputs");
+    std::vector<at::Tensor> outs, gouts, wanted;
+    std::vector<size_t> wanted_index;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].requires_grad() && grad_outputs[i].defined()) {
+        outs.push_back(outputs[i]);
+        gouts.push_back(grad_outputs[i]);
+      }
+    }
+    for (size_t i = 0; i < leaves.size(); ++i) {
+      if (leaves[i].requires_grad()) {
+        wanted.push_back(leaves[i]);
+        wanted_index.push_back(i);
+      }
+    }
+    if (!outs.empty() && !wanted.empty()) {
+      auto g = torch::autograd::grad(outs, wanted, gouts, /*retain_graph=*/false,
+                                     /*create_graph=*/false, /*allow_unused=*/true);
+      for (size_t j = 0; j < g.size(); ++j) grads[wanted_index[j]] = std::move(g[j]);
+    }
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) grads[i] = at::zeros_like(leaves[i]);
+  }
+  // A gradient may be an incoming one passed straight through (an add's): copied.
+  return owned(std::move(grads), {input, extras, named, params, grad_outputs});
+}
+
+// The autograd formula: the backward op on the saved inputs (the graph keeps nothing else).
+struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallAutograd> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                int64_t handle, const at::Tensor& input,
+                                                at::TensorList extras, c10::string_view names,
+                                                at::TensorList named, at::TensorList params) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("fusible::sequential_call", "")
+                               .typed<decltype(sequential_call)>();
+    ctx->saved_data["handle"] = handle;
+    ctx->saved_data["names"] = std::string(names);
+    ctx->saved_data["extras"] = static_cast<int64_t>(extras.size());
+    ctx->saved_data["named"] = static_cast<int64_t>(named.size());
+    std::vector<at::Tensor> saved{input};
+    for (const auto group : {extras, named, params})
+      saved.insert(saved.end(), group.begin(), group.end());
+    ctx->save_for_backward(saved);
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;  // apply() only turns grad mode off
+    return op.call(handle, input, extras, names, named, params);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("fusible::sequential_call_backward", "")
+                               .typed<decltype(sequential_call_backward)>();
+    const auto saved = ctx->get_saved_variables();
+    const auto ne = ctx->saved_data["extras"].toInt(), nn = ctx->saved_data["named"].toInt();
+    const at::TensorList all(saved);
+    const auto grads = op.call(ctx->saved_data["handle"].toInt(), saved[0], all.slice(1, ne),
+                               ctx->saved_data["names"].toStringRef(), all.slice(1 + ne, nn),
+                               all.slice(1 + ne + nn), grad_outputs);
+    // One slot per forward argument; the handle and the names get none.
+    torch::autograd::variable_list out{at::Tensor(), grads[0]};
+    out.insert(out.end(), grads.begin() + 1, grads.begin() + 1 + ne);
+    out.emplace_back();
+    out.insert(out.end(), grads.begin() + 1 + ne, grads.end());
+    return out;
+  }
+};
+
+std::vector<at::Tensor> sequential_call_autograd(int64_t handle, const at::Tensor& input,
+                                                 at::TensorList extras, c10::string_view names,
+                                                 at::TensorList named, at::TensorList params) {
+  return SequentialCallAutograd::apply(handle, input, extras, names, named, params);
+}
+
+}  // namespace
+
+void set_sequential_resolver(SequentialResolver resolver) {
+  auto& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  r.resolver = std::move(resolver);
+  r.engines.clear();
+}
+
+}  // namespace fusible::fuser
+
+TORCH_LIBRARY_FRAGMENT(fusible, m) {
+  // The whole call of the Sequential named by handle: [y, public extra outputs]. names: the
+  // channel names of `named`, joined by '\x1f'. Used by torch.compile (its fake kernel comes
+  // from Python).
+  m.def(
+      "sequential_call(int handle, Tensor input, Tensor[] extras, str names, Tensor[] named, "
+      "Tensor[] params) -> Tensor[]");
+  // Its backward by recomputation: a gradient for input, each extra, named and parameter tensor.
+  m.def(
+      "sequential_call_backward(int handle, Tensor input, Tensor[] extras, str names, "
+      "Tensor[] named, Tensor[] params, Tensor[] grad_outputs) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(fusible, CPU, m) {
+  m.impl("sequential_call", &fusible::fuser::sequential_call);
+  m.impl("sequential_call_backward", &fusible::fuser::sequential_call_backward);
+}
+
+// In C++ too, so a compiled graph's call (which passes the Autograd key) runs no Python.
+TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
+  m.impl("sequential_call", &fusible::fuser::sequential_call_autograd);
+  m.impl("sequential_call_backward", torch::autograd::autogradNotImplementedFallback());
+}
+
+TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
+  m.impl("sequential_call", &fusible::fuser::sequential_call);
+  m.impl("sequential_call_backward", &fusible::fuser::sequential_call_backward);
+}
