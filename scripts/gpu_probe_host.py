@@ -108,6 +108,23 @@ def main():
         n, m = cuda_events(fn)
         print(f"{name:50} {host_us(fn):8.1f} {n:7d} {m:8d}")
 
+    # Host time by event (CPU self time) over 50 forward+backward calls, fusible and eager:
+    # autograd nodes, our ops, CUDA runtime calls (launches, memsets), the allocator.
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    for name in ("fusible", "eager"):
+        step = fwd_bwd(models[name])
+        for _ in range(20):
+            step()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(50):
+                step()
+            torch.cuda.synchronize()
+        print(f"== {name} forward+backward, host self time per call by event (50 calls)")
+        rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:22]
+        for e in rows:
+            print(f"  {e.key[:70]:70} {e.self_cpu_time_total / 50:8.1f} us {e.count / 50:6.1f}x")
+
     big = SHAPES["large"]
     T, H, F_ = big["T"], big["H"], big["F"]
     xb = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)

@@ -494,7 +494,9 @@ class RecomputedTanh(ops.BasicOperation):
 
 def test_python_op_backward_can_use_autograd():
     # The fuser runs its own ops below autograd; a Python op's backward still sees autograd.
-    seq = ops.Sequential(ops.Linear(4, 4, dtype=D), RecomputedTanh(), ops.ConstantScale(2.0))
+    seq = ops.Sequential(
+        ops.Linear(4, 4, dtype=D, device="cpu"), RecomputedTanh(), ops.ConstantScale(2.0)
+    )
     x = _x(3, 4)
     dy = torch.randn(3, 4, dtype=D)
     y = seq(x)
