@@ -38,16 +38,16 @@ at::Tensor bias_grad(const char* op, const at::Tensor& dy, const at::Tensor& pre
   const int64_t cols = dy.size(-1);
   const int64_t rows = cols == 0 ? 0 : dy.numel() / cols;
   const int64_t chunks = column_sum_chunks(rows, cols, current_sm_count());
-  auto workspace = at::empty({chunks, cols}, dy.options().dtype(acc_dtype(dy.scalar_type())));
+  const auto workspace = column_sum_workspace(chunks, cols, dy);
   auto dbias = at::empty({cols}, dy.options());
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (pre.defined()) {
     launch_bias_act_bwd(dy.const_data_ptr(), pre.const_data_ptr(), dpre.mutable_data_ptr(),
-                        workspace.mutable_data_ptr(), dbias.mutable_data_ptr(), rows, cols, chunks,
-                        act, kernel_dtype(op, dy), stream);
+                        data_or_null(workspace), dbias.mutable_data_ptr(), rows, cols, chunks, act,
+                        kernel_dtype(op, dy), stream);
   } else {
-    launch_bias_bwd(dy.const_data_ptr(), workspace.mutable_data_ptr(), dbias.mutable_data_ptr(),
-                    rows, cols, chunks, kernel_dtype(op, dy), stream);
+    launch_bias_bwd(dy.const_data_ptr(), data_or_null(workspace), dbias.mutable_data_ptr(), rows,
+                    cols, chunks, kernel_dtype(op, dy), stream);
   }
   return dbias;
 }

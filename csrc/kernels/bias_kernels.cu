@@ -29,12 +29,14 @@ constexpr int kRowThreads = 8;
 
 // Block (32 x 8 threads, each on VEC adjacent columns) walks one chunk of rows for 32 * VEC
 // columns: g = dy (or, with kAct, g = dy * act'(pre), written to dpre, which may be dy itself) and
-// the chunk's column sums of g into partial[chunk]. Fixed assignment: the sums are deterministic.
+// the chunk's column sums of g into partial[chunk], or, with one chunk, straight into dbias (no
+// second pass). Fixed assignment: the sums are deterministic.
 template <typename T, int VEC, bool kAct>
 __global__ void bias_grad_kernel(const T* dy,                     // [rows, cols]
                                  const T* __restrict__ pre,       // [rows, cols] (kAct)
                                  T* dpre,                         // [rows, cols] (kAct)
-                                 acc_t<T>* __restrict__ partial,  // [chunks, cols]
+                                 acc_t<T>* __restrict__ partial,  // [chunks, cols], or null
+                                 T* __restrict__ dbias,           // [cols] when partial is null
                                  int64_t rows, int64_t cols, int64_t rows_per_chunk, ActKind act) {
   using A = acc_t<T>;
   __shared__ A tile[kRowThreads][kColThreads * VEC];
@@ -70,7 +72,11 @@ __global__ void bias_grad_kernel(const T* dy,                     // [rows, cols
     for (int j = 0; j < VEC; ++j) {
       A total = tile[0][threadIdx.x * VEC + j];
       for (int i = 1; i < kRowThreads; ++i) total += tile[i][threadIdx.x * VEC + j];
-      partial[blockIdx.y * cols + col + j] = total;
+      if (partial != nullptr) {
+        partial[blockIdx.y * cols + col + j] = total;
+      } else {
+        dbias[col + j] = from_acc<T>(total);
+      }
     }
   }
 }
@@ -89,21 +95,23 @@ void bias_grad(const void* dy, const void* pre, void* dpre, void* workspace, voi
       const dim3 grid((cols + kColThreads * V - 1) / (kColThreads * V), chunks);
       const dim3 block(kColThreads, kRowThreads);
       const auto* tdy = static_cast<const T*>(dy);
-      auto* ws = static_cast<acc_t<T>*>(workspace);
+      // One chunk: the block's sums are the totals.
+      auto* ws = chunks > 1 ? static_cast<acc_t<T>*>(workspace) : nullptr;
+      auto* out = static_cast<T*>(dbias);
       if (pre != nullptr) {
         bias_grad_kernel<T, V, true><<<grid, block, 0, stream>>>(tdy, static_cast<const T*>(pre),
-                                                                 static_cast<T*>(dpre), ws, rows,
-                                                                 cols, rows_per_chunk, act);
+                                                                 static_cast<T*>(dpre), ws, out,
+                                                                 rows, cols, rows_per_chunk, act);
       } else {
-        bias_grad_kernel<T, V, false><<<grid, block, 0, stream>>>(tdy, nullptr, nullptr, ws, rows,
-                                                                  cols, rows_per_chunk, act);
+        bias_grad_kernel<T, V, false><<<grid, block, 0, stream>>>(tdy, nullptr, nullptr, ws, out,
+                                                                  rows, cols, rows_per_chunk, act);
       }
     };
     if (chunks > 0) {
       cuda::dispatch_vec<T>(cols, {dy, pre, dpre}, launch);
       cuda::check_launch("bias_grad_kernel");
     }
-    cuda::launch_column_sum<T>(workspace, dbias, cols, chunks, cols, stream);
+    if (chunks != 1) cuda::launch_column_sum<T>(workspace, dbias, cols, chunks, cols, stream);
   });
 }
 

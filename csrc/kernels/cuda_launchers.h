@@ -19,7 +19,8 @@ void launch_bias_fwd(const void* x,     // [rows, cols]
                      cudaStream_t stream);
 
 /// Partial column sums of dy over row chunks, then their total: dbias[n] = sum_m dy[m, n].
-/// workspace holds num_chunks * cols accumulator values (float, or double for kFloat64).
+/// workspace holds num_chunks * cols accumulator values (float, or double for kFloat64); with one
+/// chunk the sums go straight to dbias and workspace may be null.
 void launch_bias_bwd(const void* dy,   // [rows, cols]
                      void* workspace,  // [num_chunks, cols], accumulator type
                      void* dbias,      // [cols]
@@ -57,7 +58,7 @@ void launch_norm_bwd(const void* dy,      // [rows, cols]
                      void* dweight,       // [cols]
                      void* dbias,         // [cols], LayerNorm only
                      void* workspace,     // [num_chunks, 2 * cols], accumulation type (chunks:
-                                          // column_sum_chunks)
+                                          // column_sum_chunks); null allowed for one chunk
                      int64_t rows, int64_t cols, int64_t num_chunks, bool zero_centered_gamma,
                      bool layernorm, KernelDType dtype, cudaStream_t stream);
 

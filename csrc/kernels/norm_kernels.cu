@@ -134,15 +134,19 @@ constexpr int kColThreads = 32;
 constexpr int kRowThreads = 8;
 
 // The weight (dy * xhat) and bias (dy) gradients' partial column sums: block (32 x 8 threads, VEC
-// adjacent columns each) sums one chunk of rows into partial[chunk] = [dweight | dbias]. Fixed
-// assignment, so the final sums are deterministic.
+// adjacent columns each) sums one chunk of rows into partial[chunk] = [dweight | dbias], or, with
+// one chunk, straight into dweight and dbias (no second pass). Fixed assignment, so the final sums
+// are deterministic.
 template <typename T, int VEC, bool kLayerNorm>
-__global__ void norm_bwd_params_kernel(const T* __restrict__ dy,           // [rows, cols]
-                                       const T* __restrict__ x,            // [rows, cols]
-                                       const acc_t<T>* __restrict__ mean,  // [rows] (LayerNorm)
-                                       const acc_t<T>* __restrict__ rstd,  // [rows]
-                                       acc_t<T>* __restrict__ partial,     // [chunks, 2 * cols]
-                                       int64_t rows, int64_t cols, int64_t rows_per_chunk) {
+__global__ void norm_bwd_params_kernel(
+    const T* __restrict__ dy,           // [rows, cols]
+    const T* __restrict__ x,            // [rows, cols]
+    const acc_t<T>* __restrict__ mean,  // [rows] (LayerNorm)
+    const acc_t<T>* __restrict__ rstd,  // [rows]
+    acc_t<T>* __restrict__ partial,     // [chunks, 2 * cols] or null
+    T* __restrict__ dweight,            // [cols] when partial null
+    T* __restrict__ dbias,              // [cols] when partial null
+    int64_t rows, int64_t cols, int64_t rows_per_chunk) {
   using A = acc_t<T>;
   __shared__ A tile[kRowThreads][kColThreads * VEC];
   const int64_t col = (blockIdx.x * static_cast<int64_t>(kColThreads) + threadIdx.x) * VEC;
@@ -164,7 +168,7 @@ __global__ void norm_bwd_params_kernel(const T* __restrict__ dy,           // [r
       }
     }
   }
-  A* out = partial + blockIdx.y * 2 * cols;
+  A* out = partial != nullptr ? partial + blockIdx.y * 2 * cols : nullptr;
   // Two rounds through the tile: the weight gradient, then the bias gradient.
   for (int round = 0; round < (kLayerNorm ? 2 : 1); ++round) {
 #pragma unroll
@@ -175,7 +179,11 @@ __global__ void norm_bwd_params_kernel(const T* __restrict__ dy,           // [r
       for (int j = 0; j < VEC; ++j) {
         A total = tile[0][threadIdx.x * VEC + j];
         for (int i = 1; i < kRowThreads; ++i) total += tile[i][threadIdx.x * VEC + j];
-        out[round * cols + col + j] = total;
+        if (out != nullptr) {
+          out[round * cols + col + j] = total;
+        } else {
+          (round ? dbias : dweight)[col + j] = from_acc<T>(total);
+        }
       }
     }
     __syncthreads();
@@ -275,11 +283,14 @@ void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void
         const dim3 block(kColThreads, kRowThreads);
         const auto kernel =
             layernorm ? norm_bwd_params_kernel<T, V, true> : norm_bwd_params_kernel<T, V, false>;
-        kernel<<<grid, block, 0, stream>>>(tdy, tx, tmean, trstd, static_cast<A*>(workspace), rows,
-                                           cols, rows_per_chunk);
+        // One chunk: the block's sums are the totals.
+        kernel<<<grid, block, 0, stream>>>(
+            tdy, tx, tmean, trstd, chunks > 1 ? static_cast<A*>(workspace) : nullptr,
+            static_cast<T*>(dweight), static_cast<T*>(dbias), rows, cols, rows_per_chunk);
       });
       cuda::check_launch("norm_bwd_params_kernel");
     }
+    if (chunks == 1) return;
     cuda::launch_column_sum<T>(workspace, dweight, cols, chunks, 2 * cols, stream);
     if (layernorm) {
       cuda::launch_column_sum<T>(static_cast<const A*>(workspace) + cols, dbias, cols, chunks,

@@ -76,12 +76,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
   auto dw = at::empty(weight.sizes(), weight.options());
   auto db = layernorm ? at::empty(weight.sizes(), weight.options()) : at::Tensor();
   const int64_t chunks = column_sum_chunks(s.rows, s.cols, current_sm_count());
-  auto workspace = at::empty({chunks, 2 * s.cols}, x.options().dtype(acc_dtype(x.scalar_type())));
+  const auto workspace = column_sum_workspace(chunks, 2 * s.cols, x);
   launch_norm_bwd(
       dyc.const_data_ptr(), xc.const_data_ptr(), layernorm ? mean->const_data_ptr() : nullptr,
       rstd.const_data_ptr(), wc.const_data_ptr(), dextra ? ec.const_data_ptr() : nullptr,
       dx.mutable_data_ptr(), dw.mutable_data_ptr(), layernorm ? db.mutable_data_ptr() : nullptr,
-      workspace.mutable_data_ptr(), s.rows, s.cols, chunks, zero_centered_gamma, layernorm, dtype,
+      data_or_null(workspace), s.rows, s.cols, chunks, zero_centered_gamma, layernorm, dtype,
       c10::cuda::getCurrentCUDAStream());
   return {dx, dw, db};
 }
