@@ -11,7 +11,8 @@ pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this mac
 
 F = torch.ops.fusible
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
-SHAPES = [(1, 8), (7, 33), (64, 1000), (5, 4096), (3, 2, 24)]
+# (300, 96): several row chunks in the column reductions (norm and bias gradients); the others one.
+SHAPES = [(1, 8), (7, 33), (64, 1000), (5, 4096), (3, 2, 24), (300, 96)]
 ACTS = ["gelu", "qgelu", "relu", "srelu", "silu"]
 GLUS = ["glu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu"]
 
@@ -121,6 +122,7 @@ def test_our_kernels_run_on_cuda():
         F.add_fwd(x, x)
         F.bias_act_bwd(x, x, "gelu")
         F.dropout_bwd(x, F.dropout_fwd(x, 0.5)[1], 0.5)
+        F.bias_bwd(_rand((4096, 256), torch.bfloat16))  # many rows: partial sums, then their sum
         torch.cuda.synchronize()
     names = " ".join(
         e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
@@ -137,9 +139,10 @@ def test_our_kernels_run_on_cuda():
         "glu_fwd_kernel",
     ):
         assert kernel in names, f"{kernel} did not run: {names}"
+    assert names.count("column_sum_kernel") == 1  # the 64-row reductions took one pass
 
 
-ELEMENTWISE_SHAPES = [(1, 8), (7, 33), (64, 1000), (3, 2, 24)]
+ELEMENTWISE_SHAPES = [(1, 8), (7, 33), (64, 1000), (3, 2, 24), (300, 96)]
 
 
 @pytest.mark.parametrize("shape", ELEMENTWISE_SHAPES)

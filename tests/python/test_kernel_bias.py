@@ -8,7 +8,7 @@ from conftest import DEVICES, assert_close_to_ref
 class TestBiasKernels:
     @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-    @pytest.mark.parametrize("shape", [(7,), (3, 17), (2, 5, 64)])
+    @pytest.mark.parametrize("shape", [(7,), (3, 17), (2, 5, 64), (300, 40)])  # last: row chunks
     def test_values(self, device, dtype, shape):
         if device == "cpu" and dtype in (torch.float16, torch.bfloat16):
             pytest.skip("CPU reference runs in fp32/fp64 in CI")
