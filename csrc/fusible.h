@@ -11,6 +11,7 @@
 #include "ops/basic/dropout.h"
 #include "ops/basic/extra_io.h"
 #include "ops/basic/norms.h"
+#include "ops/basic/quantize.h"
 #include "ops/basic/simple_ops.h"
 #include "ops/fused/backward_activation_bias.h"
 #include "ops/fused/backward_add_norm.h"
@@ -24,3 +25,4 @@
 #include "ops/fusible_operation.h"
 #include "ops/fusion_registry.h"
 #include "ops/linear.h"
+#include "ops/quantization.h"

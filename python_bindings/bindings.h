@@ -10,11 +10,12 @@
 
 namespace fusible::python {
 
-void bind_context(pybind11::module_& m);     // OperationContext
-void bind_ops(pybind11::module_& m);         // the built-in operations
-void bind_fuser(pybind11::module_& m);       // OperationFuser and Sequential
-void bind_python_ops(pybind11::module_& m);  // ops and fused ops written in Python
-void bind_fusions(pybind11::module_& m);     // the fusion registry
+void bind_context(pybind11::module_& m);       // OperationContext
+void bind_ops(pybind11::module_& m);           // the built-in operations
+void bind_fuser(pybind11::module_& m);         // OperationFuser and Sequential
+void bind_python_ops(pybind11::module_& m);    // ops and fused ops written in Python
+void bind_fusions(pybind11::module_& m);       // the fusion registry
+void bind_quantization(pybind11::module_& m);  // FP8 autocast state, Quantize
 
 /// Drops a Python reference from C++ code that may run without the GIL (autograd threads) or after
 /// the interpreter has shut down (then the reference is leaked rather than touched).

@@ -17,4 +17,5 @@ PYBIND11_MODULE(_C, m) {
   fusible::python::bind_fuser(m);
   fusible::python::bind_python_ops(m);
   fusible::python::bind_fusions(m);
+  fusible::python::bind_quantization(m);
 }

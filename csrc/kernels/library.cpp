@@ -92,6 +92,10 @@ TORCH_LIBRARY(fusible, m) {
   m.def("dropout_fwd(Tensor x, float p) -> (Tensor, Tensor)", {at::Tag::nondeterministic_seeded});
   // Dropout backward from the saved mask.
   m.def("dropout_bwd(Tensor dy, Tensor mask, float p) -> Tensor");
+
+  // FP8 (current scaling): x cast to FP8 format 'e4m3' or 'e5m2' with scale = fp8_max / amax(x) /
+  // 2^margin, and back to x's dtype: the values an FP8 GEMM computes with (CPU emulation).
+  m.def("fp8_quantize_dequantize(Tensor x, str format, float margin=0.0) -> Tensor");
 }
 
 // Autograd: no op here has a derivative formula (the fuser's one autograd node differentiates whole
@@ -130,7 +134,8 @@ TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
                            "bias_act_bwd",
                            "rmsnorm_bwd_add",
                            "layernorm_bwd_add",
-                           "linear_bias_act"}) {
+                           "linear_bias_act",
+                           "fp8_quantize_dequantize"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }
 }

@@ -154,4 +154,9 @@ T dropout_bwd(CT dy, CT mask, double p) {
   return op.call(dy, mask, p);
 }
 
+T fp8_quantize_dequantize(CT x, const std::string& format, double margin) {
+  FUSIBLE_OP("fp8_quantize_dequantize", T(CT, c10::string_view, double));
+  return op.call(x, format, margin);
+}
+
 }  // namespace fusible::kernels

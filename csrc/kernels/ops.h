@@ -104,4 +104,8 @@ void add_(const at::Tensor& self, const at::Tensor& other);
 std::tuple<at::Tensor, at::Tensor> dropout_fwd(const at::Tensor& x, double p);
 at::Tensor dropout_bwd(const at::Tensor& dy, const at::Tensor& mask, double p);
 
+/// x cast to FP8 ("e4m3" / "e5m2", current scaling with margin) and back to x's dtype.
+at::Tensor fp8_quantize_dequantize(const at::Tensor& x, const std::string& format,
+                                   double margin = 0.0);
+
 }  // namespace fusible::kernels

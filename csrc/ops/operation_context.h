@@ -8,6 +8,8 @@
 #include <memory>
 #include <vector>
 
+#include "ops/quantization.h"
+
 namespace fusible::ops {
 
 /// One per basic op per fuser call. The fuser moves every context's `to_save` into one flat
@@ -40,6 +42,9 @@ struct OperationContext : std::enable_shared_from_this<OperationContext> {
   at::ScalarType input_dtype = at::kFloat;
   /// Dtype the op computed in (parameter dtype, or autocast's).
   at::ScalarType compute_dtype = at::kFloat;
+  /// The FP8 casts the forward made (off outside an FP8 autocast); the backward casts with the
+  /// same recipe.
+  Fp8Cast fp8;
   /// Shape of the input as it arrived (Reshape's backward needs it).
   std::vector<int64_t> input_shape;
   /// Free-form op state that is not a tensor (scalars).

@@ -56,6 +56,7 @@ def _cases(device):
         *[(F.bias_act_bwd, (dy8, r(6, 8), act)) for act in ("gelu", "relu")],
         (F.rmsnorm_bwd_add, (dy8, x, rrstd, lnw, False, r(6, 8))),
         (F.layernorm_bwd_add, (dy8, x, mean, rstd, lnw, True, r(6, 8))),
+        *[(F.fp8_quantize_dequantize, (x, fmt, 1.0)) for fmt in ("e4m3", "e5m2")],
     ]
 
 

@@ -1,5 +1,6 @@
 // BasicLinear through fusible::linear_fwd / linear_dgrad / linear_wgrad. Saves the input only when
-// the weight needs a gradient and the weight only when the input does.
+// the weight needs a gradient and the weight only when the input does. Under an FP8 autocast its
+// GEMMs take FP8-cast operands (ops/quantization.h).
 #include "ops/basic/basic_linear.h"
 
 #include <ATen/ops/empty.h>
@@ -36,8 +37,11 @@ std::pair<at::Tensor, at::Tensor> BasicLinear::prepare_forward(OperationContext&
   TORCH_CHECK(x.size(-1) == in_features_, "BasicLinear: expected input.size(-1) == in_features (",
               in_features_, "), got ", x.size(-1), " (input shape ", shape_str(x), ")");
   ctx.compute_dtype = compute_dtype(args, weight.scalar_type());
-  const auto xc = cast_to(x, ctx.compute_dtype);
-  const auto w = cast_to(weight, ctx.compute_dtype);
+  // Under an FP8 autocast the GEMMs see x and w cast to FP8 (and the backward, dy): fixed here, so
+  // every fused forward and backward that goes through this op's forward and backward_gemms does.
+  ctx.fp8 = current_fp8_cast();
+  const auto xc = ctx.fp8.forward(cast_to(x, ctx.compute_dtype));
+  const auto w = ctx.fp8.forward(cast_to(weight, ctx.compute_dtype));
   if (ctx.requires_grad) {
     ctx.save_for_backward({ctx.param_requires_grad.at(0) ? xc : at::Tensor(),
                            ctx.input_requires_grad ? w : at::Tensor()});

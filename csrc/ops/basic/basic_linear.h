@@ -29,12 +29,14 @@ class BasicLinear : public BasicOperation {
   /// The backward's GEMMs for dy (in the compute dtype) on a context this op's forward filled:
   /// the wgrad (scaled by alpha) first, so the saved input is released before dx is allocated,
   /// then dx = dgrad(dy, w) where the input needs a gradient (fused ops pass an epilogue GEMM).
+  /// Under the forward's FP8 recipe both GEMMs take dy cast to its backward format.
   /// -> (dx, dw), each undefined where not needed.
   template <typename Dgrad>
   static std::pair<at::Tensor, at::Tensor> backward_gemms(OperationContext& ctx,
-                                                          const at::Tensor& dy, double alpha,
+                                                          const at::Tensor& dy_in, double alpha,
                                                           Dgrad&& dgrad) {
     at::Tensor dx, dw;
+    const auto dy = ctx.fp8.backward(dy_in);  // the forward's FP8 recipe, if any
     const auto& x = ctx.saved_tensors.at(0);
     if (x.defined()) dw = kernels::linear_wgrad(dy, x, alpha);
     ctx.release_saved_tensor(0);

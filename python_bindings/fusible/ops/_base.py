@@ -99,6 +99,17 @@ class FusibleOperation(torch.nn.Module):
         """(module, attribute) of every parameter the C++ basic ops take, in the fuser's order."""
         return [(self, name) for name, _ in self._cpp.own_parameters()]
 
+    def num_quantizers(self, mode):
+        """How many FP8 quantizers the op uses in mode "forward" or "backward" (te.ops)."""
+        if mode not in ("forward", "backward"):
+            raise ValueError(f"num_quantizers: expected 'forward' or 'backward', got {mode!r}")
+        counts = self._quantizer_counts()
+        return counts[0] if mode == "forward" else counts[1]
+
+    def _quantizer_counts(self):
+        """(forward, backward) quantizer counts; none unless an op says otherwise."""
+        return (0, 0)
+
     def __setattr__(self, name, value):
         # Linear's weight/bias are also its basic ops' own: keep those aliases on assignment.
         params = self.__dict__.get("_parameters")

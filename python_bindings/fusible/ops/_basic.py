@@ -126,6 +126,35 @@ class BasicLinear(BasicOperation):
     def _make_cpp(self, device, dtype):
         return _C.BasicLinear(self.in_features, self.out_features, device, dtype)
 
+    def _quantizer_counts(self):
+        return (2, 1)  # input and weight; grad output
+
+
+class Quantize(BasicOperation):
+    """Casts x (forward=True) and/or the gradient dy (backward=True) to FP8 under an FP8
+    autocast, with its recipe's formats; identity otherwise (te.ops' Quantize).
+
+    Args:
+        forward (bool): quantize the forward's tensor (default True).
+        backward (bool): quantize the backward's gradient (default False).
+    """
+
+    _repr_fields = ()
+
+    def __init__(self, *, forward=True, backward=False):
+        # te.ops' attribute names (`forward` is the module's method).
+        self._quantize_forward, self._quantize_backward = bool(forward), bool(backward)
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        return _C.Quantize(self._quantize_forward, self._quantize_backward)
+
+    def _quantizer_counts(self):
+        return (int(self._quantize_forward), int(self._quantize_backward))
+
+    def extra_repr(self):
+        return f"forward={self._quantize_forward}, backward={self._quantize_backward}"
+
 
 class _Norm(BasicOperation):
     _repr_fields = ("normalized_shape", "eps", "zero_centered_gamma")

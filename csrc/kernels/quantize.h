@@ -1,0 +1,23 @@
+// FP8 casts with per-tensor current scaling (DESIGN.md section 6): the scale comes from the
+// tensor's own amax when it is cast.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+namespace fusible::kernels {
+
+/// The largest finite value of an FP8 format: "e4m3" 448, "e5m2" 57344 (throws naming op on any
+/// other name).
+double fp8_max(const char* op, c10::string_view format);
+
+/// The argument checks of fp8_quantize_dequantize.
+void check_fp8_qdq_args(const at::Tensor& x, c10::string_view format, double margin);
+
+namespace reference {
+/// x cast to FP8 with scale = fp8_max / amax(x) / 2^margin (1 where amax is 0 or not finite) and
+/// back: x's values as an FP8 GEMM sees them, in x's dtype. ATen, any device.
+at::Tensor fp8_quantize_dequantize(const at::Tensor& x, c10::string_view format, double margin);
+}  // namespace reference
+
+}  // namespace fusible::kernels

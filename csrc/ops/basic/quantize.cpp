@@ -1,0 +1,18 @@
+// Quantize: the forward's recipe decides both directions (the backward may run outside the
+// autocast).
+#include "ops/basic/quantize.h"
+
+namespace fusible::ops {
+
+at::Tensor Quantize::op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs&) {
+  const auto cast = current_fp8_cast();
+  if (backward_) ctx.fp8 = cast;
+  return forward_ ? cast.forward(x) : x;
+}
+
+std::pair<at::Tensor, std::vector<at::Tensor>> Quantize::op_backward(OperationContext& ctx,
+                                                                     const at::Tensor& dy) {
+  return {ctx.fp8.backward(dy), {}};  // off unless backward_ was set under an FP8 autocast
+}
+
+}  // namespace fusible::ops

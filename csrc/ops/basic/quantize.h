@@ -1,0 +1,25 @@
+// Quantize: casts x (forward) and/or dy (backward) to FP8 under an FP8 autocast; identity
+// otherwise (te.ops' Quantize, API.md).
+#pragma once
+
+#include "ops/fusible_operation.h"
+
+namespace fusible::ops {
+
+class Quantize : public BasicOperation {
+ public:
+  FUSIBLE_CLONEABLE_OP
+  explicit Quantize(bool forward = true, bool backward = false)
+      : BasicOperation("Quantize"), forward_(forward), backward_(backward) {}
+  bool quantizes_forward() const { return forward_; }
+  bool quantizes_backward() const { return backward_; }
+  at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs&) override;
+  std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
+                                                             const at::Tensor& dy) override;
+
+ private:
+  bool forward_;
+  bool backward_;
+};
+
+}  // namespace fusible::ops

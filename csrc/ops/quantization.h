@@ -1,0 +1,64 @@
+// FP8 autocast (DESIGN.md section 6): the recipe in effect on this thread, and what an op fixes
+// from it at its forward for its backward. The casts are fusible::fp8_quantize_dequantize: the
+// values an FP8 GEMM computes with, so every fusion that goes through BasicLinear's forward and
+// backward stays valid under FP8.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+
+namespace fusible::ops {
+
+/// A recipe as the ops need it. kind: "current" (Float8CurrentScaling), "delayed" (DelayedScaling)
+/// or "block" (Float8BlockScaling); formats "e4m3" / "e5m2" per direction (HYBRID: e4m3 forward,
+/// e5m2 backward).
+struct Fp8Recipe {
+  std::string kind = "current";
+  std::string forward_format = "e4m3";
+  std::string backward_format = "e5m2";
+  double margin = 0.0;
+};
+
+/// The FP8 autocast of this thread: off, or on with a recipe.
+struct Fp8Autocast {
+  bool enabled = false;
+  std::shared_ptr<const Fp8Recipe> recipe;
+};
+
+/// This thread's FP8 autocast.
+const Fp8Autocast& fp8_autocast();
+
+/// Sets this thread's FP8 autocast for its lifetime (C++'s `fusible.autocast`). An enabled one
+/// needs a recipe of a kind that is supported (NotImplementedError otherwise).
+class Fp8AutocastGuard {
+ public:
+  Fp8AutocastGuard(bool enabled, std::shared_ptr<const Fp8Recipe> recipe);
+  ~Fp8AutocastGuard();
+  Fp8AutocastGuard(const Fp8AutocastGuard&) = delete;
+  Fp8AutocastGuard& operator=(const Fp8AutocastGuard&) = delete;
+
+ private:
+  Fp8Autocast saved_;
+};
+
+/// Replaces this thread's FP8 autocast, returning the previous one (for bindings whose scopes
+/// are not C++ scopes). Checks as the guard does.
+Fp8Autocast exchange_fp8_autocast(Fp8Autocast autocast);
+
+/// What one op's forward quantized with, kept for its backward (which may run on another thread,
+/// outside the autocast): off, or the recipe.
+struct Fp8Cast {
+  std::shared_ptr<const Fp8Recipe> recipe;
+  bool on() const { return recipe != nullptr; }
+  /// x as the forward's FP8 GEMM sees it (the forward format).
+  at::Tensor forward(const at::Tensor& x) const;
+  /// A gradient as the backward's FP8 GEMMs see it (the backward format).
+  at::Tensor backward(const at::Tensor& dy) const;
+};
+
+/// The cast for an op's forward now: the autocast's recipe when enabled, else off.
+Fp8Cast current_fp8_cast();
+
+}  // namespace fusible::ops

@@ -1,0 +1,109 @@
+"""FP8 recipes, as TransformerEngine's `transformer_engine.common.recipe` names them.
+
+Supported under `fusible.autocast` so far: `Float8CurrentScaling` (each tensor's scale from its
+own amax when it is cast). `DelayedScaling` and `Float8BlockScaling` can be built (and used with
+`enabled=False`); an enabled autocast with them raises NotImplementedError until they land.
+"""
+
+import enum
+from dataclasses import dataclass
+
+
+class Format(enum.Enum):
+    """FP8 formats per direction: E4M3 (max 448) both ways, E5M2 (max 57344) both ways, or
+    HYBRID: E4M3 forward, E5M2 backward."""
+
+    E4M3 = ("e4m3", "e4m3")
+    E5M2 = ("e5m2", "e5m2")
+    HYBRID = ("e4m3", "e5m2")
+
+    @property
+    def forward_format(self):
+        return self.value[0]
+
+    @property
+    def backward_format(self):
+        return self.value[1]
+
+
+class Recipe:
+    """Base of the recipes; te's predicates say which one a recipe is."""
+
+    _kind = None
+
+    def float8_current_scaling(self):
+        return self._kind == "current"
+
+    def delayed(self):
+        return self._kind == "delayed"
+
+    def float8_block_scaling(self):
+        return self._kind == "block"
+
+    def mxfp8(self):
+        return False
+
+    def nvfp4(self):
+        return False
+
+    def float8_per_tensor_scaling(self):
+        return self._kind in ("current", "delayed")
+
+    def _check_format(self):
+        if not isinstance(self.fp8_format, Format):
+            raise TypeError(
+                f"{type(self).__name__}: expected fp8_format to be a recipe.Format, got "
+                f"{type(self.fp8_format).__name__}"
+            )
+
+
+@dataclass
+class Float8CurrentScaling(Recipe):
+    """Per-tensor scale = fp8_max / amax of the tensor being cast (no state between steps)."""
+
+    fp8_format: Format = Format.HYBRID
+    _kind = "current"
+
+    def __post_init__(self):
+        self._check_format()
+
+
+@dataclass
+class DelayedScaling(Recipe):
+    """Per-tensor scale from an amax history, updated after each step:
+    scale = fp8_max / amax / 2^margin, amax = max of the history or its most recent entry."""
+
+    margin: int = 0
+    fp8_format: Format = Format.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "max"
+    scaling_factor_compute_algo: object = None
+    reduce_amax: bool = True
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    _kind = "delayed"
+
+    def __post_init__(self):
+        self._check_format()
+        if self.amax_compute_algo not in ("max", "most_recent") and not callable(
+            self.amax_compute_algo
+        ):
+            raise ValueError(
+                "DelayedScaling: expected amax_compute_algo 'max', 'most_recent' or a callable, "
+                f"got {self.amax_compute_algo!r}"
+            )
+        if int(self.amax_history_len) < 1:
+            raise ValueError(
+                f"DelayedScaling: expected amax_history_len >= 1, got {self.amax_history_len}"
+            )
+
+
+@dataclass
+class Float8BlockScaling(Recipe):
+    """Block scales: 1x128 blocks for activations and gradients, 128x128 for weights."""
+
+    fp8_format: Format = Format.E4M3
+    _kind = "block"
+
+    def __post_init__(self):
+        self._check_format()

@@ -1,0 +1,300 @@
+"""FP8 (issue 13, first part): recipes, fusible.autocast with Float8CurrentScaling, Quantize, and
+BasicLinear (with every fusion built on it) computing with FP8-cast operands, against float64
+references; disabled autocast and quantized_model_init(enabled=False) are exact no-ops."""
+
+import fusible
+import pytest
+import torch
+from conftest import DEVICES, assert_close_to_ref
+from fusible import ops, recipe
+
+D = torch.float64
+FP8 = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
+
+
+def qdq(x, fmt, margin=0):
+    """Reference cast in float64: scale = fp8_max / amax / 2^margin, through torch's FP8 dtype."""
+    dtype, fmax = FP8[fmt]
+    x = x.double()
+    amax = x.abs().max()
+    scale = fmax / amax / 2.0**margin if amax > 0 else torch.tensor(1.0, dtype=D)
+    return (x * scale).clamp(-fmax, fmax).to(dtype).double() / scale
+
+
+def representable(shape, fmt, device="cpu"):
+    """Random values already on the FP8 grid with amax = the format's max: the cast is exact."""
+    dtype, fmax = FP8[fmt]
+    x = (torch.randn(shape, dtype=D) * fmax / 4).clamp(-fmax, fmax).to(dtype).double()
+    x.view(-1)[0] = fmax
+    return x.to(device)
+
+
+class TestRecipes:
+    def test_formats_and_predicates(self):
+        assert recipe.Format.HYBRID.forward_format == "e4m3"
+        assert recipe.Format.HYBRID.backward_format == "e5m2"
+        assert recipe.Format.E5M2.forward_format == "e5m2"
+        r = recipe.Float8CurrentScaling()
+        assert r.fp8_format is recipe.Format.HYBRID and r.float8_current_scaling()
+        assert not r.delayed() and r.float8_per_tensor_scaling()
+        d = recipe.DelayedScaling(margin=1, amax_history_len=16, amax_compute_algo="most_recent")
+        assert d.delayed() and d.margin == 1 and d.amax_history_len == 16
+        assert recipe.Float8BlockScaling().float8_block_scaling()
+
+    def test_bad_recipe_arguments(self):
+        with pytest.raises(ValueError, match="amax_compute_algo"):
+            recipe.DelayedScaling(amax_compute_algo="mean")
+        with pytest.raises(ValueError, match="amax_history_len"):
+            recipe.DelayedScaling(amax_history_len=0)
+        with pytest.raises(TypeError, match="recipe.Format"):
+            recipe.Float8CurrentScaling(fp8_format="e4m3")
+        with pytest.raises(TypeError, match="fusible.recipe"):
+            with fusible.autocast(recipe="hybrid"):
+                pass
+
+    def test_unsupported_recipes_raise_when_enabled_only(self):
+        model = ops.Linear(8, 4, dtype=D, device="cpu")
+        x = torch.randn(2, 8, dtype=D)
+        for r in (recipe.DelayedScaling(), recipe.Float8BlockScaling()):
+            with fusible.autocast(enabled=False, recipe=r):
+                model(x)
+            with pytest.raises(NotImplementedError, match="not supported yet"):
+                with fusible.autocast(enabled=True, recipe=r):
+                    model(x)
+        with pytest.raises(NotImplementedError, match="FP8 weights"):
+            with fusible.quantized_model_init(enabled=True):
+                pass
+
+    def test_fp8_available(self):
+        ok, reason = fusible.fp8_available()
+        assert isinstance(ok, bool) and isinstance(reason, str)
+        if not torch.cuda.is_available():
+            assert not ok and "CUDA" in reason
+        else:
+            major, minor = torch.cuda.get_device_capability()
+            assert ok == ((major, minor) >= (8, 9)) and (ok or reason)
+
+    def test_autocast_state_is_restored(self):
+        assert fusible._C._fp8_autocast_state() == (False, None)
+        with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
+            enabled, r = fusible._C._fp8_autocast_state()
+            assert enabled and r.kind == "current" and r.backward_format == "e5m2"
+            with fusible.autocast(enabled=False):
+                assert fusible._C._fp8_autocast_state()[0] is False
+            assert fusible._C._fp8_autocast_state()[0] is True
+        with pytest.raises(RuntimeError):
+            with fusible.autocast():
+                raise RuntimeError("inside")
+        assert fusible._C._fp8_autocast_state() == (False, None)
+
+
+class TestCastOp:
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+    def test_values(self, device, fmt, dtype):
+        x = torch.randn(7, 33, dtype=D) * 3
+        y = torch.ops.fusible.fp8_quantize_dequantize(x.to(device, dtype), fmt, 0.0)
+        assert y.dtype == dtype and y.shape == x.shape
+        ref = qdq(x.to(dtype), fmt)
+        assert_close_to_ref(y, ref, dtype)
+        # Not the identity: FP8 has 3 (e4m3) or 2 (e5m2) mantissa bits.
+        assert not torch.equal(y.double().cpu(), x.to(dtype).double())
+
+    @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+    def test_representable_values_are_exact_and_margin_scales(self, fmt):
+        x = representable((5, 16), fmt)
+        torch.testing.assert_close(
+            torch.ops.fusible.fp8_quantize_dequantize(x, fmt), x, rtol=0, atol=0
+        )
+        torch.testing.assert_close(
+            torch.ops.fusible.fp8_quantize_dequantize(x, fmt, 2.0), qdq(x, fmt, 2), rtol=0, atol=0
+        )
+
+    def test_zeros_and_empty(self):
+        z = torch.zeros(3, 4)
+        assert torch.equal(torch.ops.fusible.fp8_quantize_dequantize(z, "e4m3"), z)
+        e = torch.empty(0, 4)
+        assert torch.ops.fusible.fp8_quantize_dequantize(e, "e4m3").shape == (0, 4)
+
+    def test_errors(self):
+        with pytest.raises(ValueError, match="'e4m3' or 'e5m2'"):
+            torch.ops.fusible.fp8_quantize_dequantize(torch.ones(2), "e3m4")
+        with pytest.raises(TypeError, match="fp8_quantize_dequantize"):
+            torch.ops.fusible.fp8_quantize_dequantize(torch.ones(2, dtype=torch.int32), "e4m3")
+
+
+def _linear_ref(x, w, b, dy, fwd, bwd):
+    """y, dx, dw, db of y = q(x) q(w)^T + b with q the forward cast and dy cast backward."""
+    xq, wq, dyq = qdq(x, fwd), qdq(w, fwd), qdq(dy, bwd)
+    return xq @ wq.T + b, dyq @ wq, dyq.T @ xq, dy.sum(0)
+
+
+class TestLinear:
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("fmt", list(recipe.Format))
+    def test_linear_on_representable_values_equals_float64(self, device, fmt):
+        torch.manual_seed(0)
+        fwd, bwd = fmt.forward_format, fmt.backward_format
+        model = ops.Linear(16, 8, dtype=torch.float32, device=device)
+        with torch.no_grad():
+            model.weight.copy_(representable((8, 16), fwd))
+        x = representable((4, 16), fwd, device).float().requires_grad_()
+        dy = representable((4, 8), bwd, device).float()
+        with fusible.autocast(recipe=recipe.Float8CurrentScaling(fp8_format=fmt)):
+            y = model(x)
+        y.backward(dy)
+        xd, wd, bd, dyd = (t.detach().double().cpu() for t in (x, model.weight, model.bias, dy))
+        ry, rdx, rdw, rdb = xd @ wd.T + bd, dyd @ wd, dyd.T @ xd, dyd.sum(0)
+        for got, ref in ((y, ry), (x.grad, rdx), (model.weight.grad, rdw), (model.bias.grad, rdb)):
+            assert_close_to_ref(got, ref, torch.float32, gemm=True)
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("fmt", list(recipe.Format))
+    def test_linear_on_random_values(self, device, fmt):
+        torch.manual_seed(1)
+        fwd, bwd = fmt.forward_format, fmt.backward_format
+        model = ops.Linear(32, 16, dtype=torch.float32, device=device)
+        x = torch.randn(8, 32, device=device, requires_grad=True)
+        dy = torch.randn(8, 16, device=device)
+        with fusible.autocast(recipe=recipe.Float8CurrentScaling(fp8_format=fmt)):
+            y = model(x)
+        y.backward(dy)
+        args = [t.detach().double().cpu() for t in (x, model.weight, model.bias, dy)]
+        refs = _linear_ref(*args, fwd, bwd)
+        # Against the same casts in float64: only the GEMMs' fp32 accumulation differs.
+        for got, ref in zip((y, x.grad, model.weight.grad, model.bias.grad), refs):
+            assert_close_to_ref(got, ref, torch.float32, gemm=True)
+        # Against no casts at all: a few percent off as a whole (FP8 keeps 3 or 2 mantissa bits),
+        # so the casts did happen and did not go wrong.
+        plain = (args[0] @ args[1].T + args[2], args[3] @ args[1], args[3].T @ args[0])
+        for got, ref in zip((y, x.grad, model.weight.grad), plain):
+            err = (got.detach().double().cpu() - ref).norm() / ref.norm()
+            assert 1e-4 < err < (0.06 if bwd == "e4m3" else 0.12)
+
+    def test_hybrid_gradients_use_e5m2(self):
+        # 0.4 rounds to 0.3929 on E4M3's grid and to 0.4286 on E5M2's (both scaled to amax 1):
+        # a backward that cast dy with the forward's format would give the first.
+        model = ops.BasicLinear(2, 2, dtype=D, device="cpu")
+        with torch.no_grad():
+            model.weight.copy_(torch.eye(2, dtype=D))
+        x = torch.ones(1, 2, dtype=D, requires_grad=True)
+        dy = torch.tensor([[1.0, 0.4]], dtype=D)
+        dx = {}
+        for fmt in (recipe.Format.HYBRID, recipe.Format.E4M3):
+            x.grad = None
+            with fusible.autocast(recipe=recipe.Float8CurrentScaling(fp8_format=fmt)):
+                y = model(x)
+            y.backward(dy)  # outside the autocast: the forward's recipe still decides
+            dx[fmt] = x.grad[0, 1].item()
+        assert dx[recipe.Format.HYBRID] == pytest.approx(24576 / 57344)
+        assert dx[recipe.Format.E4M3] == pytest.approx(176 / 448)
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_mlp_fused_equals_reference_and_unfused(self, device):
+        torch.manual_seed(2)
+        dt = torch.float32
+        model = ops.Sequential(
+            ops.LayerNorm(16, dtype=dt, device=device),
+            ops.Linear(16, 32, dtype=dt, device=device),
+            ops.GELU(),
+            ops.Linear(32, 16, dtype=dt, device=device),
+        )
+        ln, fc1, _, fc2 = list(model)
+        x = torch.randn(6, 16, device=device, requires_grad=True)
+        dy = torch.randn(6, 16, device=device)
+        r = recipe.Float8CurrentScaling()
+        with fusible.autocast(recipe=r):
+            y = model(x)
+        y.backward(dy)
+        fused_grads = [x.grad] + [p.grad for p in model.parameters()]
+        assert any(len(g["forward"]) < 4 for g in model.fusion_plan())  # fusions did apply
+
+        # float64 reference with the casts at the same points
+        xr = x.detach().double().cpu().requires_grad_()
+        params = [p.detach().double().cpu().requires_grad_() for p in model.parameters()]
+        lw, lb, w1, b1, w2, b2 = params
+
+        class Q(torch.autograd.Function):  # forward cast; backward cast of the gradient
+            @staticmethod
+            def forward(ctx, t):
+                return qdq(t, "e4m3")
+
+            @staticmethod
+            def backward(ctx, g):
+                return g
+
+        class QB(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t
+
+            @staticmethod
+            def backward(ctx, g):
+                return qdq(g, "e5m2")
+
+        h = torch.nn.functional.layer_norm(xr, (16,), lw, lb, ln.eps)
+        h = QB.apply(Q.apply(h) @ Q.apply(w1).T) + b1
+        h = torch.nn.functional.gelu(h, approximate="tanh")
+        ref = QB.apply(Q.apply(h) @ Q.apply(w2).T) + b2
+        ref.backward(dy.double().cpu())
+        rtol, atol = 1e-3, 1e-4  # fp32 GEMMs; a cast may round the other way near a tie
+        torch.testing.assert_close(y.detach().double().cpu(), ref.detach(), rtol=rtol, atol=atol)
+        for got, want in zip(fused_grads, [xr.grad] + [p.grad for p in params]):
+            torch.testing.assert_close(got.double().cpu(), want, rtol=rtol, atol=atol)
+
+        # Each op alone (no fusion across ops) under the same autocast gives the same numbers.
+        x2 = x.detach().clone().requires_grad_()
+        with fusible.autocast(recipe=r):
+            y2 = x2
+            for op in model:
+                y2 = op(y2)
+        torch.testing.assert_close(y2, y, rtol=1e-5, atol=1e-6)
+
+
+class TestNoOps:
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_disabled_autocast_and_model_init_change_nothing(self, device):
+        torch.manual_seed(3)
+        with fusible.quantized_model_init(enabled=False, recipe=recipe.DelayedScaling()):
+            model = ops.Sequential(
+                ops.Linear(8, 8, dtype=D, device=device), ops.GELU(), ops.Quantize()
+            )
+        x = torch.randn(3, 8, dtype=D, device=device, requires_grad=True)
+        y0 = model(x)
+        g0 = torch.autograd.grad(y0.sum(), [x, model[0].weight])
+        with fusible.autocast(enabled=False, recipe=recipe.Float8CurrentScaling()):
+            y1 = model(x)
+        g1 = torch.autograd.grad(y1.sum(), [x, model[0].weight])
+        assert torch.equal(y0, y1) and all(torch.equal(a, b) for a, b in zip(g0, g1))
+
+
+class TestQuantizeOp:
+    def test_identity_outside_autocast_and_counts(self):
+        q = ops.Quantize(forward=True, backward=True)
+        x = torch.randn(3, 5, dtype=D, requires_grad=True)
+        y = q(x)
+        assert torch.equal(y, x)
+        (g,) = torch.autograd.grad(y, [x], torch.full_like(x, 0.4))
+        assert torch.equal(g, torch.full_like(x, 0.4))
+        assert (q.num_quantizers("forward"), q.num_quantizers("backward")) == (1, 1)
+        assert ops.Quantize().num_quantizers("backward") == 0
+        assert ops.BasicLinear(4, 4, device="cpu").num_quantizers("forward") == 2
+        assert ops.GELU().num_quantizers("forward") == 0
+        with pytest.raises(ValueError, match="'forward' or 'backward'"):
+            q.num_quantizers("both")
+        assert "forward=True, backward=True" in repr(q)
+
+    @pytest.mark.parametrize("forward,backward", [(True, False), (False, True), (True, True)])
+    def test_casts_under_autocast(self, forward, backward):
+        q = ops.Quantize(forward=forward, backward=backward)
+        x = torch.randn(4, 6, dtype=D, requires_grad=True)
+        dy = torch.randn(4, 6, dtype=D)
+        with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
+            y = q(x)
+        (g,) = torch.autograd.grad(y, [x], dy)
+        # float64 math both ways (the reference divides by the scale, the op multiplies by 1/scale)
+        tol = dict(rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(y, qdq(x.detach(), "e4m3") if forward else x, **tol)
+        torch.testing.assert_close(g, qdq(dy, "e5m2") if backward else dy, **tol)
+        assert forward == (not torch.equal(y, x)) and backward == (not torch.equal(g, dy))
