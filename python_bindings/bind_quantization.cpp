@@ -16,12 +16,16 @@ using ops::Fp8Recipe;
 void bind_quantization(py::module_& m) {
   py::class_<Fp8Recipe, std::shared_ptr<Fp8Recipe>>(m, "Fp8Recipe")
       .def(py::init([](std::string kind, std::string forward_format, std::string backward_format,
-                       double margin) {
-             return std::make_shared<Fp8Recipe>(Fp8Recipe{
-                 std::move(kind), std::move(forward_format), std::move(backward_format), margin});
+                       double margin, int64_t amax_history_len, std::string amax_compute_algo) {
+             return std::make_shared<Fp8Recipe>(
+                 Fp8Recipe{std::move(kind), std::move(forward_format), std::move(backward_format),
+                           margin, amax_history_len, std::move(amax_compute_algo)});
            }),
            py::arg("kind"), py::arg("forward_format"), py::arg("backward_format"),
-           py::arg("margin"))
+           py::arg("margin"), py::arg("amax_history_len") = 1024,
+           py::arg("amax_compute_algo") = "max")
+      .def_readonly("amax_history_len", &Fp8Recipe::amax_history_len)
+      .def_readonly("amax_compute_algo", &Fp8Recipe::amax_compute_algo)
       .def_readonly("kind", &Fp8Recipe::kind)
       .def_readonly("forward_format", &Fp8Recipe::forward_format)
       .def_readonly("backward_format", &Fp8Recipe::backward_format)
@@ -37,6 +41,37 @@ void bind_quantization(py::module_& m) {
   m.def("_fp8_autocast_state", [] {
     const auto& a = ops::fp8_autocast();
     return std::make_pair(a.enabled, std::const_pointer_cast<Fp8Recipe>(a.recipe));
+  });
+
+  // An op's delayed-scaling state as {"forward": [(amax_history, scale)], "backward": [...]}
+  // (None before any), for its checkpoint's _extra_state; set takes the same (None clears).
+  m.def("_fp8_state", [](ops::BasicOperation& op) -> py::object {
+    const auto& s = op.fp8_state();
+    if (!s) return py::none();
+    py::dict out;
+    for (const auto& [name, states] :
+         {std::pair{"forward", &s->forward}, std::pair{"backward", &s->backward}}) {
+      py::list l;
+      for (const auto& d : *states) l.append(py::make_tuple(d.amax_history, d.scale));
+      out[name] = l;
+    }
+    return out;
+  });
+  m.def("_set_fp8_state", [](ops::BasicOperation& op, const py::object& state) {
+    if (state.is_none()) return op.set_fp8_state(nullptr);
+    auto s = std::make_shared<ops::Fp8OpState>();
+    for (auto [name, states] :
+         {std::pair{"forward", &s->forward}, std::pair{"backward", &s->backward}}) {
+      for (const auto& item : state[name]) {
+        const auto pair = item.cast<std::pair<at::Tensor, at::Tensor>>();
+        TORCH_CHECK_VALUE(pair.first.dim() == 1 && pair.second.numel() == 1, op.type_name(),
+                          ": bad FP8 state in a checkpoint (expected an amax history and a ",
+                          "one-element scale)");
+        states->push_back({pair.first.detach().to(at::kFloat).clone(),
+                           pair.second.detach().to(at::kFloat).reshape({1}).clone()});
+      }
+    }
+    op.set_fp8_state(std::move(s));
   });
 
   py::class_<ops::Quantize, ops::BasicOperation, std::shared_ptr<ops::Quantize>>(m, "Quantize")

@@ -96,6 +96,11 @@ TORCH_LIBRARY(fusible, m) {
   // FP8 (current scaling): x cast to FP8 format 'e4m3' or 'e5m2' with scale = fp8_max / amax(x) /
   // 2^margin, and back to x's dtype: the values an FP8 GEMM computes with (CPU emulation).
   m.def("fp8_quantize_dequantize(Tensor x, str format, float margin=0.0) -> Tensor");
+  // FP8 (delayed scaling): x cast with `scale` and back; then amax(x) enters amax_history
+  // (newest first) and scale becomes fp8_max / (its max, or newest, amax) / 2^margin.
+  m.def(
+      "fp8_quantize_dequantize_delayed(Tensor x, str format, Tensor(a!) amax_history, "
+      "Tensor(b!) scale, float margin, str amax_compute_algo) -> Tensor");
 }
 
 // Autograd: no op here has a derivative formula (the fuser's one autograd node differentiates whole
@@ -135,7 +140,8 @@ TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
                            "rmsnorm_bwd_add",
                            "layernorm_bwd_add",
                            "linear_bias_act",
-                           "fp8_quantize_dequantize"}) {
+                           "fp8_quantize_dequantize",
+                           "fp8_quantize_dequantize_delayed"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }
 }

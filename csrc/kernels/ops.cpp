@@ -159,4 +159,11 @@ T fp8_quantize_dequantize(CT x, const std::string& format, double margin) {
   return op.call(x, format, margin);
 }
 
+T fp8_quantize_dequantize_delayed(CT x, const std::string& format, CT amax_history, CT scale,
+                                  double margin, const std::string& amax_compute_algo) {
+  FUSIBLE_OP("fp8_quantize_dequantize_delayed",
+             T(CT, c10::string_view, CT, CT, double, c10::string_view));
+  return op.call(x, format, amax_history, scale, margin, amax_compute_algo);
+}
+
 }  // namespace fusible::kernels

@@ -108,4 +108,9 @@ at::Tensor dropout_bwd(const at::Tensor& dy, const at::Tensor& mask, double p);
 at::Tensor fp8_quantize_dequantize(const at::Tensor& x, const std::string& format,
                                    double margin = 0.0);
 
+/// Delayed scaling: x cast with scale [1] and back; amax_history and scale updated in place.
+at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, const std::string& format,
+                                           const at::Tensor& amax_history, const at::Tensor& scale,
+                                           double margin, const std::string& amax_compute_algo);
+
 }  // namespace fusible::kernels

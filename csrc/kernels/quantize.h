@@ -14,10 +14,22 @@ double fp8_max(const char* op, c10::string_view format);
 /// The argument checks of fp8_quantize_dequantize.
 void check_fp8_qdq_args(const at::Tensor& x, c10::string_view format, double margin);
 
+/// The argument checks of fp8_quantize_dequantize_delayed.
+void check_fp8_qdq_delayed_args(const at::Tensor& x, c10::string_view format,
+                                const at::Tensor& amax_history, const at::Tensor& scale,
+                                double margin, c10::string_view amax_compute_algo);
+
 namespace reference {
 /// x cast to FP8 with scale = fp8_max / amax(x) / 2^margin (1 where amax is 0 or not finite) and
 /// back: x's values as an FP8 GEMM sees them, in x's dtype. ATen, any device.
 at::Tensor fp8_quantize_dequantize(const at::Tensor& x, c10::string_view format, double margin);
+/// Delayed scaling: x cast with the given scale [1] and back; then amax(x) enters amax_history
+/// (newest first, the oldest dropped) and scale becomes fp8_max / amax / 2^margin, amax being the
+/// history's max or its newest entry (amax_compute_algo "max" / "most_recent"); unchanged where
+/// that amax is 0 or not finite. All on the device: no host synchronization.
+at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, c10::string_view format,
+                                           const at::Tensor& amax_history, const at::Tensor& scale,
+                                           double margin, c10::string_view amax_compute_algo);
 }  // namespace reference
 
 }  // namespace fusible::kernels

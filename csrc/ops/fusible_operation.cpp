@@ -34,7 +34,16 @@ BasicOperation::BasicOperation(const BasicOperation& other)
       num_extra_inputs_(other.num_extra_inputs_),
       num_extra_outputs_(other.num_extra_outputs_),
       input_channels_(other.input_channels_),
-      output_channels_(other.output_channels_) {}
+      output_channels_(other.output_channels_) {
+  if (other.fp8_state_) {  // a copy owns its FP8 history, as its parameters
+    auto state = std::make_shared<Fp8OpState>();
+    for (auto [from, to] : {std::pair{&other.fp8_state_->forward, &state->forward},
+                            std::pair{&other.fp8_state_->backward, &state->backward}}) {
+      for (const auto& d : *from) to->push_back({d.amax_history.clone(), d.scale.clone()});
+    }
+    fp8_state_ = std::move(state);
+  }
+}
 
 void BasicOperation::own_parameter_copies(const std::optional<c10::Device>& device) {
   const at::NoGradGuard no_grad;

@@ -138,6 +138,18 @@ class BasicOperation : public FusibleOperation {
     return input_channels_;
   }
   const std::vector<OutputChannel>& extra_output_channels() const { return output_channels_; }
+  /// How many tensors the op casts to FP8 under an FP8 autocast: (forward, backward), te.ops'
+  /// num_quantizers("forward") and ("backward").
+  virtual std::pair<int64_t, int64_t> num_quantizers() const { return {0, 0}; }
+  /// The FP8 cast for a forward now, on the device of `like` (makes the delayed-scaling state
+  /// under a DelayedScaling autocast).
+  Fp8Cast fp8_cast(const at::Tensor& like) {
+    return current_fp8_cast(&fp8_state_, num_quantizers(), like.device());
+  }
+  /// The delayed-scaling state (null before the first forward under DelayedScaling).
+  const std::shared_ptr<Fp8OpState>& fp8_state() const { return fp8_state_; }
+  void set_fp8_state(std::shared_ptr<Fp8OpState> state) { fp8_state_ = std::move(state); }
+
   /// Whether a live persistent fuser holds this op's routing.
   bool channels_locked() const { return channel_locks_ > 0; }
   /// Changes whenever a channel setter succeeds (throw-away fusers re-route on a change).
@@ -156,6 +168,7 @@ class BasicOperation : public FusibleOperation {
   std::vector<OutputChannel> output_channels_;
   std::atomic<int64_t> channel_locks_{0};
   int64_t routing_version_ = 0;
+  std::shared_ptr<Fp8OpState> fp8_state_;
 };
 
 /// Runs several basic ops as one. Composite ops (Linear) are fused ops that the fuser flattens.

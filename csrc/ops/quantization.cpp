@@ -1,6 +1,8 @@
 // The thread's FP8 autocast and the per-op casts.
 #include "ops/quantization.h"
 
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include "kernels/ops.h"
@@ -13,9 +15,19 @@ thread_local Fp8Autocast current;
 void check(const Fp8Autocast& a) {
   if (!a.enabled) return;
   TORCH_CHECK_VALUE(a.recipe != nullptr, "fusible.autocast: enabled without a recipe");
-  TORCH_CHECK_NOT_IMPLEMENTED(a.recipe->kind == "current", "fusible.autocast: recipe '",
-                              a.recipe->kind,
-                              "' is not supported yet; use recipe.Float8CurrentScaling");
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      a.recipe->kind == "current" || a.recipe->kind == "delayed", "fusible.autocast: recipe '",
+      a.recipe->kind,
+      "' is not supported yet; use recipe.Float8CurrentScaling or recipe.DelayedScaling");
+  if (a.recipe->kind == "delayed") {
+    TORCH_CHECK_VALUE(a.recipe->amax_history_len >= 1,
+                      "fusible.autocast: expected amax_history_len >= 1, got ",
+                      a.recipe->amax_history_len);
+    TORCH_CHECK_VALUE(
+        a.recipe->amax_compute_algo == "max" || a.recipe->amax_compute_algo == "most_recent",
+        "fusible.autocast: expected amax_compute_algo 'max' or 'most_recent', got '",
+        a.recipe->amax_compute_algo, "'");
+  }
   for (const auto* f : {&a.recipe->forward_format, &a.recipe->backward_format}) {
     TORCH_CHECK_VALUE(*f == "e4m3" || *f == "e5m2",
                       "fusible.autocast: expected FP8 formats 'e4m3' or 'e5m2', got '", *f, "'");
@@ -37,19 +49,73 @@ Fp8AutocastGuard::Fp8AutocastGuard(bool enabled, std::shared_ptr<const Fp8Recipe
 
 Fp8AutocastGuard::~Fp8AutocastGuard() { current = std::move(saved_); }
 
-at::Tensor Fp8Cast::forward(const at::Tensor& x) const {
-  if (!on() || !x.defined()) return x;
-  return kernels::fp8_quantize_dequantize(x, recipe->forward_format, recipe->margin);
+namespace {
+
+at::Tensor cast(const Fp8Cast& c, const at::Tensor& x, const std::string& format,
+                const std::vector<DelayedScaling>* states, size_t index) {
+  if (!c.on() || !x.defined()) return x;
+  if (states == nullptr) return kernels::fp8_quantize_dequantize(x, format, c.recipe->margin);
+  TORCH_CHECK(index < states->size(), "FP8 delayed scaling: no state for tensor ", index);
+  const auto& s = (*states)[index];
+  return kernels::fp8_quantize_dequantize_delayed(x, format, s.amax_history, s.scale,
+                                                  c.recipe->margin, c.recipe->amax_compute_algo);
 }
 
-at::Tensor Fp8Cast::backward(const at::Tensor& dy) const {
-  if (!on() || !dy.defined()) return dy;
-  return kernels::fp8_quantize_dequantize(dy, recipe->backward_format, recipe->margin);
+std::vector<DelayedScaling> fresh_states(int64_t n, int64_t history_len, c10::Device device) {
+  std::vector<DelayedScaling> out;
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  for (int64_t i = 0; i < n; ++i) {
+    out.push_back({at::zeros({history_len}, opts), at::ones({1}, opts)});
+  }
+  return out;
 }
 
-Fp8Cast current_fp8_cast() {
+bool fits(const std::vector<DelayedScaling>& states, int64_t n, int64_t len) {
+  if (static_cast<int64_t>(states.size()) != n) return false;
+  for (const auto& s : states) {
+    if (s.amax_history.size(0) != len) return false;
+  }
+  return true;
+}
+
+// A state loaded (or made) elsewhere follows the op's tensors to their device.
+void move_to(std::vector<DelayedScaling>& states, c10::Device device) {
+  for (auto& s : states) {
+    if (s.amax_history.device() != device) {
+      s = {s.amax_history.to(device), s.scale.to(device)};
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor Fp8Cast::forward(const at::Tensor& x, size_t index) const {
+  return cast(*this, x, on() ? recipe->forward_format : "", state ? &state->forward : nullptr,
+              index);
+}
+
+at::Tensor Fp8Cast::backward(const at::Tensor& dy, size_t index) const {
+  return cast(*this, dy, on() ? recipe->backward_format : "", state ? &state->backward : nullptr,
+              index);
+}
+
+Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, int64_t> counts,
+                         c10::Device device) {
   const auto& a = fp8_autocast();
-  return Fp8Cast{a.enabled ? a.recipe : nullptr};
+  if (!a.enabled) return {};
+  if (a.recipe->kind != "delayed") return {a.recipe, nullptr};
+  TORCH_CHECK(state != nullptr, "FP8 delayed scaling: this op keeps no quantizer state");
+  const auto len = a.recipe->amax_history_len;
+  auto& s = *state;
+  if (!s || !fits(s->forward, counts.first, len) || !fits(s->backward, counts.second, len)) {
+    auto fresh = std::make_shared<Fp8OpState>();
+    fresh->forward = fresh_states(counts.first, len, device);
+    fresh->backward = fresh_states(counts.second, len, device);
+    s = std::move(fresh);
+  }
+  move_to(s->forward, device);
+  move_to(s->backward, device);
+  return {a.recipe, s};
 }
 
 }  // namespace fusible::ops

@@ -5,9 +5,12 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fusible::ops {
 
@@ -19,6 +22,23 @@ struct Fp8Recipe {
   std::string forward_format = "e4m3";
   std::string backward_format = "e5m2";
   double margin = 0.0;
+  // DelayedScaling only: the history length and "max" or "most_recent".
+  int64_t amax_history_len = 1024;
+  std::string amax_compute_algo = "max";
+};
+
+/// One tensor's delayed-scaling state (fp32, on the tensor's device): its amax history, newest
+/// first, and the scale its next cast uses (computed from the history after each cast).
+struct DelayedScaling {
+  at::Tensor amax_history;  // [amax_history_len]
+  at::Tensor scale;         // [1]
+};
+
+/// An op's delayed-scaling states (te.ops' quantizers): one per tensor the op casts, per
+/// direction. Made at the op's first forward under a DelayedScaling autocast; kept on the op
+/// (its checkpoint's _extra_state) and remade when the history length or device changes.
+struct Fp8OpState {
+  std::vector<DelayedScaling> forward, backward;
 };
 
 /// The FP8 autocast of this thread: off, or on with a recipe.
@@ -51,14 +71,20 @@ Fp8Autocast exchange_fp8_autocast(Fp8Autocast autocast);
 /// outside the autocast): off, or the recipe.
 struct Fp8Cast {
   std::shared_ptr<const Fp8Recipe> recipe;
+  std::shared_ptr<Fp8OpState> state;  // DelayedScaling's; null for current scaling
   bool on() const { return recipe != nullptr; }
-  /// x as the forward's FP8 GEMM sees it (the forward format).
-  at::Tensor forward(const at::Tensor& x) const;
+  /// x as the forward's FP8 GEMM sees it (the forward format); `index`: which of the op's forward
+  /// tensors (its quantizer, for delayed scaling).
+  at::Tensor forward(const at::Tensor& x, size_t index = 0) const;
   /// A gradient as the backward's FP8 GEMMs see it (the backward format).
-  at::Tensor backward(const at::Tensor& dy) const;
+  at::Tensor backward(const at::Tensor& dy, size_t index = 0) const;
 };
 
-/// The cast for an op's forward now: the autocast's recipe when enabled, else off.
-Fp8Cast current_fp8_cast();
+/// The cast for an op's forward now: the autocast's recipe when enabled, else off. Under
+/// DelayedScaling, `state` (the op's) is made or remade for `counts` (forward, backward) tensors
+/// on `device` first.
+Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state = nullptr,
+                         std::pair<int64_t, int64_t> counts = {0, 0},
+                         c10::Device device = c10::kCPU);
 
 }  // namespace fusible::ops

@@ -33,6 +33,25 @@ def _cpp_recipe(recipe):
         )
     fmt = recipe.fp8_format
     margin = float(getattr(recipe, "margin", 0))
+    if recipe.delayed():
+        algo = recipe.amax_compute_algo
+        if callable(algo):
+            raise NotImplementedError(
+                "fusible.autocast: a callable amax_compute_algo is not supported yet; use 'max' "
+                "or 'most_recent'"
+            )
+        if recipe.scaling_factor_compute_algo is not None:
+            raise NotImplementedError(
+                "fusible.autocast: scaling_factor_compute_algo is not supported yet"
+            )
+        return _C.Fp8Recipe(
+            "delayed",
+            fmt.forward_format,
+            fmt.backward_format,
+            margin,
+            int(recipe.amax_history_len),
+            algo,
+        )
     return _C.Fp8Recipe(recipe._kind, fmt.forward_format, fmt.backward_format, margin)
 
 

@@ -1,8 +1,9 @@
 """FP8 recipes, as TransformerEngine's `transformer_engine.common.recipe` names them.
 
 Supported under `fusible.autocast` so far: `Float8CurrentScaling` (each tensor's scale from its
-own amax when it is cast). `DelayedScaling` and `Float8BlockScaling` can be built (and used with
-`enabled=False`); an enabled autocast with them raises NotImplementedError until they land.
+own amax when it is cast) and `DelayedScaling` (scales from an amax history per tensor, updated
+after each cast, kept in checkpoints). `Float8BlockScaling` can be built (and used with
+`enabled=False`); an enabled autocast with it raises NotImplementedError until it lands.
 """
 
 import enum

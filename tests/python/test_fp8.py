@@ -55,7 +55,7 @@ class TestRecipes:
     def test_unsupported_recipes_raise_when_enabled_only(self):
         model = ops.Linear(8, 4, dtype=D, device="cpu")
         x = torch.randn(2, 8, dtype=D)
-        for r in (recipe.DelayedScaling(), recipe.Float8BlockScaling()):
+        for r in (recipe.Float8BlockScaling(), recipe.DelayedScaling(amax_compute_algo=max)):
             with fusible.autocast(enabled=False, recipe=r):
                 model(x)
             with pytest.raises(NotImplementedError, match="not supported yet"):
@@ -298,3 +298,125 @@ class TestQuantizeOp:
         torch.testing.assert_close(y, qdq(x.detach(), "e4m3") if forward else x, **tol)
         torch.testing.assert_close(g, qdq(dy, "e5m2") if backward else dy, **tol)
         assert forward == (not torch.equal(y, x)) and backward == (not torch.equal(g, dy))
+
+
+class TestDelayedScaling:
+    @pytest.mark.parametrize("algo", ["max", "most_recent"])
+    def test_cast_op_rolls_history_and_updates_scale(self, algo):
+        hist = torch.zeros(3)
+        scale = torch.ones(1)
+        amaxes = []
+        for step, mult in enumerate([2.0, 8.0, 1.0, 0.5]):
+            x = torch.randn(5, 7, dtype=D) * mult
+            used = scale.clone()
+            y = torch.ops.fusible.fp8_quantize_dequantize_delayed(x, "e4m3", hist, scale, 1.0, algo)
+            # The cast used the scale from before this step.
+            ref = (x * used.double()).clamp(-448, 448).to(torch.float8_e4m3fn).double()
+            torch.testing.assert_close(y, ref / used.double(), rtol=1e-12, atol=1e-12)
+            amaxes.insert(0, x.abs().max().float())
+            want_hist = torch.tensor((amaxes + [0.0] * 3)[:3])
+            torch.testing.assert_close(hist, want_hist, rtol=0, atol=0)
+            a = want_hist.max() if algo == "max" else want_hist[0]
+            torch.testing.assert_close(scale, (448.0 / a / 2.0).reshape(1), rtol=1e-6, atol=0)
+
+    def test_zero_amax_keeps_the_scale(self):
+        hist, scale = torch.zeros(2), torch.full((1,), 3.0)
+        torch.ops.fusible.fp8_quantize_dequantize_delayed(
+            torch.zeros(4), "e5m2", hist, scale, 0.0, "most_recent"
+        )
+        assert scale.item() == 3.0 and hist.tolist() == [0.0, 0.0]
+
+    def test_cast_op_errors_and_opcheck(self):
+        x = torch.randn(4, 8)
+        with pytest.raises(ValueError, match="amax_compute_algo"):
+            torch.ops.fusible.fp8_quantize_dequantize_delayed(
+                x, "e4m3", torch.zeros(4), torch.ones(1), 0.0, "mean"
+            )
+        with pytest.raises(ValueError, match="one-element scale"):
+            torch.ops.fusible.fp8_quantize_dequantize_delayed(
+                x, "e4m3", torch.zeros(4), torch.ones(2), 0.0, "max"
+            )
+        torch.library.opcheck(
+            torch.ops.fusible.fp8_quantize_dequantize_delayed.default,
+            (x, "e5m2", torch.zeros(4), torch.ones(1), 0.0, "max"),
+        )
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_linear_scales_follow_the_history(self, device):
+        torch.manual_seed(4)
+        r = recipe.DelayedScaling(margin=1, amax_history_len=2, amax_compute_algo="max")
+        model = ops.Linear(16, 8, dtype=torch.float32, device=device)
+        w = model.weight.detach().double().cpu()
+        hist_x = []
+        scale_x = 1.0
+        for step in range(3):
+            x = torch.randn(4, 16, device=device) * (step + 1)
+            with fusible.autocast(recipe=r):
+                y = model(x)
+            xd = x.double().cpu()
+            fwd = fusible._C._fp8_state(model.basic_ops[0]._cpp)["forward"]
+            # y used x's scale from before this step (1 at the first), the weight's likewise.
+            xq = (xd * scale_x).clamp(-448, 448).to(torch.float8_e4m3fn).double() / scale_x
+            w_scale = 1.0 if step == 0 else 448.0 / w.abs().max().item() / 2.0
+            wq = (w * w_scale).clamp(-448, 448).to(torch.float8_e4m3fn).double() / w_scale
+            ref = xq @ wq.T + model.bias.detach().double().cpu()
+            assert_close_to_ref(y, ref, torch.float32, gemm=True)
+            hist_x = ([xd.abs().max().item()] + hist_x)[:2]
+            scale_x = 448.0 / max(hist_x) / 2.0
+            assert fwd[0][1].item() == pytest.approx(scale_x, rel=1e-6)
+            assert fwd[0][0].tolist()[: len(hist_x)] == pytest.approx(hist_x, rel=1e-6)
+
+    def test_checkpoint_round_trip(self, tmp_path):
+        def make():
+            torch.manual_seed(5)
+            return ops.Sequential(
+                ops.Linear(8, 16, dtype=torch.float32, device="cpu"),
+                ops.GELU(),
+                ops.Quantize(forward=True, backward=True),
+                ops.Linear(16, 8, dtype=torch.float32, device="cpu"),
+            )
+
+        r = recipe.DelayedScaling(amax_history_len=4)
+        data = [torch.randn(6, 8, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+
+        def train(model, opt, xs):
+            for x in xs:
+                with fusible.autocast(recipe=r):
+                    loss = model(x).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+        model = make()
+        assert "0._extra_state" not in model.state_dict()  # no FP8 state yet: torch.nn keys only
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        train(model, opt, data[:2])
+        path = tmp_path / "ckpt.pt"
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+        train(model, opt, data[2:4])
+
+        fresh = make()
+        ckpt = torch.load(path, weights_only=True)
+        assert {"0._extra_state", "2._extra_state", "3._extra_state"} <= set(ckpt["model"])
+        fresh.load_state_dict(ckpt["model"], strict=True)
+        fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1)
+        fresh_opt.load_state_dict(ckpt["opt"])
+        train(fresh, fresh_opt, data[2:4])
+        for (k, a), (k2, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
+            assert k == k2
+            if isinstance(a, torch.Tensor):
+                assert torch.equal(a, b), k
+            else:
+                for sa, sb in zip(a["ops"], b["ops"]):
+                    assert (sa is None) == (sb is None)
+                    if sa is not None:
+                        for d in ("forward", "backward"):
+                            for (ha, sca), (hb, scb) in zip(sa[d], sb[d]):
+                                assert torch.equal(ha, hb) and torch.equal(sca, scb), k
+
+    def test_bad_extra_state_is_refused(self):
+        model = ops.Linear(4, 4, device="cpu")
+        sd = dict(model.state_dict())
+        sd["_extra_state"] = {"format": "something else", "ops": []}
+        with pytest.raises(RuntimeError, match="not fusible's FP8 state"):
+            model.load_state_dict(sd)

@@ -57,6 +57,10 @@ def _cases(device):
         (F.rmsnorm_bwd_add, (dy8, x, rrstd, lnw, False, r(6, 8))),
         (F.layernorm_bwd_add, (dy8, x, mean, rstd, lnw, True, r(6, 8))),
         *[(F.fp8_quantize_dequantize, (x, fmt, 1.0)) for fmt in ("e4m3", "e5m2")],
+        *[
+            (F.fp8_quantize_dequantize_delayed, (x, "e4m3", r(4).abs(), r(1).abs(), 0.0, algo))
+            for algo in ("max", "most_recent")
+        ],
     ]
 
 

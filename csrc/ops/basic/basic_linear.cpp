@@ -39,9 +39,9 @@ std::pair<at::Tensor, at::Tensor> BasicLinear::prepare_forward(OperationContext&
   ctx.compute_dtype = compute_dtype(args, weight.scalar_type());
   // Under an FP8 autocast the GEMMs see x and w cast to FP8 (and the backward, dy): fixed here, so
   // every fused forward and backward that goes through this op's forward and backward_gemms does.
-  ctx.fp8 = current_fp8_cast();
-  const auto xc = ctx.fp8.forward(cast_to(x, ctx.compute_dtype));
-  const auto w = ctx.fp8.forward(cast_to(weight, ctx.compute_dtype));
+  ctx.fp8 = fp8_cast(x);
+  const auto xc = ctx.fp8.forward(cast_to(x, ctx.compute_dtype), 0);
+  const auto w = ctx.fp8.forward(cast_to(weight, ctx.compute_dtype), 1);
   if (ctx.requires_grad) {
     ctx.save_for_backward({ctx.param_requires_grad.at(0) ? xc : at::Tensor(),
                            ctx.input_requires_grad ? w : at::Tensor()});

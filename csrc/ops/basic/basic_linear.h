@@ -18,6 +18,7 @@ class BasicLinear : public BasicOperation {
   /// The registered weight (a call computes with the call's own, OperationContext::params).
   at::Tensor& weight() { return *parameters_.find("weight"); }
   void reset_parameters() override;
+  std::pair<int64_t, int64_t> num_quantizers() const override { return {2, 1}; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
   /// Checks x, fills ctx as the forward does (compute dtype, saved tensors) and returns
@@ -36,7 +37,7 @@ class BasicLinear : public BasicOperation {
                                                           const at::Tensor& dy_in, double alpha,
                                                           Dgrad&& dgrad) {
     at::Tensor dx, dw;
-    const auto dy = ctx.fp8.backward(dy_in);  // the forward's FP8 recipe, if any
+    const auto dy = ctx.fp8.backward(dy_in, 0);  // the forward's FP8 recipe, if any
     const auto& x = ctx.saved_tensors.at(0);
     if (x.defined()) dw = kernels::linear_wgrad(dy, x, alpha);
     ctx.release_saved_tensor(0);

@@ -5,9 +5,9 @@
 namespace fusible::ops {
 
 at::Tensor Quantize::op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs&) {
-  const auto cast = current_fp8_cast();
+  const auto cast = fp8_cast(x);
   if (backward_) ctx.fp8 = cast;
-  return forward_ ? cast.forward(x) : x;
+  return forward_ ? cast.forward(x, 0) : x;
 }
 
 std::pair<at::Tensor, std::vector<at::Tensor>> Quantize::op_backward(OperationContext& ctx,

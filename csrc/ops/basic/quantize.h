@@ -13,6 +13,7 @@ class Quantize : public BasicOperation {
       : BasicOperation("Quantize"), forward_(forward), backward_(backward) {}
   bool quantizes_forward() const { return forward_; }
   bool quantizes_backward() const { return backward_; }
+  std::pair<int64_t, int64_t> num_quantizers() const override { return {forward_, backward_}; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs&) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;

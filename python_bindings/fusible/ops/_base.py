@@ -72,6 +72,9 @@ def call_parameters(sources):
     ]
 
 
+_FP8_STATE_FORMAT = "fusible.fp8.delayed_scaling/1"
+
+
 class FusibleOperation(torch.nn.Module):
     """Base of every fusible op: a torch.nn.Module over a C++ operation (`_cpp`).
 
@@ -98,6 +101,32 @@ class FusibleOperation(torch.nn.Module):
     def _param_sources(self):
         """(module, attribute) of every parameter the C++ basic ops take, in the fuser's order."""
         return [(self, name) for name, _ in self._cpp.own_parameters()]
+
+    # ---- FP8 state in checkpoints: an `_extra_state` entry only while some basic op of this
+    # module holds delayed-scaling state (API.md "Checkpoints"); a format of our own, plain tensors.
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        states = [_C._fp8_state(op._cpp) for op in self._basic_op_list()]
+        if any(s is not None for s in states):
+            destination[prefix + "_extra_state"] = {"format": _FP8_STATE_FORMAT, "ops": states}
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
+        key = prefix + "_extra_state"
+        if key in state_dict:
+            extra = state_dict.pop(key)
+            ops = self._basic_op_list()
+            if (
+                not isinstance(extra, dict)
+                or extra.get("format") != _FP8_STATE_FORMAT
+                or len(extra.get("ops", ())) != len(ops)
+            ):
+                raise RuntimeError(
+                    f"{type(self).__name__}: {key} is not fusible's FP8 state "
+                    f"({_FP8_STATE_FORMAT}) for {len(ops)} basic ops"
+                )
+            for op, state in zip(ops, extra["ops"]):
+                _C._set_fp8_state(op._cpp, state)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
 
     def num_quantizers(self, mode):
         """How many FP8 quantizers the op uses in mode "forward" or "backward" (te.ops)."""
