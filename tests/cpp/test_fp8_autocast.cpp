@@ -1,0 +1,93 @@
+// FP8 autocast from C++: the RAII guard, BasicLinear's casts under it, the recipe fixed at the
+// forward for the backward, delayed-scaling state kept on the op and copied with it.
+#include <ATen/ATen.h>
+#include <fusible/fusible.h>
+#include <gtest/gtest.h>
+
+#include "test_utils.h"
+
+namespace fusible {
+namespace {
+
+std::shared_ptr<const ops::Fp8Recipe> recipe(std::string kind, std::string fwd, std::string bwd) {
+  auto r = std::make_shared<ops::Fp8Recipe>();
+  r->kind = std::move(kind);
+  r->forward_format = std::move(fwd);
+  r->backward_format = std::move(bwd);
+  r->amax_history_len = 3;
+  return r;
+}
+
+// Reference cast (float64): scale = max / amax, through ATen's FP8 dtype.
+at::Tensor qdq(const at::Tensor& x, at::ScalarType fp8, double max) {
+  const double amax = x.abs().max().item<double>();
+  const double scale = amax > 0 ? max / amax : 1.0;
+  return (x * scale).clamp(-max, max).to(fp8).to(at::kDouble) / scale;
+}
+
+TEST(Fp8Autocast, GuardSetsAndRestoresThreadState) {
+  EXPECT_FALSE(ops::fp8_autocast().enabled);
+  {
+    const ops::Fp8AutocastGuard on(true, recipe("current", "e4m3", "e5m2"));
+    EXPECT_TRUE(ops::fp8_autocast().enabled);
+    {
+      const ops::Fp8AutocastGuard off(false, nullptr);
+      EXPECT_FALSE(ops::fp8_autocast().enabled);
+    }
+    EXPECT_EQ(ops::fp8_autocast().recipe->backward_format, "e5m2");
+  }
+  EXPECT_FALSE(ops::fp8_autocast().enabled);
+  EXPECT_THROW(ops::Fp8AutocastGuard(true, recipe("block", "e4m3", "e4m3")),
+               c10::NotImplementedError);
+  EXPECT_THROW(ops::Fp8AutocastGuard(true, recipe("current", "e3m4", "e4m3")), c10::ValueError);
+  EXPECT_FALSE(ops::fp8_autocast().enabled);  // a refused guard changed nothing
+}
+
+TEST(Fp8Autocast, LinearCastsOperandsAndGradient) {
+  at::manual_seed(0);
+  auto lin = std::make_shared<ops::BasicLinear>(8, 4, c10::Device(c10::kCPU), at::kDouble);
+  fuser::OperationFuser fuser({lin});
+  const auto x = at::randn({3, 8}, at::kDouble).requires_grad_();
+  const auto dy = at::randn({3, 4}, at::kDouble);
+  at::Tensor y;
+  {
+    const ops::Fp8AutocastGuard on(true, recipe("current", "e4m3", "e5m2"));
+    y = fuser.forward(x, {})[0];
+  }
+  y.backward(dy);  // outside the guard: the forward's recipe decides
+  const auto w = lin->weight().detach();
+  const auto xq = qdq(x.detach(), at::kFloat8_e4m3fn, 448);
+  const auto wq = qdq(w, at::kFloat8_e4m3fn, 448);
+  const auto dyq = qdq(dy, at::kFloat8_e5m2, 57344);
+  EXPECT_TRUE(at::allclose(y, xq.matmul(wq.t()), 1e-12, 1e-12));
+  EXPECT_TRUE(at::allclose(x.grad(), dyq.matmul(wq), 1e-12, 1e-12));
+  EXPECT_TRUE(at::allclose(lin->weight().grad(), dyq.t().matmul(xq), 1e-12, 1e-12));
+  EXPECT_FALSE(at::allclose(y, x.detach().matmul(w.t()), 1e-6, 1e-6));  // the casts happened
+}
+
+TEST(Fp8Autocast, DelayedScalingStateLivesOnTheOpAndIsCopied) {
+  auto lin = std::make_shared<ops::BasicLinear>(8, 4, c10::Device(c10::kCPU), at::kFloat);
+  fuser::OperationFuser fuser({lin});
+  EXPECT_EQ(lin->fp8_state(), nullptr);
+  {
+    const ops::Fp8AutocastGuard on(true, recipe("delayed", "e4m3", "e5m2"));
+    const at::NoGradGuard no_grad;
+    fuser.forward(at::randn({2, 8}) * 4, {});
+  }
+  const auto state = lin->fp8_state();
+  ASSERT_NE(state, nullptr);
+  ASSERT_EQ(state->forward.size(), 2u);
+  ASSERT_EQ(state->backward.size(), 1u);
+  EXPECT_EQ(state->forward[0].amax_history.size(0), 3);
+  EXPECT_GT(state->forward[0].amax_history[0].item<float>(), 0.f);  // the input's amax entered
+  EXPECT_NE(state->forward[0].scale.item<float>(), 1.f);            // and set the next scale
+  auto copy = std::dynamic_pointer_cast<ops::BasicLinear>(lin->clone());
+  ASSERT_NE(copy->fp8_state(), nullptr);
+  EXPECT_NE(copy->fp8_state(), state);
+  EXPECT_TRUE(
+      at::equal(copy->fp8_state()->forward[0].amax_history, state->forward[0].amax_history));
+  EXPECT_NE(copy->fp8_state()->forward[0].scale.data_ptr(), state->forward[0].scale.data_ptr());
+}
+
+}  // namespace
+}  // namespace fusible
