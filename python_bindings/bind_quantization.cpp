@@ -74,6 +74,15 @@ void bind_quantization(py::module_& m) {
     op.set_fp8_state(std::move(s));
   });
 
+  m.def("_num_quantizers", [](ops::BasicOperation& op) { return op.num_quantizers(); });
+  m.def("_fp8_recipe", [](ops::BasicOperation& op) {
+    return std::const_pointer_cast<Fp8Recipe>(op.fp8_recipe());
+  });
+  m.def("_reset_fp8_state",
+        [](ops::BasicOperation& op, std::shared_ptr<Fp8Recipe> recipe, c10::Device device) {
+          op.reset_fp8_state(std::move(recipe), device);
+        });
+
   py::class_<ops::Quantize, ops::BasicOperation, std::shared_ptr<ops::Quantize>>(m, "Quantize")
       .def(py::init<bool, bool>(), py::arg("forward"), py::arg("backward"));
 }

@@ -34,7 +34,8 @@ BasicOperation::BasicOperation(const BasicOperation& other)
       num_extra_inputs_(other.num_extra_inputs_),
       num_extra_outputs_(other.num_extra_outputs_),
       input_channels_(other.input_channels_),
-      output_channels_(other.output_channels_) {
+      output_channels_(other.output_channels_),
+      fp8_recipe_(other.fp8_recipe_) {
   if (other.fp8_state_) {  // a copy owns its FP8 history, as its parameters
     auto state = std::make_shared<Fp8OpState>();
     for (auto [from, to] : {std::pair{&other.fp8_state_->forward, &state->forward},
@@ -43,6 +44,14 @@ BasicOperation::BasicOperation(const BasicOperation& other)
     }
     fp8_state_ = std::move(state);
   }
+}
+
+void BasicOperation::reset_fp8_state(std::shared_ptr<const Fp8Recipe> recipe, c10::Device device) {
+  fp8_state_ = nullptr;
+  fp8_recipe_ = std::move(recipe);
+  if (!fp8_recipe_) return;
+  const Fp8AutocastGuard with(true, fp8_recipe_);  // checks the recipe; makes delayed state
+  current_fp8_cast(&fp8_state_, num_quantizers(), device);
 }
 
 void BasicOperation::own_parameter_copies(const std::optional<c10::Device>& device) {

@@ -144,8 +144,14 @@ class BasicOperation : public FusibleOperation {
   /// The FP8 cast for a forward now, on the device of `like` (makes the delayed-scaling state
   /// under a DelayedScaling autocast).
   Fp8Cast fp8_cast(const at::Tensor& like) {
-    return current_fp8_cast(&fp8_state_, num_quantizers(), like.device());
+    auto cast = current_fp8_cast(&fp8_state_, num_quantizers(), like.device());
+    if (cast.on()) fp8_recipe_ = cast.recipe;
+    return cast;
   }
+  /// The recipe of the op's latest forward under an FP8 autocast (or of reset_fp8_state).
+  const std::shared_ptr<const Fp8Recipe>& fp8_recipe() const { return fp8_recipe_; }
+  /// te.ops' reset_recipe_state: fresh quantizer state for `recipe` (null clears it) on device.
+  void reset_fp8_state(std::shared_ptr<const Fp8Recipe> recipe, c10::Device device);
   /// The delayed-scaling state (null before the first forward under DelayedScaling).
   const std::shared_ptr<Fp8OpState>& fp8_state() const { return fp8_state_; }
   void set_fp8_state(std::shared_ptr<Fp8OpState> state) { fp8_state_ = std::move(state); }
@@ -169,6 +175,7 @@ class BasicOperation : public FusibleOperation {
   std::atomic<int64_t> channel_locks_{0};
   int64_t routing_version_ = 0;
   std::shared_ptr<Fp8OpState> fp8_state_;
+  std::shared_ptr<const Fp8Recipe> fp8_recipe_;
 };
 
 /// Runs several basic ops as one. Composite ops (Linear) are fused ops that the fuser flattens.

@@ -84,3 +84,47 @@ def quantized_model_init(enabled=True, recipe=None, preserve_high_precision_init
             "fusible.quantized_model_init(enabled=True): FP8 weights are not supported yet"
         )
     yield
+
+
+_TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+class Float8CurrentScalingQuantizer:
+    """An op's quantizer under Float8CurrentScaling (te's class name): its FP8 dtype; the scale
+    comes from each tensor's own amax when it is cast."""
+
+    def __init__(self, fp8_dtype):
+        self.dtype = fp8_dtype
+
+    def __repr__(self):
+        return f"Float8CurrentScalingQuantizer(dtype={self.dtype})"
+
+
+class Float8Quantizer:
+    """An op's quantizer under DelayedScaling (te's class name): its FP8 dtype, the scale its
+    next cast uses and its amax history (newest first), as live views of the op's state."""
+
+    def __init__(self, scale, amax_history, fp8_dtype):
+        self.scale, self.amax_history, self.dtype = scale, amax_history, fp8_dtype
+
+    @property
+    def amax(self):
+        return self.amax_history[:1]
+
+    def __repr__(self):
+        return f"Float8Quantizer(dtype={self.dtype}, scale={self.scale.item():g})"
+
+
+def quantizer_view(cpp_op, name, mode, index):
+    """The quantizer object of a C++ basic op (ops call this from get_quantizer)."""
+    r = _C._fp8_recipe(cpp_op)
+    if r is None:
+        raise RuntimeError(
+            f"{name}: no FP8 quantizers yet; run it under fusible.autocast or call "
+            "reset_recipe_state(recipe=...) first"
+        )
+    dtype = _TORCH_FP8[r.forward_format if mode == "forward" else r.backward_format]
+    if r.kind == "delayed":
+        amax_history, scale = _C._fp8_state(cpp_op)[mode][index]
+        return Float8Quantizer(scale, amax_history, dtype)
+    return Float8CurrentScalingQuantizer(dtype)

@@ -432,3 +432,38 @@ def test_fp8_autocast_around_a_compiled_sequential_is_refused():
     with pytest.raises(NotImplementedError, match="around a torch.compile'd Sequential"):
         with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
             compiled(x)
+
+
+class TestQuantizerAccessors:
+    def test_before_any_recipe_and_bad_indices(self):
+        lin = ops.BasicLinear(4, 4, device="cpu")
+        with pytest.raises(RuntimeError, match="no FP8 quantizers yet"):
+            lin.get_input_quantizer()
+        with pytest.raises(IndexError, match="out of range"):
+            lin.get_quantizer("backward", 1)
+        assert ops.GELU().get_input_quantizer() is None
+        assert ops.Quantize().get_grad_output_quantizer() is None
+
+    def test_current_scaling_quantizers(self):
+        lin = ops.BasicLinear(4, 4, dtype=D, device="cpu")
+        with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
+            lin(torch.randn(2, 4, dtype=D))
+        assert lin.get_input_quantizer().dtype == torch.float8_e4m3fn
+        assert lin.get_quantizer("forward", 1).dtype == torch.float8_e4m3fn
+        assert lin.get_grad_output_quantizer().dtype == torch.float8_e5m2
+
+    def test_delayed_quantizers_are_live_views_and_reset(self):
+        lin = ops.BasicLinear(4, 4, dtype=D, device="cpu")
+        r = recipe.DelayedScaling(amax_history_len=5, fp8_format=recipe.Format.E4M3)
+        lin.reset_recipe_state(recipe=r)
+        q = lin.get_input_quantizer()
+        assert q.dtype == torch.float8_e4m3fn and q.amax_history.shape == (5,)
+        assert q.scale.item() == 1.0 and q.amax.item() == 0.0
+        with fusible.autocast(recipe=r):
+            lin(torch.full((2, 4), 3.0, dtype=D))
+        assert q.amax.item() == 3.0 and q.scale.item() == pytest.approx(448 / 3)
+        assert lin.get_grad_output_quantizer().dtype == torch.float8_e4m3fn
+        lin.reset_recipe_state(recipe=None)
+        assert "_extra_state" not in lin.state_dict()
+        with pytest.raises(RuntimeError, match="no FP8 quantizers yet"):
+            lin.get_input_quantizer()

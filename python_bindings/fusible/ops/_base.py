@@ -75,6 +75,11 @@ def call_parameters(sources):
 _FP8_STATE_FORMAT = "fusible.fp8.delayed_scaling/1"
 
 
+def _check_mode(mode):
+    if mode not in ("forward", "backward"):
+        raise ValueError(f"expected mode 'forward' or 'backward', got {mode!r}")
+
+
 class FusibleOperation(torch.nn.Module):
     """Base of every fusible op: a torch.nn.Module over a C++ operation (`_cpp`).
 
@@ -129,15 +134,13 @@ class FusibleOperation(torch.nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
 
     def num_quantizers(self, mode):
-        """How many FP8 quantizers the op uses in mode "forward" or "backward" (te.ops)."""
-        if mode not in ("forward", "backward"):
-            raise ValueError(f"num_quantizers: expected 'forward' or 'backward', got {mode!r}")
-        counts = self._quantizer_counts()
+        """How many FP8 quantizers the op uses in mode "forward" or "backward" (te.ops): the
+        tensors it casts under an FP8 autocast (a built-in basic op's count comes from C++)."""
+        _check_mode(mode)
+        if not self._builtin or self.is_fused_op:
+            return 0
+        counts = _C._num_quantizers(self._cpp)
         return counts[0] if mode == "forward" else counts[1]
-
-    def _quantizer_counts(self):
-        """(forward, backward) quantizer counts; none unless an op says otherwise."""
-        return (0, 0)
 
     def __setattr__(self, name, value):
         # Linear's weight/bias are also its basic ops' own: keep those aliases on assignment.
@@ -272,6 +275,35 @@ class BasicOperation(FusibleOperation):
     extra tensors with the class attributes num_extra_inputs / num_extra_outputs, register
     parameters the usual nn.Module way, and implement op_forward / op_backward (or fuser_forward /
     fuser_backward for ops with extra tensors)."""
+
+    # ---- te.ops' quantizer accessors (FP8): views of the C++ op's recipe and state
+    def get_quantizer(self, mode, index):
+        """The op's FP8 quantizer `index` for mode "forward" or "backward"; available once the op
+        ran under fusible.autocast or after reset_recipe_state(recipe=...)."""
+        from ..quantization import quantizer_view
+
+        _check_mode(mode)
+        n = self.num_quantizers(mode)
+        if not 0 <= index < n:
+            raise IndexError(
+                f"{type(self).__name__}: {mode} quantizer {index} out of range ({n} quantizers)"
+            )
+        return quantizer_view(self._cpp, type(self).__name__, mode, index)
+
+    def get_input_quantizer(self):
+        return self.get_quantizer("forward", 0) if self.num_quantizers("forward") > 0 else None
+
+    def get_grad_output_quantizer(self):
+        return self.get_quantizer("backward", 0) if self.num_quantizers("backward") > 0 else None
+
+    def reset_recipe_state(self, *, recipe=None):
+        """Fresh quantizer state for recipe (None drops it), on the device of the op's
+        parameters."""
+        from ..quantization import _cpp_recipe
+
+        params = [p for p in self.parameters(recurse=False) if p.device.type != "meta"]
+        device = params[0].device if params else torch.device("cpu")
+        _C._reset_fp8_state(self._cpp, None if recipe is None else _cpp_recipe(recipe), device)
 
     def __init__(self, cpp_op=None):
         if cpp_op is not None:  # a built-in op

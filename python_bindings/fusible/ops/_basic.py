@@ -126,9 +126,6 @@ class BasicLinear(BasicOperation):
     def _make_cpp(self, device, dtype):
         return _C.BasicLinear(self.in_features, self.out_features, device, dtype)
 
-    def _quantizer_counts(self):
-        return (2, 1)  # input and weight; grad output
-
 
 class Quantize(BasicOperation):
     """Casts x (forward=True) and/or the gradient dy (backward=True) to FP8 under an FP8
@@ -148,9 +145,6 @@ class Quantize(BasicOperation):
 
     def _make_cpp(self, device, dtype):
         return _C.Quantize(self._quantize_forward, self._quantize_backward)
-
-    def _quantizer_counts(self):
-        return (int(self._quantize_forward), int(self._quantize_backward))
 
     def extra_repr(self):
         return f"forward={self._quantize_forward}, backward={self._quantize_backward}"
