@@ -71,6 +71,28 @@ void bind_quantization(py::module_& m) {
                            pair.second.detach().to(at::kFloat).reshape({1}).clone()});
       }
     }
+    // Into the op's own tensors when the layout matches (as parameters load: a captured CUDA
+    // graph keeps seeing them); else the loaded state replaces it.
+    const auto& cur = op.fp8_state();
+    const auto same = [](const std::vector<ops::DelayedScaling>& a,
+                         const std::vector<ops::DelayedScaling>& b) {
+      if (a.size() != b.size()) return false;
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (!a[i].amax_history.sizes().equals(b[i].amax_history.sizes())) return false;
+      }
+      return true;
+    };
+    if (cur && same(cur->forward, s->forward) && same(cur->backward, s->backward)) {
+      const at::NoGradGuard no_grad;
+      for (auto [to, from] :
+           {std::pair{&cur->forward, &s->forward}, std::pair{&cur->backward, &s->backward}}) {
+        for (size_t i = 0; i < to->size(); ++i) {
+          (*to)[i].amax_history.copy_((*from)[i].amax_history);
+          (*to)[i].scale.copy_((*from)[i].scale);
+        }
+      }
+      return;
+    }
     op.set_fp8_state(std::move(s));
   });
 

@@ -152,4 +152,15 @@ void launch_dropout_fwd(const void* x, void* y, void* mask, int64_t n, double p,
 void launch_dropout_bwd(const void* dy, const void* mask, void* dx, int64_t n, double p,
                         KernelDType dtype, int num_sms, cudaStream_t stream);
 
+// ---- FP8 casts (fp8_kernels.cu).
+
+/// y = x cast to FP8 (e4m3, else e5m2) and back, n elements. amax: one float of scratch that
+/// receives amax(x) (zeroed here). Current scaling: scale is null and the cast's scale is
+/// fmax / amax / 2^margin (1 where amax is 0 or not finite). Delayed scaling: scale [1] is the
+/// cast's, and with history [history_len] the history then rolls (newest first) taking amax and
+/// scale becomes fmax / (the history's max, or its newest with !use_max) / 2^margin.
+void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin, float* amax,
+                    float* scale, float* history, int64_t history_len, bool use_max,
+                    KernelDType dtype, int num_sms, cudaStream_t stream);
+
 }  // namespace fusible::kernels

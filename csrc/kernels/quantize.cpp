@@ -1,5 +1,5 @@
-// fp8_quantize_dequantize(_delayed): checks, the ATen version (CPU, and CUDA until the fused
-// kernels), Meta.
+// fp8_quantize_dequantize(_delayed): checks, the ATen version (CPU), Meta. CUDA:
+// quantize_cuda.cpp.
 #include "kernels/quantize.h"
 
 #include <ATen/TensorOperators.h>
@@ -110,13 +110,6 @@ at::Tensor fp8_qdq_delayed_meta(const at::Tensor& x, c10::string_view format,
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {
-  m.impl("fp8_quantize_dequantize", &reference::fp8_quantize_dequantize);
-  m.impl("fp8_quantize_dequantize_delayed", &reference::fp8_quantize_dequantize_delayed);
-}
-
-// CUDA runs the same ATen code for now (correct, not fast); the fused amax + scale + cast kernel
-// comes with the FP8 GEMMs.
-TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
   m.impl("fp8_quantize_dequantize", &reference::fp8_quantize_dequantize);
   m.impl("fp8_quantize_dequantize_delayed", &reference::fp8_quantize_dequantize_delayed);
 }

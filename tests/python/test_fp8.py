@@ -2,10 +2,12 @@
 BasicLinear (with every fusion built on it) computing with FP8-cast operands, against float64
 references; disabled autocast and quantized_model_init(enabled=False) are exact no-ops."""
 
+import copy
+
 import fusible
 import pytest
 import torch
-from conftest import DEVICES, assert_close_to_ref
+from conftest import DEVICES, assert_close_to_ref, cuda_only
 from fusible import ops, recipe
 
 D = torch.float64
@@ -301,30 +303,41 @@ class TestQuantizeOp:
 
 
 class TestDelayedScaling:
+    @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize("algo", ["max", "most_recent"])
-    def test_cast_op_rolls_history_and_updates_scale(self, algo):
-        hist = torch.zeros(3)
-        scale = torch.ones(1)
+    def test_cast_op_rolls_history_and_updates_scale(self, device, algo):
+        hist = torch.zeros(3, device=device)
+        scale = torch.ones(1, device=device)
         amaxes = []
         for step, mult in enumerate([2.0, 8.0, 1.0, 0.5]):
             x = torch.randn(5, 7, dtype=D) * mult
-            used = scale.clone()
-            y = torch.ops.fusible.fp8_quantize_dequantize_delayed(x, "e4m3", hist, scale, 1.0, algo)
+            used = scale.clone().cpu()
+            y = torch.ops.fusible.fp8_quantize_dequantize_delayed(
+                x.to(device), "e4m3", hist, scale, 1.0, algo
+            )
             # The cast used the scale from before this step.
             ref = (x * used.double()).clamp(-448, 448).to(torch.float8_e4m3fn).double()
-            torch.testing.assert_close(y, ref / used.double(), rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(y.cpu(), ref / used.double(), rtol=1e-12, atol=1e-12)
             amaxes.insert(0, x.abs().max().float())
             want_hist = torch.tensor((amaxes + [0.0] * 3)[:3])
-            torch.testing.assert_close(hist, want_hist, rtol=0, atol=0)
+            torch.testing.assert_close(hist.cpu(), want_hist, rtol=0, atol=0)
             a = want_hist.max() if algo == "max" else want_hist[0]
-            torch.testing.assert_close(scale, (448.0 / a / 2.0).reshape(1), rtol=1e-6, atol=0)
+            want = (448.0 / a / 2.0).reshape(1)
+            torch.testing.assert_close(scale.cpu(), want, rtol=1e-6, atol=0)
 
-    def test_zero_amax_keeps_the_scale(self):
-        hist, scale = torch.zeros(2), torch.full((1,), 3.0)
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_zero_amax_keeps_the_scale(self, device):
+        hist, scale = torch.zeros(2, device=device), torch.full((1,), 3.0, device=device)
         torch.ops.fusible.fp8_quantize_dequantize_delayed(
-            torch.zeros(4), "e5m2", hist, scale, 0.0, "most_recent"
+            torch.zeros(4, device=device), "e5m2", hist, scale, 0.0, "most_recent"
         )
         assert scale.item() == 3.0 and hist.tolist() == [0.0, 0.0]
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_nan_input_keeps_the_scale_finite(self, device):
+        x = torch.tensor([1.0, float("nan"), 2.0], device=device)
+        y = torch.ops.fusible.fp8_quantize_dequantize(x, "e4m3")
+        assert y[0].item() == 1.0 and y[2].item() == 2.0 and y[1].isnan()  # scale 1: exact
 
     def test_cast_op_errors_and_opcheck(self):
         x = torch.randn(4, 8)
@@ -414,6 +427,17 @@ class TestDelayedScaling:
                             for (ha, sca), (hb, scb) in zip(sa[d], sb[d]):
                                 assert torch.equal(ha, hb) and torch.equal(sca, scb), k
 
+    def test_loading_fp8_state_writes_in_place(self):
+        # As parameters do: a captured CUDA graph keeps seeing the op's state tensors.
+        lin = ops.BasicLinear(4, 4, device="cpu")
+        lin.reset_recipe_state(recipe=recipe.DelayedScaling(amax_history_len=3))
+        before = lin.get_input_quantizer().amax_history
+        sd = copy.deepcopy(lin.state_dict())
+        sd["_extra_state"]["ops"][0]["forward"][0][0].fill_(7.0)
+        lin.load_state_dict(sd)
+        assert before.data_ptr() == lin.get_input_quantizer().amax_history.data_ptr()
+        assert before.tolist() == [7.0, 7.0, 7.0]
+
     def test_bad_extra_state_is_refused(self):
         model = ops.Linear(4, 4, device="cpu")
         sd = dict(model.state_dict())
@@ -467,3 +491,41 @@ class TestQuantizerAccessors:
         assert "_extra_state" not in lin.state_dict()
         with pytest.raises(RuntimeError, match="no FP8 quantizers yet"):
             lin.get_input_quantizer()
+
+
+@cuda_only
+@pytest.mark.parametrize("r", [recipe.Float8CurrentScaling(), recipe.DelayedScaling()])
+def test_cuda_graph_capture_of_an_fp8_step_equals_eager(r):
+    torch.manual_seed(6)
+    model = ops.Sequential(
+        ops.Linear(64, 128, device="cuda", dtype=torch.bfloat16),
+        ops.GELU(),
+        ops.Linear(128, 64, device="cuda", dtype=torch.bfloat16),
+    )
+    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+    params = list(model.parameters())
+
+    def step():
+        with fusible.autocast(recipe=r):
+            y = model(x)
+        return (y, *torch.autograd.grad(y, [x, *params], dy))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    # The same FP8 state for both runs: the replay advances a delayed history, so it is saved
+    # first and loaded back (in place, so the graph would still see it) before the eager run.
+    snapshot = copy.deepcopy(model.state_dict())
+    graph.replay()
+    replayed = [t.clone() for t in captured]
+    model.load_state_dict(snapshot)
+    eager = step()
+    for a, b in zip(replayed, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -1,0 +1,110 @@
+// FP8 casts and back (the numerics of FP8 GEMM operands): the tensor's amax in one pass (a block
+// max, then an atomic max on the float's bits, which order as ints for non-negative floats), then
+// one vectorized pass that computes the scale on the device and casts each element to FP8 and
+// back; delayed scaling then rolls its amax history and sets the next scale in one small kernel.
+// No host synchronization anywhere.
+#include <cuda_fp8.h>
+
+#include "kernels/cuda_common.cuh"
+
+namespace fusible::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* __restrict__ amax) {
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = fabsf(static_cast<float>(cuda::to_acc(x[i])));
+    m = isnan(v) ? INFINITY : fmaxf(m, v);  // a NaN makes the amax non-finite (scale 1)
+  }
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ float warp_max[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
+  }
+}
+
+// fmax / amax * 2^-margin, or `fallback` where amax is 0 or not finite.
+__device__ __forceinline__ float scale_from(float amax, float fmax, float margin_factor,
+                                            float fallback) {
+  return isfinite(amax) && amax > 0.f ? fmax / amax * margin_factor : fallback;
+}
+
+__device__ __forceinline__ float fp8_round(float v, bool e4m3) {
+  const auto q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2);
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, e4m3 ? __NV_E4M3 : __NV_E5M2)));
+}
+
+// y = fp8(clamp(x * s)) / s with s from amax (current scaling) or held in *scale (delayed).
+template <typename T, int VEC>
+__global__ void qdq_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t num_vecs,
+                           const float* __restrict__ amax, const float* __restrict__ scale,
+                           float fmax, float margin_factor, bool e4m3) {
+  using A = cuda::acc_t<T>;
+  const float s = scale != nullptr ? *scale : scale_from(*amax, fmax, margin_factor, 1.f);
+  const A inv = A(1) / A(s);
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < num_vecs;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const auto xv = cuda::load_vec<T, VEC>(x + v * VEC);
+    cuda::Vec<T, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float scaled =
+          fminf(fmaxf(static_cast<float>(cuda::to_acc(xv.v[j]) * A(s)), -fmax), fmax);
+      o.v[j] = cuda::from_acc<T>(A(fp8_round(scaled, e4m3)) * inv);
+    }
+    cuda::store_vec<T, VEC>(y + v * VEC, o);
+  }
+}
+
+// history rolls by one (newest first) taking *amax_now; scale = fmax / (max or newest) * 2^-m,
+// kept where that amax is 0 or not finite. One thread: histories are short.
+__global__ void delayed_update_kernel(float* history, int64_t len, const float* amax_now,
+                                      float* scale, float fmax, float margin_factor, bool use_max) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  for (int64_t i = len - 1; i > 0; --i) history[i] = history[i - 1];
+  history[0] = *amax_now;
+  float a = history[0];
+  if (use_max) {
+    for (int64_t i = 1; i < len; ++i) a = fmaxf(a, history[i]);
+  }
+  *scale = scale_from(a, fmax, margin_factor, *scale);
+}
+
+}  // namespace
+
+void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin, float* amax,
+                    float* scale, float* history, int64_t history_len, bool use_max,
+                    KernelDType dtype, int num_sms, cudaStream_t stream) {
+  const float fmax = e4m3 ? 448.f : 57344.f;
+  const float margin_factor = exp2f(-static_cast<float>(margin));
+  cudaMemsetAsync(amax, 0, sizeof(float), stream);
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* tx = static_cast<const T*>(x);
+    if (n > 0) {
+      amax_kernel<T><<<cuda::grid_for(n, kThreads, num_sms), kThreads, 0, stream>>>(tx, n, amax);
+      cuda::check_launch("amax_kernel");
+      cuda::dispatch_vec<T>(n, {x, y}, [&](auto vec) {
+        constexpr int V = decltype(vec)::value;
+        const int64_t vecs = n / V;
+        qdq_kernel<T, V><<<cuda::grid_for(vecs, kThreads, num_sms), kThreads, 0, stream>>>(
+            tx, static_cast<T*>(y), vecs, amax, scale, fmax, margin_factor, e4m3);
+      });
+      cuda::check_launch("qdq_kernel");
+    }
+  });
+  if (history != nullptr) {
+    delayed_update_kernel<<<1, 32, 0, stream>>>(history, history_len, amax, scale, fmax,
+                                                margin_factor, use_max);
+    cuda::check_launch("delayed_update_kernel");
+  }
+}
+
+}  // namespace fusible::kernels

@@ -1,0 +1,55 @@
+// fp8_quantize_dequantize(_delayed) on CUDA: wrappers around fp8_kernels.cu (two kernels for the
+// cast, plus one for the delayed-scaling update).
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "kernels/cuda_device.h"
+#include "kernels/cuda_dtype.h"
+#include "kernels/quantize.h"
+
+namespace fusible::kernels {
+namespace {
+
+at::Tensor qdq(const at::Tensor& x, c10::string_view format, double margin,
+               const at::Tensor* history, const at::Tensor* scale, bool use_max) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto xc = x.contiguous();
+  auto y = at::empty_like(xc);
+  auto amax = at::empty({1}, x.options().dtype(at::kFloat));
+  launch_fp8_qdq(xc.const_data_ptr(), y.mutable_data_ptr(), x.numel(), format == "e4m3", margin,
+                 amax.mutable_data_ptr<float>(), scale ? scale->mutable_data_ptr<float>() : nullptr,
+                 history ? history->mutable_data_ptr<float>() : nullptr,
+                 history ? history->size(0) : 0, use_max,
+                 kernel_dtype("fp8_quantize_dequantize", x), current_sm_count(),
+                 c10::cuda::getCurrentCUDAStream());
+  return y;
+}
+
+at::Tensor fp8_qdq_cuda(const at::Tensor& x, c10::string_view format, double margin) {
+  check_fp8_qdq_args(x, format, margin);
+  return qdq(x, format, margin, nullptr, nullptr, false);
+}
+
+at::Tensor fp8_qdq_delayed_cuda(const at::Tensor& x, c10::string_view format,
+                                const at::Tensor& amax_history, const at::Tensor& scale,
+                                double margin, c10::string_view amax_compute_algo) {
+  check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
+  // The kernels write through raw pointers: anything unusual takes the ATen path.
+  if (amax_history.numel() < 1 || scale.numel() != 1 || !amax_history.is_contiguous()) {
+    return reference::fp8_quantize_dequantize_delayed(x, format, amax_history, scale, margin,
+                                                      amax_compute_algo);
+  }
+  return qdq(x, format, margin, &amax_history, &scale, amax_compute_algo == "max");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
+  m.impl("fp8_quantize_dequantize", &fp8_qdq_cuda);
+  m.impl("fp8_quantize_dequantize_delayed", &fp8_qdq_delayed_cuda);
+}
+
+}  // namespace fusible::kernels
