@@ -30,6 +30,8 @@ at::Tensor qdq(const at::Tensor& x, c10::string_view format, double margin,
 
 at::Tensor fp8_qdq_cuda(const at::Tensor& x, c10::string_view format, double margin) {
   check_fp8_qdq_args(x, format, margin);
+  // The kernels keep amax and scale in fp32; fp64 (a reference, not a speed path) stays exact.
+  if (x.scalar_type() == at::kDouble) return reference::fp8_quantize_dequantize(x, format, margin);
   return qdq(x, format, margin, nullptr, nullptr, false);
 }
 
@@ -37,8 +39,9 @@ at::Tensor fp8_qdq_delayed_cuda(const at::Tensor& x, c10::string_view format,
                                 const at::Tensor& amax_history, const at::Tensor& scale,
                                 double margin, c10::string_view amax_compute_algo) {
   check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
-  // The kernels write through raw pointers: anything unusual takes the ATen path.
-  if (amax_history.numel() < 1 || scale.numel() != 1 || !amax_history.is_contiguous()) {
+  // fp64, or state the kernels cannot write through raw pointers: the ATen path.
+  if (x.scalar_type() == at::kDouble || amax_history.numel() < 1 || scale.numel() != 1 ||
+      !amax_history.is_contiguous()) {
     return reference::fp8_quantize_dequantize_delayed(x, format, amax_history, scale, margin,
                                                       amax_compute_algo);
   }
