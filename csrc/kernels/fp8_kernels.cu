@@ -55,8 +55,8 @@ __global__ void qdq_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n
     cuda::Vec<T, VEC> o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const float scaled =
-          fminf(fmaxf(static_cast<float>(cuda::to_acc(xv.v[j]) * A(s)), -fmax), fmax);
+      const float v = static_cast<float>(cuda::to_acc(xv.v[j]) * A(s));
+      const float scaled = isnan(v) ? v : fminf(fmaxf(v, -fmax), fmax);  // NaN stays NaN
       o.v[j] = cuda::from_acc<T>(A(fp8_round(scaled, e4m3)) * inv);
     }
     cuda::store_vec<T, VEC>(y + v * VEC, o);
