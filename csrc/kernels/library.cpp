@@ -101,6 +101,11 @@ TORCH_LIBRARY(fusible, m) {
   m.def(
       "fp8_quantize_dequantize_delayed(Tensor x, str format, Tensor(a!) amax_history, "
       "Tensor(b!) scale, float margin, str amax_compute_algo) -> Tensor");
+  // FP8 (block scaling): x as [rows, last dim] in 1x128 (block_dim 1) or 128x128 (block_dim 2)
+  // blocks, each cast with its own scale (a power of two with power_2_scale) and back.
+  m.def(
+      "fp8_quantize_dequantize_block(Tensor x, str format, int block_dim, bool power_2_scale=True)"
+      " -> Tensor");
 }
 
 // Autograd: no op here has a derivative formula (the fuser's one autograd node differentiates whole
@@ -141,7 +146,8 @@ TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
                            "layernorm_bwd_add",
                            "linear_bias_act",
                            "fp8_quantize_dequantize",
-                           "fp8_quantize_dequantize_delayed"}) {
+                           "fp8_quantize_dequantize_delayed",
+                           "fp8_quantize_dequantize_block"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }
 }

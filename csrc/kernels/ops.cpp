@@ -166,4 +166,10 @@ T fp8_quantize_dequantize_delayed(CT x, const std::string& format, CT amax_histo
   return op.call(x, format, amax_history, scale, margin, amax_compute_algo);
 }
 
+T fp8_quantize_dequantize_block(CT x, const std::string& format, int64_t block_dim,
+                                bool power_2_scale) {
+  FUSIBLE_OP("fp8_quantize_dequantize_block", T(CT, c10::string_view, int64_t, bool));
+  return op.call(x, format, block_dim, power_2_scale);
+}
+
 }  // namespace fusible::kernels

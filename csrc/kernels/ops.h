@@ -113,4 +113,8 @@ at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, const std::strin
                                            const at::Tensor& amax_history, const at::Tensor& scale,
                                            double margin, const std::string& amax_compute_algo);
 
+/// Block scaling: 1x128 (block_dim 1) or 128x128 (2) blocks, each with its own scale.
+at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, const std::string& format,
+                                         int64_t block_dim, bool power_2_scale = true);
+
 }  // namespace fusible::kernels

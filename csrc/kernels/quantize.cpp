@@ -6,8 +6,12 @@
 #include <ATen/ops/abs.h>
 #include <ATen/ops/amax.h>
 #include <ATen/ops/clamp.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/exp2.h>
+#include <ATen/ops/floor.h>
 #include <ATen/ops/isfinite.h>
+#include <ATen/ops/log2.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
@@ -46,6 +50,15 @@ void check_fp8_qdq_delayed_args(const at::Tensor& x, c10::string_view format,
   TORCH_CHECK_VALUE(amax_compute_algo == "max" || amax_compute_algo == "most_recent", op,
                     ": expected amax_compute_algo 'max' or 'most_recent', got '", amax_compute_algo,
                     "'");
+}
+
+void check_fp8_qdq_block_args(const at::Tensor& x, c10::string_view format, int64_t block_dim) {
+  check_fp8_qdq_args(x, format, 0.0);
+  FUSIBLE_CHECK_MIN_DIM("fp8_quantize_dequantize_block", "x", x, 1);
+  TORCH_CHECK_VALUE(block_dim == 1 || block_dim == 2,
+                    "fp8_quantize_dequantize_block: expected block_dim 1 (1x128 blocks) or 2 "
+                    "(128x128), got ",
+                    block_dim);
 }
 
 namespace reference {
@@ -91,9 +104,44 @@ at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, c10::string_view
   return y;
 }
 
+at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, c10::string_view format,
+                                         int64_t block_dim, bool power_2_scale) {
+  check_fp8_qdq_block_args(x, format, block_dim);
+  if (x.numel() == 0) return x.clone();
+  constexpr int64_t kBlock = 128;
+  const double max = fp8_max("fp8_quantize_dequantize_block", format);
+  const auto fp8 = format == "e4m3" ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+  const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  const auto up = [](int64_t n) { return (n + kBlock - 1) / kBlock * kBlock; };
+  const int64_t prows = block_dim == 2 ? up(rows) : rows, pcols = up(cols);
+  // Zero padding to whole blocks: it changes no block's amax.
+  const auto padded =
+      at::constant_pad_nd(xf.reshape({rows, cols}), {0, pcols - cols, 0, prows - rows}, 0);
+  const auto blocks = block_dim == 2 ? padded.view({prows / kBlock, kBlock, pcols / kBlock, kBlock})
+                                     : padded.view({prows, pcols / kBlock, kBlock});
+  const auto amax = block_dim == 2 ? blocks.abs().amax({1, 3}, /*keepdim=*/true)
+                                   : blocks.abs().amax({2}, /*keepdim=*/true);
+  auto scale = at::where(at::isfinite(amax) & (amax > 0), max / amax, at::ones_like(amax));
+  if (power_2_scale) scale = at::exp2(at::floor(at::log2(scale)));
+  const auto q =
+      (blocks * scale).clamp(-max, max).to(fp8).to(xf.scalar_type()) * scale.reciprocal();
+  return q.reshape({prows, pcols})
+      .slice(0, 0, rows)
+      .slice(1, 0, cols)
+      .reshape(x.sizes())
+      .to(x.scalar_type());
+}
+
 }  // namespace reference
 
 namespace {
+
+at::Tensor fp8_qdq_block_meta(const at::Tensor& x, c10::string_view format, int64_t block_dim,
+                              bool power_2_scale) {
+  check_fp8_qdq_block_args(x, format, block_dim);
+  return at::empty_like(x, at::MemoryFormat::Contiguous);
+}
 
 at::Tensor fp8_qdq_meta(const at::Tensor& x, c10::string_view format, double margin) {
   check_fp8_qdq_args(x, format, margin);
@@ -112,9 +160,16 @@ at::Tensor fp8_qdq_delayed_meta(const at::Tensor& x, c10::string_view format,
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {
   m.impl("fp8_quantize_dequantize", &reference::fp8_quantize_dequantize);
   m.impl("fp8_quantize_dequantize_delayed", &reference::fp8_quantize_dequantize_delayed);
+  m.impl("fp8_quantize_dequantize_block", &reference::fp8_quantize_dequantize_block);
+}
+
+// Block scaling on CUDA: the same ATen code until its kernel comes with the block-scaled GEMMs.
+TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
+  m.impl("fp8_quantize_dequantize_block", &reference::fp8_quantize_dequantize_block);
 }
 
 TORCH_LIBRARY_IMPL(fusible, Meta, m) {
+  m.impl("fp8_quantize_dequantize_block", &fp8_qdq_block_meta);
   m.impl("fp8_quantize_dequantize", &fp8_qdq_meta);
   m.impl("fp8_quantize_dequantize_delayed", &fp8_qdq_delayed_meta);
 }

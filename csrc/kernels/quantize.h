@@ -19,6 +19,9 @@ void check_fp8_qdq_delayed_args(const at::Tensor& x, c10::string_view format,
                                 const at::Tensor& amax_history, const at::Tensor& scale,
                                 double margin, c10::string_view amax_compute_algo);
 
+/// The argument checks of fp8_quantize_dequantize_block.
+void check_fp8_qdq_block_args(const at::Tensor& x, c10::string_view format, int64_t block_dim);
+
 namespace reference {
 /// x cast to FP8 with scale = fp8_max / amax(x) / 2^margin (1 where amax is 0 or not finite) and
 /// back: x's values as an FP8 GEMM sees them, in x's dtype. ATen, any device.
@@ -30,6 +33,11 @@ at::Tensor fp8_quantize_dequantize(const at::Tensor& x, c10::string_view format,
 at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, c10::string_view format,
                                            const at::Tensor& amax_history, const at::Tensor& scale,
                                            double margin, c10::string_view amax_compute_algo);
+/// Block scaling: x as [rows, last dim] in blocks of 1x128 (block_dim 1) or 128x128 (block_dim
+/// 2), each cast with scale = fp8_max / its amax (1 where that is 0 or not finite; rounded down to
+/// a power of two with power_2_scale) and back.
+at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, c10::string_view format,
+                                         int64_t block_dim, bool power_2_scale);
 }  // namespace reference
 
 }  // namespace fusible::kernels

@@ -15,10 +15,17 @@ thread_local Fp8Autocast current;
 void check(const Fp8Autocast& a) {
   if (!a.enabled) return;
   TORCH_CHECK_VALUE(a.recipe != nullptr, "fusible.autocast: enabled without a recipe");
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      a.recipe->kind == "current" || a.recipe->kind == "delayed", "fusible.autocast: recipe '",
-      a.recipe->kind,
-      "' is not supported yet; use recipe.Float8CurrentScaling or recipe.DelayedScaling");
+  const auto& k = a.recipe->kind;
+  TORCH_CHECK_VALUE(k == "current" || k == "delayed" || k == "block",
+                    "fusible.autocast: unknown recipe kind '", k, "'");
+  if (k == "block") {
+    for (auto d : {a.recipe->x_block_dim, a.recipe->w_block_dim, a.recipe->grad_block_dim}) {
+      TORCH_CHECK_VALUE(d == 1 || d == 2,
+                        "fusible.autocast: Float8BlockScaling expects block scaling dims 1 or 2, "
+                        "got ",
+                        d);
+    }
+  }
   if (a.recipe->kind == "delayed") {
     TORCH_CHECK_VALUE(a.recipe->amax_history_len >= 1,
                       "fusible.autocast: expected amax_history_len >= 1, got ",
@@ -52,8 +59,11 @@ Fp8AutocastGuard::~Fp8AutocastGuard() { current = std::move(saved_); }
 namespace {
 
 at::Tensor cast(const Fp8Cast& c, const at::Tensor& x, const std::string& format,
-                const std::vector<DelayedScaling>* states, size_t index) {
+                const std::vector<DelayedScaling>* states, size_t index, int64_t block_dim) {
   if (!c.on() || !x.defined()) return x;
+  if (c.recipe->kind == "block") {
+    return kernels::fp8_quantize_dequantize_block(x, format, block_dim, /*power_2_scale=*/true);
+  }
   if (states == nullptr) return kernels::fp8_quantize_dequantize(x, format, c.recipe->margin);
   TORCH_CHECK(index < states->size(), "FP8 delayed scaling: no state for tensor ", index);
   const auto& s = (*states)[index];
@@ -89,14 +99,16 @@ void move_to(std::vector<DelayedScaling>& states, c10::Device device) {
 
 }  // namespace
 
-at::Tensor Fp8Cast::forward(const at::Tensor& x, size_t index) const {
-  return cast(*this, x, on() ? recipe->forward_format : "", state ? &state->forward : nullptr,
-              index);
+at::Tensor Fp8Cast::forward(const at::Tensor& x, size_t index, bool weight) const {
+  if (!on()) return x;
+  return cast(*this, x, recipe->forward_format, state ? &state->forward : nullptr, index,
+              weight ? recipe->w_block_dim : recipe->x_block_dim);
 }
 
 at::Tensor Fp8Cast::backward(const at::Tensor& dy, size_t index) const {
-  return cast(*this, dy, on() ? recipe->backward_format : "", state ? &state->backward : nullptr,
-              index);
+  if (!on()) return dy;
+  return cast(*this, dy, recipe->backward_format, state ? &state->backward : nullptr, index,
+              recipe->grad_block_dim);
 }
 
 Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, int64_t> counts,

@@ -25,6 +25,9 @@ struct Fp8Recipe {
   // DelayedScaling only: the history length and "max" or "most_recent".
   int64_t amax_history_len = 1024;
   std::string amax_compute_algo = "max";
+  // Float8BlockScaling only: 1 (1x128 blocks) or 2 (128x128) for inputs, weights and gradients;
+  // scales are powers of two.
+  int64_t x_block_dim = 1, w_block_dim = 2, grad_block_dim = 1;
 };
 
 /// One tensor's delayed-scaling state (fp32, on the tensor's device): its amax history, newest
@@ -74,8 +77,9 @@ struct Fp8Cast {
   std::shared_ptr<Fp8OpState> state;  // DelayedScaling's; null for current scaling
   bool on() const { return recipe != nullptr; }
   /// x as the forward's FP8 GEMM sees it (the forward format); `index`: which of the op's forward
-  /// tensors (its quantizer, for delayed scaling).
-  at::Tensor forward(const at::Tensor& x, size_t index = 0) const;
+  /// tensors (its quantizer, for delayed scaling); `weight`: a weight (block scaling's 2-D
+  /// blocks).
+  at::Tensor forward(const at::Tensor& x, size_t index = 0, bool weight = false) const;
   /// A gradient as the backward's FP8 GEMMs see it (the backward format).
   at::Tensor backward(const at::Tensor& dy, size_t index = 0) const;
 };

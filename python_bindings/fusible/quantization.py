@@ -3,8 +3,9 @@
 The autocast state lives in C++, per thread (an op fixes the recipe at its forward; its backward
 uses that one, wherever it runs). Under an enabled autocast, BasicLinear's GEMMs (and every fusion
 built on it) compute with their operands cast to FP8 and back (fusible::fp8_quantize_dequantize):
-the numerics of FP8 GEMMs, emulated on CPU and, for now, on CUDA too (the FP8 cuBLASLt GEMMs come
-next).
+the numerics of FP8 GEMMs (per-tensor current or delayed scaling, or 1x128 / 128x128 blocks with
+power-of-two scales), emulated: the GEMMs themselves still run in the compute dtype (FP8 cuBLASLt
+GEMMs come next).
 """
 
 import contextlib
@@ -51,6 +52,16 @@ def _cpp_recipe(recipe):
             margin,
             int(recipe.amax_history_len),
             algo,
+        )
+    if recipe.float8_block_scaling():
+        return _C.Fp8Recipe(
+            "block",
+            fmt.forward_format,
+            fmt.backward_format,
+            0.0,
+            x_block_dim=int(recipe.x_block_scaling_dim),
+            w_block_dim=int(recipe.w_block_scaling_dim),
+            grad_block_dim=int(recipe.grad_block_scaling_dim),
         )
     return _C.Fp8Recipe(recipe._kind, fmt.forward_format, fmt.backward_format, margin)
 

@@ -1,9 +1,8 @@
 """FP8 recipes, as TransformerEngine's `transformer_engine.common.recipe` names them.
 
-Supported under `fusible.autocast` so far: `Float8CurrentScaling` (each tensor's scale from its
-own amax when it is cast) and `DelayedScaling` (scales from an amax history per tensor, updated
-after each cast, kept in checkpoints). `Float8BlockScaling` can be built (and used with
-`enabled=False`); an enabled autocast with it raises NotImplementedError until it lands.
+Supported under `fusible.autocast`: `Float8CurrentScaling` (each tensor's scale from its own amax
+when it is cast), `DelayedScaling` (scales from an amax history per tensor, updated after each cast,
+kept in checkpoints) and `Float8BlockScaling` (a scale per 1x128 or 128x128 block).
 """
 
 import enum
@@ -101,10 +100,19 @@ class DelayedScaling(Recipe):
 
 @dataclass
 class Float8BlockScaling(Recipe):
-    """Block scales: 1x128 blocks for activations and gradients, 128x128 for weights."""
+    """Block scales: by default 1x128 blocks for inputs and gradients (dim 1), 128x128 for
+    weights (dim 2), each block's scale = fp8_max / its amax rounded down to a power of two."""
 
     fp8_format: Format = Format.E4M3
+    x_block_scaling_dim: int = 1
+    w_block_scaling_dim: int = 2
+    grad_block_scaling_dim: int = 1
     _kind = "block"
 
     def __post_init__(self):
         self._check_format()
+        for name in ("x_block_scaling_dim", "w_block_scaling_dim", "grad_block_scaling_dim"):
+            if getattr(self, name) not in (1, 2):
+                raise ValueError(
+                    f"Float8BlockScaling: expected {name} 1 or 2, got {getattr(self, name)!r}"
+                )

@@ -61,6 +61,7 @@ def _cases(device):
             (F.fp8_quantize_dequantize_delayed, (x, "e4m3", r(4).abs(), r(1).abs(), 0.0, algo))
             for algo in ("max", "most_recent")
         ],
+        *[(F.fp8_quantize_dequantize_block, (r(6, 130), "e4m3", d, True)) for d in (1, 2)],
     ]
 
 

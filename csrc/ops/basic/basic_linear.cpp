@@ -41,7 +41,7 @@ std::pair<at::Tensor, at::Tensor> BasicLinear::prepare_forward(OperationContext&
   // every fused forward and backward that goes through this op's forward and backward_gemms does.
   ctx.fp8 = fp8_cast(x);
   const auto xc = ctx.fp8.forward(cast_to(x, ctx.compute_dtype), 0);
-  const auto w = ctx.fp8.forward(cast_to(weight, ctx.compute_dtype), 1);
+  const auto w = ctx.fp8.forward(cast_to(weight, ctx.compute_dtype), 1, /*weight=*/true);
   if (ctx.requires_grad) {
     ctx.save_for_backward({ctx.param_requires_grad.at(0) ? xc : at::Tensor(),
                            ctx.input_requires_grad ? w : at::Tensor()});
