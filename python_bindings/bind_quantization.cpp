@@ -74,6 +74,11 @@ void bind_quantization(py::module_& m) {
                            pair.second.detach().to(at::kFloat).reshape({1}).clone()});
       }
     }
+    const auto [n_fwd, n_bwd] = op.num_quantizers();
+    TORCH_CHECK_VALUE(static_cast<int64_t>(s->forward.size()) == n_fwd &&
+                          static_cast<int64_t>(s->backward.size()) == n_bwd,
+                      op.type_name(), ": a checkpoint's FP8 state has ", s->forward.size(), " / ",
+                      s->backward.size(), " quantizers, the op uses ", n_fwd, " / ", n_bwd);
     // Into the op's own tensors when the layout matches (as parameters load: a captured CUDA
     // graph keeps seeing them); else the loaded state replaces it.
     const auto& cur = op.fp8_state();

@@ -221,6 +221,12 @@ void set_sequential_resolver(SequentialResolver resolver) {
   r.engines.clear();
 }
 
+void forget_sequential(int64_t handle) {
+  auto& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  r.engines.erase(handle);
+}
+
 }  // namespace fusible::fuser
 
 TORCH_LIBRARY_FRAGMENT(fusible, m) {

@@ -19,4 +19,7 @@ using SequentialResolver = std::function<std::shared_ptr<Sequential>(int64_t han
 /// answer is kept, weakly, until then).
 void set_sequential_resolver(SequentialResolver resolver);
 
+/// Drops what is kept for handle: its Sequential changed (or a new one took the handle).
+void forget_sequential(int64_t handle);
+
 }  // namespace fusible::fuser

@@ -5,6 +5,8 @@
 // No host synchronization anywhere.
 #include <cuda_fp8.h>
 
+#include <cfloat>
+
 #include "kernels/cuda_common.cuh"
 
 namespace fusible::kernels {
@@ -30,10 +32,11 @@ __global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* __restric
   }
 }
 
-// fmax / amax * 2^-margin, or `fallback` where amax is 0 or not finite.
+// fmax / amax * 2^-margin, or `fallback` where amax is 0 or not finite; the largest float where
+// the division overflows (an infinite scale would turn zeros into NaN), as the ATen version.
 __device__ __forceinline__ float scale_from(float amax, float fmax, float margin_factor,
                                             float fallback) {
-  return isfinite(amax) && amax > 0.f ? fmax / amax * margin_factor : fallback;
+  return isfinite(amax) && amax > 0.f ? fminf(fmax / amax * margin_factor, FLT_MAX) : fallback;
 }
 
 __device__ __forceinline__ float fp8_round(float v, bool e4m3) {

@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <limits>
 
 #include "common/checks.h"
 
@@ -61,6 +62,19 @@ void check_fp8_qdq_block_args(const at::Tensor& x, c10::string_view format, int6
                     block_dim);
 }
 
+namespace {
+
+// The scale of a cast: fp8_max / amax * factor, `fallback` where amax is 0 or not finite, and the
+// largest float where the division overflows (a tiny amax), as TransformerEngine does: an infinite
+// scale would turn zeros into NaN.
+at::Tensor scale_for(const at::Tensor& amax, double max, double factor,
+                     const at::Tensor& fallback) {
+  const auto raw = (max / amax * factor).clamp_max(std::numeric_limits<float>::max());
+  return at::where(at::isfinite(amax) & (amax > 0), raw, fallback);
+}
+
+}  // namespace
+
 namespace reference {
 
 at::Tensor fp8_quantize_dequantize(const at::Tensor& x, c10::string_view format, double margin) {
@@ -71,10 +85,9 @@ at::Tensor fp8_quantize_dequantize(const at::Tensor& x, c10::string_view format,
   // fp32 math (fp64 stays fp64), as the CUDA cast kernel does.
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
   const auto amax = xf.abs().amax();
-  const auto scale = at::where(at::isfinite(amax) & (amax > 0), max / amax * std::exp2(-margin),
-                               at::ones_like(amax));
+  const auto scale = scale_for(amax, max, std::exp2(-margin), at::ones_like(amax));
   const auto q = (xf * scale).clamp(-max, max).to(fp8);
-  return (q.to(xf.scalar_type()) * scale.reciprocal()).to(x.scalar_type());
+  return (q.to(xf.scalar_type()) * scale.reciprocal()).to(x.scalar_type()).contiguous();
 }
 
 at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, c10::string_view format,
@@ -98,10 +111,8 @@ at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, c10::string_view
   if (len > 1) amax_history.slice(0, 1).copy_(amax_history.slice(0, 0, len - 1).clone());
   amax_history.select(0, 0).copy_(amax);
   const auto used = amax_compute_algo == "max" ? amax_history.amax() : amax_history.select(0, 0);
-  const auto fresh = max / used * std::exp2(-margin);
-  scale.copy_(
-      at::where(at::isfinite(used) & (used > 0), fresh, scale.reshape({})).reshape(scale.sizes()));
-  return y;
+  scale.copy_(scale_for(used, max, std::exp2(-margin), scale.reshape({})).reshape(scale.sizes()));
+  return y.contiguous();
 }
 
 at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, c10::string_view format,
@@ -122,15 +133,17 @@ at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, c10::string_view f
                                      : padded.view({prows, pcols / kBlock, kBlock});
   const auto amax = block_dim == 2 ? blocks.abs().amax({1, 3}, /*keepdim=*/true)
                                    : blocks.abs().amax({2}, /*keepdim=*/true);
-  auto scale = at::where(at::isfinite(amax) & (amax > 0), max / amax, at::ones_like(amax));
-  if (power_2_scale) scale = at::exp2(at::floor(at::log2(scale)));
+  auto scale = scale_for(amax, max, 1.0, at::ones_like(amax));
+  // Powers of two up to 2^127 (log2 of the largest float rounds to 128 in fp32).
+  if (power_2_scale) scale = at::exp2(at::floor(at::log2(scale))).clamp_max(std::ldexp(1.0, 127));
   const auto q =
       (blocks * scale).clamp(-max, max).to(fp8).to(xf.scalar_type()) * scale.reciprocal();
   return q.reshape({prows, pcols})
       .slice(0, 0, rows)
       .slice(1, 0, cols)
       .reshape(x.sizes())
-      .to(x.scalar_type());
+      .to(x.scalar_type())
+      .contiguous();
 }
 
 }  // namespace reference

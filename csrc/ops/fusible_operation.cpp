@@ -47,11 +47,14 @@ BasicOperation::BasicOperation(const BasicOperation& other)
 }
 
 void BasicOperation::reset_fp8_state(std::shared_ptr<const Fp8Recipe> recipe, c10::Device device) {
-  fp8_state_ = nullptr;
+  std::shared_ptr<Fp8OpState> state;
+  if (recipe) {
+    const Fp8AutocastGuard with(true,
+                                recipe);  // checks the recipe first: a bad one changes nothing
+    current_fp8_cast(&state, num_quantizers(), device);  // fresh delayed-scaling state
+  }
+  fp8_state_ = std::move(state);
   fp8_recipe_ = std::move(recipe);
-  if (!fp8_recipe_) return;
-  const Fp8AutocastGuard with(true, fp8_recipe_);  // checks the recipe; makes delayed state
-  current_fp8_cast(&fp8_state_, num_quantizers(), device);
 }
 
 void BasicOperation::own_parameter_copies(const std::optional<c10::Device>& device) {

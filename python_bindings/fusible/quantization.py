@@ -136,6 +136,12 @@ def quantizer_view(cpp_op, name, mode, index):
         )
     dtype = _TORCH_FP8[r.forward_format if mode == "forward" else r.backward_format]
     if r.kind == "delayed":
-        amax_history, scale = _C._fp8_state(cpp_op)[mode][index]
+        state = _C._fp8_state(cpp_op)
+        if state is None:
+            raise RuntimeError(
+                f"{name}: no FP8 quantizer state (it was cleared); run it under fusible.autocast "
+                "or call reset_recipe_state(recipe=...)"
+            )
+        amax_history, scale = state[mode][index]
         return Float8Quantizer(scale, amax_history, dtype)
     return Float8CurrentScalingQuantizer(dtype)

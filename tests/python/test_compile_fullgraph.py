@@ -156,9 +156,9 @@ def test_the_engine_is_found_again_after_the_sequential_changed():
     x, gate = torch.randn(4, 8, dtype=D), torch.randn(4, 8, dtype=D)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     ref = _run(compiled, x, gate)[0]
-    model.append(torch.nn.Identity())
-    torch.testing.assert_close(_run(compiled, x, gate)[0], ref)
-    torch.testing.assert_close(_run(model, x, gate)[0], ref)
+    model.append(ops.ConstantScale(2.0))  # a stale engine would give ref, not 2 * ref
+    torch.testing.assert_close(_run(compiled, x, gate)[0], 2 * ref)
+    torch.testing.assert_close(_run(model, x, gate)[0], 2 * ref)
 
 
 def test_opcheck_of_the_call_ops():

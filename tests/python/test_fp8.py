@@ -337,6 +337,20 @@ class TestDelayedScaling:
         assert scale.item() == 3.0 and hist.tolist() == [0.0, 0.0]
 
     @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+    def test_tiny_amax_gives_a_finite_scale(self, device, fmt):
+        # fp8_max / 1e-38 overflows fp32: the scale is capped (an infinite one made zeros NaN).
+        x = torch.tensor([0.0, 1e-38, 2e-39, -1e-39], device=device)
+        for y in (
+            torch.ops.fusible.fp8_quantize_dequantize(x, fmt),
+            torch.ops.fusible.fp8_quantize_dequantize_block(x, fmt, 1),
+        ):
+            assert torch.isfinite(y).all() and y[0].item() == 0.0
+        hist, scale = torch.zeros(2, device=device), torch.ones(1, device=device)
+        torch.ops.fusible.fp8_quantize_dequantize_delayed(x, fmt, hist, scale, 0.0, "max")
+        assert torch.isfinite(scale).all() and scale.item() > 1e38
+
+    @pytest.mark.parametrize("device", DEVICES)
     def test_nan_input_keeps_the_scale_finite(self, device):
         x = torch.tensor([1.0, float("nan"), 2.0], device=device)
         y = torch.ops.fusible.fp8_quantize_dequantize(x, "e4m3")
@@ -591,3 +605,35 @@ class TestBlockScaling:
         refs = (xq @ wq.T + bd, dyq @ wq, dyq.T @ xq, dyd.sum(0))
         for got, ref in zip((y, x.grad, model.weight.grad, model.bias.grad), refs):
             assert_close_to_ref(got, ref, torch.float32, gemm=True)
+
+
+@pytest.mark.parametrize(
+    "r", [recipe.Float8CurrentScaling(), recipe.DelayedScaling(), recipe.Float8BlockScaling()]
+)
+def test_fused_backward_linear_scale_casts_as_unfused(r):
+    # BackwardLinearScale folds the scale into the GEMMs; under FP8 the cast must still see the
+    # linear's own (scaled) gradient, as each op alone does.
+    def run(fused):
+        torch.manual_seed(8)
+        lin = ops.BasicLinear(256, 128, dtype=torch.float32, device="cpu")
+        scale = ops.ConstantScale(0.3)
+        x = torch.randn(4, 256, requires_grad=True)
+        with fusible.autocast(recipe=r):
+            y = ops.Sequential(lin, scale)(x) if fused else scale(lin(x))
+        y.backward(torch.randn(4, 128, generator=torch.Generator().manual_seed(9)))
+        return x.grad, lin.weight.grad
+
+    for a, b in zip(run(True), run(False)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_fp8_state_must_match_the_op():
+    lin = ops.BasicLinear(4, 4, device="cpu")
+    lin.reset_recipe_state(recipe=recipe.DelayedScaling(amax_history_len=3))
+    sd = copy.deepcopy(lin.state_dict())
+    sd["_extra_state"]["ops"][0]["forward"].pop()
+    with pytest.raises(ValueError, match="1 / 1 quantizers, the op uses 2 / 1"):
+        lin.load_state_dict(sd)
+    lin.reset_recipe_state(recipe=None)
+    with pytest.raises(ValueError):
+        lin.reset_recipe_state(recipe=recipe.DelayedScaling(amax_history_len=0))

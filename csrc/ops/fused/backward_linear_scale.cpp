@@ -16,10 +16,15 @@ BackwardResult BackwardLinearScale::fuser_backward(const std::vector<OperationCo
                                                    const at::Tensor& grad_output,
                                                    const TensorLists&) {
   auto& ctx = *ctxs.at(0);
-  auto [dx, dw] = BasicLinear::backward_gemms(ctx, cast_to(grad_output, ctx.compute_dtype), scale_,
-                                              [&](const at::Tensor& dy, const at::Tensor& w) {
-                                                return kernels::linear_dgrad(dy, w, scale_);
-                                              });
+  // Under FP8 the cast sees the linear's own gradient, scale applied (as unfused); else the scale
+  // rides on the GEMMs' alpha.
+  const bool fp8 = ctx.fp8.on();
+  const double alpha = fp8 ? 1.0 : scale_;
+  auto dy = cast_to(grad_output, ctx.compute_dtype);
+  if (fp8) dy = dy * scale_;
+  auto [dx, dw] = BasicLinear::backward_gemms(
+      ctx, dy, alpha,
+      [&](const at::Tensor& g, const at::Tensor& w) { return kernels::linear_dgrad(g, w, alpha); });
   return {dx, {{dw}, {}}, {{}, {}}};
 }
 

@@ -27,6 +27,7 @@ def register(seq):
     as a constant); called at construction and on copies."""
     handle = id(seq)
     seq.__dict__["_compile_handle"] = handle
+    _C._forget_sequential(handle)  # an engine kept for an earlier object with this id
 
     def forget(ref):  # the entry goes with its Sequential (unless the id was reused since)
         if _live.get(handle) is ref:

@@ -181,6 +181,7 @@ class Sequential(torch.nn.Module):
     # ---- list API (any change drops the C++ Sequential, and with it the channel locks)
     def _invalidate(self):
         self._cpp = None
+        _C._forget_sequential(self._compile_handle)  # compiled calls find the rebuilt engine
 
     def _entries(self):
         return list(self._modules.values())
