@@ -111,6 +111,16 @@ at::Tensor Fp8Cast::backward(const at::Tensor& dy, size_t index) const {
               recipe->grad_block_dim);
 }
 
+at::Tensor Fp8Cast::columnwise(const at::Tensor& t, bool backward) const {
+  TORCH_CHECK(needs_columnwise() && t.defined(), "FP8: a column-wise cast needs block scaling");
+  const auto& format = backward ? recipe->backward_format : recipe->forward_format;
+  const auto rows = t.reshape({-1, t.size(-1)});
+  // Row-wise 1x128 blocks of the transpose are 128x1 blocks of t.
+  const auto q =
+      kernels::fp8_quantize_dequantize_block(rows.t(), format, 1, /*power_2_scale=*/true);
+  return q.t().contiguous().reshape(t.sizes());
+}
+
 Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, int64_t> counts,
                          c10::Device device) {
   const auto& a = fp8_autocast();

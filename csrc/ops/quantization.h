@@ -82,6 +82,12 @@ struct Fp8Cast {
   at::Tensor forward(const at::Tensor& x, size_t index = 0, bool weight = false) const;
   /// A gradient as the backward's FP8 GEMMs see it (the backward format).
   at::Tensor backward(const at::Tensor& dy, size_t index = 0) const;
+  /// Whether the weight-gradient GEMM needs its operands cast along the other dim (block
+  /// scaling: blocks of 128 rows of one column, as TransformerEngine's column-wise usage).
+  bool needs_columnwise() const { return on() && recipe->kind == "block"; }
+  /// t [..., n] cast in blocks along its leading (row) dims, the forward's or the backward's
+  /// format: the wgrad GEMM's operand under block scaling.
+  at::Tensor columnwise(const at::Tensor& t, bool backward) const;
 };
 
 /// The cast for an op's forward now: the autocast's recipe when enabled, else off. Under

@@ -588,7 +588,7 @@ class TestBlockScaling:
             torch.ops.fusible.fp8_quantize_dequantize_block(torch.ones(4, 4), "e4m3", 3)
 
     @pytest.mark.parametrize("device", DEVICES)
-    def test_linear_casts_inputs_and_grads_in_rows_and_weights_in_tiles(self, device):
+    def test_linear_casts_rows_columns_and_tiles(self, device):
         torch.manual_seed(7)
         model = ops.Linear(256, 192, dtype=torch.float32, device=device)
         x = torch.randn(130, 256, device=device, requires_grad=True)
@@ -602,7 +602,9 @@ class TestBlockScaling:
             qdq_blocks(wd, "e4m3", 2),
             qdq_blocks(dyd, "e4m3", 1),
         )
-        refs = (xq @ wq.T + bd, dyq @ wq, dyq.T @ xq, dyd.sum(0))
+        # The wgrad's operands are cast along the tokens (TE's column-wise usage).
+        xc, dyc = qdq_blocks(xd.T, "e4m3", 1).T, qdq_blocks(dyd.T, "e4m3", 1).T
+        refs = (xq @ wq.T + bd, dyq @ wq, dyc.T @ xc, dyd.sum(0))
         for got, ref in zip((y, x.grad, model.weight.grad, model.bias.grad), refs):
             assert_close_to_ref(got, ref, torch.float32, gemm=True)
 

@@ -40,11 +40,16 @@ std::pair<at::Tensor, at::Tensor> BasicLinear::prepare_forward(OperationContext&
   // Under an FP8 autocast the GEMMs see x and w cast to FP8 (and the backward, dy): fixed here, so
   // every fused forward and backward that goes through this op's forward and backward_gemms does.
   ctx.fp8 = fp8_cast(x);
-  const auto xc = ctx.fp8.forward(cast_to(x, ctx.compute_dtype), 0);
+  const auto x_hp = cast_to(x, ctx.compute_dtype);
+  const auto xc = ctx.fp8.forward(x_hp, 0);
   const auto w = ctx.fp8.forward(cast_to(weight, ctx.compute_dtype), 1, /*weight=*/true);
   if (ctx.requires_grad) {
-    ctx.save_for_backward({ctx.param_requires_grad.at(0) ? xc : at::Tensor(),
-                           ctx.input_requires_grad ? w : at::Tensor()});
+    // The wgrad GEMM's x: under block scaling cast along the tokens (column-wise), else xc.
+    const bool need_x = ctx.param_requires_grad.at(0);
+    const auto x_w = !need_x                      ? at::Tensor()
+                     : ctx.fp8.needs_columnwise() ? ctx.fp8.columnwise(x_hp, /*backward=*/false)
+                                                  : xc;
+    ctx.save_for_backward({x_w, ctx.input_requires_grad ? w : at::Tensor()});
   }
   return {xc, w};
 }

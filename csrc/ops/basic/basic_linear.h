@@ -39,7 +39,11 @@ class BasicLinear : public BasicOperation {
     at::Tensor dx, dw;
     const auto dy = ctx.fp8.backward(dy_in, 0);  // the forward's FP8 recipe, if any
     const auto& x = ctx.saved_tensors.at(0);
-    if (x.defined()) dw = kernels::linear_wgrad(dy, x, alpha);
+    if (x.defined()) {
+      // Block scaling casts the wgrad's dy along the tokens (column-wise), as its saved x.
+      const auto dy_w = ctx.fp8.needs_columnwise() ? ctx.fp8.columnwise(dy_in, true) : dy;
+      dw = kernels::linear_wgrad(dy_w, x, alpha);
+    }
     ctx.release_saved_tensor(0);
     const auto& w = ctx.saved_tensors.at(1);
     if (w.defined()) dx = dgrad(dy, w);
