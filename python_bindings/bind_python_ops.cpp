@@ -1,6 +1,6 @@
 // Operations and fused operations written in Python (te.ops' protocol): C++ trampolines that call
 // back into Python, and the built-in ops' own forward/backward for Python fused ops.
-#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <fusible/common/autograd_keys.h>
 #include <fusible/fusible.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -68,23 +68,12 @@ std::vector<std::vector<at::Tensor>> nested_lists(const py::handle& obj,
   return out;
 }
 
-// The fuser runs its ops below autograd (their autograd kernels would only cost time); user code
-// sees autograd as in te.ops (a recompute under torch.enable_grad() records its graph).
-struct WithAutograd {
-  static c10::impl::LocalDispatchKeySet keys() {
-    auto keys = c10::impl::tls_local_dispatch_key_set();
-    keys.excluded_ = keys.excluded_ - c10::autograd_dispatch_keyset;
-    return keys;
-  }
-  c10::impl::ForceDispatchKeyGuard guard{keys()};
-};
-
 // Calls the Python protocol of a (basic or fused) op.
 at::Tensor call_python_forward(const py::object& self, bool fuser_level,
                                const std::vector<OperationContext*>& ctxs, const at::Tensor& input,
                                const TensorLists& extra_inputs, TensorLists& extra_outputs,
                                const std::string& name) {
-  const WithAutograd with_autograd;
+  const AutogradKeysOn with_autograd;  // the fuser runs below autograd; user code does not
   if (!fuser_level) {
     auto r = self.attr("op_forward")(context_object(ctxs[0]), input,
                                      py::arg("prev_op_grad_output_quantizer") = py::none(),
@@ -112,7 +101,7 @@ BackwardResult call_python_backward(const py::object& self, bool fuser_level,
                                     const std::vector<size_t>& num_params,
                                     const std::vector<size_t>& num_extra_inputs,
                                     const std::string& name) {
-  const WithAutograd with_autograd;
+  const AutogradKeysOn with_autograd;  // the fuser runs below autograd; user code does not
   py::object dy = grad_output.defined() ? py::cast(grad_output) : py::none();
   if (!fuser_level) {
     auto r = self.attr("op_backward")(context_object(ctxs[0]), dy);

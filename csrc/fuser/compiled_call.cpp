@@ -7,7 +7,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros_like.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
@@ -20,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/autograd_keys.h"
 #include "ops/quantization.h"
 
 namespace fusible::fuser {
@@ -127,10 +127,7 @@ std::vector<at::Tensor> sequential_call_backward(int64_t handle, const at::Tenso
   const size_t ne = extras.size(), nn = named.size();
   std::vector<at::Tensor> grads(leaves.size());
   {
-    // A kernel may run below autograd (excluded keys); the recomputation needs it on.
-    auto keys = c10::impl::tls_local_dispatch_key_set();
-    keys.excluded_ = keys.excluded_ - c10::autograd_dispatch_keyset;
-    const c10::impl::ForceDispatchKeyGuard with_autograd(keys);
+    const AutogradKeysOn with_autograd;  // a kernel may run below autograd; this recomputes
     const at::AutoGradMode grad_mode(true);
     const auto outputs = seq->run(leaves[0], slice(1, ne), named_inputs(names, slice(1 + ne, nn)),
                                   slice(1 + ne + nn, params.size()))

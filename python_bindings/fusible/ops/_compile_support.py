@@ -44,6 +44,10 @@ def _sequential(handle):
     return seq
 
 
+_HOOKED = (
+    "Sequential: forward hooks on ops inside a Sequential under torch.compile are not supported "
+    "yet; register the hook on the Sequential itself"
+)
 _SEP = "\x1f"  # joins the channel names into one string argument (the schema has no str[])
 
 
@@ -52,10 +56,7 @@ def _check_runnable(seq):
     if seq._hooked:
         # A hooked op's group reads the module's own parameters after its pre-hooks, not the
         # call's: under compile that would differentiate the wrong tensors.
-        raise NotImplementedError(
-            "Sequential: forward hooks on ops inside a Sequential under torch.compile are not "
-            "supported yet; register the hook on the Sequential itself"
-        )
+        raise NotImplementedError(_HOOKED)
     from ._base import FusibleOperation
 
     for m in seq._entries():
@@ -148,10 +149,7 @@ def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
     # instead of going unseen by the compiled call.
     for m in seq._modules.values():
         if isinstance(m, FusibleOperation) and (m._forward_hooks or m._forward_pre_hooks):
-            raise NotImplementedError(
-                "Sequential: forward hooks on ops inside a Sequential under torch.compile are not "
-                "supported yet; register the hook on the Sequential itself"
-            )
+            raise NotImplementedError(_HOOKED)
     paths = _param_paths(seq._compile_handle)
     params = [getattr(seq.get_submodule(path), name) for path, name in paths]
     named = dict(channel_inputs or {})
