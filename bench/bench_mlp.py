@@ -1,7 +1,9 @@
 """MLP block benchmark (PERF.md's workloads): fusible vs PyTorch eager vs torch.compile, one run.
     y = x + fc2(gelu_tanh(fc1(layernorm(x)))), bf16, biases on; in fusible, PERF.md's
     Sequential(MakeExtraOutput, LayerNorm, Linear, GELU, Linear, AddExtraInput) with the residual
-    routed through a channel.
+    routed through a channel. `fusible_fp8`: the same Sequential under
+    fusible.autocast(recipe=Float8CurrentScaling()) (FP8 GEMMs), against eager and compiled bf16;
+    its relative error against eager bf16 (y and every gradient) is printed and recorded.
 Timing: CUDA events per repetition, warm-up first, median of many; every forward+backward starts
 with the parameters' and input's .grad cleared (as PERF.md's baselines.py), outside the timed span,
 so no gradient accumulation is timed or counted. Memory: the peak allocated during one
@@ -17,9 +19,10 @@ import os
 import statistics
 import time
 
+import fusible
 import torch
 import torch.nn.functional as F
-from fusible import ops
+from fusible import ops, recipe
 
 SHAPES = {"small": dict(T=16, H=1024, F=4096), "large": dict(T=8192, H=4096, F=16384)}
 
@@ -65,7 +68,16 @@ def make_models(T, H, F_, dev):
         h = F.gelu(F.linear(h, fc1.weight, fc1.bias), approximate="tanh")
         return x + F.linear(h, fc2.weight, fc2.bias)
 
-    models = {"fusible": fusible_fn, "eager": eager_fn, "compile": torch.compile(eager_fn)}
+    def fusible_fp8_fn(x):
+        with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
+            return seq(x)  # the backward follows the forward's recipe
+
+    models = {
+        "fusible": fusible_fn,
+        "eager": eager_fn,
+        "compile": torch.compile(eager_fn),
+        "fusible_fp8": fusible_fp8_fn,
+    }
     return models, list(seq.parameters()), seq
 
 
@@ -106,6 +118,23 @@ def kernel_table(fn):
     )
 
 
+def fp8_errors(models, params, x, dy):
+    """Relative (Frobenius) error of fusible FP8's y and gradients against eager bf16's."""
+    out = {}
+    for label in ("eager", "fusible_fp8"):
+        for p in params:
+            p.grad = None
+        xg = x.clone().requires_grad_()
+        y = models[label](xg)
+        y.backward(dy)
+        out[label] = [y.detach(), xg.grad] + [p.grad for p in params]
+    names = ["y", "dx", "d_ln_w", "d_ln_b", "d_fc1_w", "d_fc1_b", "d_fc2_w", "d_fc2_b"]
+    return {
+        n: ((a.double() - b.double()).norm() / b.double().norm()).item()
+        for n, a, b in zip(names, out["fusible_fp8"], out["eager"])
+    }
+
+
 def run_part(name, reps, profile=False):
     s = SHAPES[name]
     dev = "cuda"
@@ -140,7 +169,7 @@ def run_part(name, reps, profile=False):
             with torch.no_grad():
                 print(f"== {name} {label}: kernels of one forward\n{kernel_table(lambda: fn(x))}")
             print(f"== {name} {label}: kernels of one forward+backward\n{kernel_table(fresh_step)}")
-    return rows
+    return rows, fp8_errors(models, params, x, dy)
 
 
 def latest_rows(results, parts):
@@ -156,6 +185,13 @@ def latest_rows(results, parts):
             row = {"workload": f"mlp_{part}_bf16_{suffix}", "unit": unit}
             for impl in ("fusible", "eager", "compile"):
                 row[impl] = results[part][impl][key]
+            rows.append(row)
+    if "large" in parts:  # fusible FP8 (current scaling) against eager and compiled bf16
+        for suffix, key, unit in fields + fields_large[:1]:
+            row = {"workload": f"mlp_large_fp8_{suffix}", "unit": unit}
+            row["fusible"] = results["large"]["fusible_fp8"][key]
+            for impl in ("eager", "compile"):
+                row[impl] = results["large"][impl][key]
             rows.append(row)
     return rows
 
@@ -174,11 +210,13 @@ def main():
         "date": time.strftime("%Y-%m-%d"),
     }
     for part in args.parts.split(","):
-        results[part] = run_part(part, args.reps, args.profile)
+        results[part], results[f"{part}_fp8_rel_err"] = run_part(part, args.reps, args.profile)
     with open(os.path.join(out_dir, "bench_mlp.json"), "w") as f:
         json.dump(results, f, indent=1)
     latest = {k: results[k] for k in ("gpu", "date", "torch")}
     latest["rows"] = latest_rows(results, args.parts.split(","))
+    if "large" in args.parts.split(","):
+        latest["mlp_large_fp8_rel_err_vs_eager_bf16"] = results["large_fp8_rel_err"]
     with open(os.path.join(out_dir, "latest.json"), "w") as f:
         json.dump(latest, f, indent=1)
     print(f"MLP bf16 on {results['gpu']} (median ms, CUDA events)")
@@ -200,6 +238,10 @@ def main():
                 f"{part:6} {impl:8} {r['kernels_fwd']:4d} / {r['kernels_fwd_bwd']:4d}   "
                 f"{r['fwd_bwd_mib']:9.1f} MiB"
             )
+    print("fusible FP8 (current scaling): relative error against eager bf16")
+    for part in args.parts.split(","):
+        errs = results[f"{part}_fp8_rel_err"]
+        print(f"{part:6} " + "  ".join(f"{k} {v:.2e}" for k, v in errs.items()))
 
 
 if __name__ == "__main__":

@@ -162,5 +162,13 @@ void launch_dropout_bwd(const void* dy, const void* mask, void* dx, int64_t n, d
 void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin, float* amax,
                     float* scale, float* history, int64_t history_len, bool use_max,
                     KernelDType dtype, int num_sms, cudaStream_t stream);
+/// x [rows, cols] cast to FP8 data [rows, cols] and, where data_t is not null, its transpose
+/// [cols, rows] (cols, and with data_t rows, multiples of 4; x 16-byte aligned); *scale_inv = 1 /
+/// the scale used. Current scaling (scale null): scale from amax(x) as launch_fp8_qdq. Delayed
+/// (scale given): cast with *scale, amax(x) into *amax, then the history and scale update as there.
+void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int64_t cols, bool e4m3,
+                     double margin, float* amax, float* scale, float* scale_inv, float* history,
+                     int64_t history_len, bool use_max, KernelDType dtype, int num_sms,
+                     cudaStream_t stream);
 
 }  // namespace fusible::kernels

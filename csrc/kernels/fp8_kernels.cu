@@ -1,8 +1,9 @@
-// FP8 casts and back (the numerics of FP8 GEMM operands): the tensor's amax in one pass (a block
-// max, then an atomic max on the float's bits, which order as ints for non-negative floats), then
-// one vectorized pass that computes the scale on the device and casts each element to FP8 and
-// back; delayed scaling then rolls its amax history and sets the next scale in one small kernel.
-// No host synchronization anywhere.
+// FP8 casts: the tensor's amax in one pass (a block max, then an atomic max on the float's bits,
+// which order as ints for non-negative floats), then one pass that computes the scale on the
+// device and casts: to FP8 and back (the numerics of FP8 GEMM operands), or to FP8 data and its
+// transpose (the operands themselves). Delayed scaling casts with its held scale, takes the amax
+// in the same pass, then rolls its amax history and sets the next scale in one small kernel. No
+// host synchronization anywhere.
 #include <cuda_fp8.h>
 
 #include <cfloat>
@@ -14,14 +15,17 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T>
-__global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* __restrict__ amax) {
-  float m = 0.f;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = fabsf(static_cast<float>(cuda::to_acc(x[i])));
-    m = isnan(v) ? INFINITY : fmaxf(m, v);  // a NaN makes the amax non-finite (scale 1)
-  }
+// The largest finite E4M3 / E5M2 value (kernels::fp8_max on the host side).
+constexpr float fp8_max_of(bool e4m3) { return e4m3 ? 448.f : 57344.f; }
+
+// m with |v| taken in; a NaN makes the amax non-finite (scale 1).
+__device__ __forceinline__ float amax_with(float m, float v) {
+  const float a = fabsf(v);
+  return isnan(a) ? INFINITY : fmaxf(m, a);
+}
+
+// The block's max of each thread's m into *amax (kThreads threads, all of them calling).
+__device__ __forceinline__ void block_amax_into(float m, float* amax) {
   for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   __shared__ float warp_max[kThreads / 32];
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
@@ -30,6 +34,16 @@ __global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* __restric
     for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
     atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
   }
+}
+
+template <typename T>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* __restrict__ amax) {
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    m = amax_with(m, static_cast<float>(cuda::to_acc(x[i])));
+  }
+  block_amax_into(m, amax);
 }
 
 // fmax / amax * 2^-margin, or `fallback` where amax is 0 or not finite; the largest float where
@@ -66,6 +80,67 @@ __global__ void qdq_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n
   }
 }
 
+__device__ __forceinline__ uint8_t fp8_bits(float v, float fmax, bool e4m3) {
+  const float c = isnan(v) ? v : fminf(fmaxf(v, -fmax), fmax);  // NaN stays NaN
+  return __nv_cvt_float_to_fp8(c, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+constexpr int kTile = 64;  // cast_transpose_kernel's tile: 64 x 64 elements, 256 threads
+
+// x [rows, cols] (cols and, with data_t, rows multiples of 4) to FP8 data [rows, cols] and, where
+// data_t is given, its transpose [cols, rows], one 64 x 64 tile per block through shared memory.
+// The scale is *scale (delayed scaling; the tile's amax then goes into *amax) or comes from *amax
+// (current scaling); block 0 writes 1 / scale.
+template <typename T>
+__global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restrict__ data,
+                                      uint8_t* __restrict__ data_t, int64_t rows, int64_t cols,
+                                      int64_t col_tiles, float* __restrict__ amax,
+                                      const float* __restrict__ scale,
+                                      float* __restrict__ scale_inv, float fmax,
+                                      float margin_factor, bool e4m3) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const int64_t r0 = blockIdx.x / col_tiles * kTile, c0 = blockIdx.x % col_tiles * kTile;
+  const float s = scale != nullptr ? *scale : scale_from(*amax, fmax, margin_factor, 1.f);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.f / s;
+  // 16 threads cover a tile row in 4-element vectors; 16 rows per pass, 4 passes.
+  const int lane = threadIdx.x % 16, row_in_pass = threadIdx.x / 16;
+  float m = 0.f;
+#pragma unroll
+  for (int pass = 0; pass < 4; ++pass) {
+    const int lr = row_in_pass + 16 * pass;
+    const int64_t r = r0 + lr, c = c0 + lane * 4;
+    if (r < rows && c < cols) {
+      const auto v = cuda::load_vec<T, 4>(x + r * cols + c);
+      uint32_t packed = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float f = static_cast<float>(cuda::to_acc(v.v[j]));
+        m = amax_with(m, f);
+        const uint8_t q = fp8_bits(f * s, fmax, e4m3);
+        tile[lr][lane * 4 + j] = q;
+        packed |= static_cast<uint32_t>(q) << (8 * j);
+      }
+      *reinterpret_cast<uint32_t*>(data + r * cols + c) = packed;
+    }
+  }
+  if (data_t != nullptr) {
+    __syncthreads();
+#pragma unroll
+    for (int pass = 0; pass < 4; ++pass) {
+      const int lc = row_in_pass + 16 * pass;
+      const int64_t c = c0 + lc, r = r0 + lane * 4;
+      if (c < cols && r < rows) {
+        uint32_t packed = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          packed |= static_cast<uint32_t>(tile[lane * 4 + j][lc]) << (8 * j);
+        *reinterpret_cast<uint32_t*>(data_t + c * rows + r) = packed;
+      }
+    }
+  }
+  if (scale != nullptr) block_amax_into(m, amax);
+}
+
 // history rolls by one (newest first) taking *amax_now; scale = fmax / (max or newest) * 2^-m,
 // kept where that amax is 0 or not finite. One thread: histories are short.
 __global__ void delayed_update_kernel(float* history, int64_t len, const float* amax_now,
@@ -82,10 +157,39 @@ __global__ void delayed_update_kernel(float* history, int64_t len, const float* 
 
 }  // namespace
 
+void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int64_t cols, bool e4m3,
+                     double margin, float* amax, float* scale, float* scale_inv, float* history,
+                     int64_t history_len, bool use_max, KernelDType dtype, int num_sms,
+                     cudaStream_t stream) {
+  const float fmax = fp8_max_of(e4m3);
+  const float margin_factor = exp2f(-static_cast<float>(margin));
+  cudaMemsetAsync(amax, 0, sizeof(float), stream);
+  const int64_t n = rows * cols;
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* tx = static_cast<const T*>(x);
+    if (n > 0 && scale == nullptr) {  // current scaling: the amax first
+      amax_kernel<T><<<cuda::grid_for(n, kThreads, num_sms), kThreads, 0, stream>>>(tx, n, amax);
+      cuda::check_launch("amax_kernel");
+    }
+    const int64_t col_tiles = cols > 0 ? (cols + kTile - 1) / kTile : 1;
+    const int64_t blocks = n > 0 ? (rows + kTile - 1) / kTile * col_tiles : 1;
+    cast_transpose_kernel<T><<<blocks, kThreads, 0, stream>>>(
+        tx, static_cast<uint8_t*>(data), static_cast<uint8_t*>(data_t), rows, cols, col_tiles, amax,
+        scale, scale_inv, fmax, margin_factor, e4m3);
+    cuda::check_launch("cast_transpose_kernel");
+  });
+  if (history != nullptr) {
+    delayed_update_kernel<<<1, 32, 0, stream>>>(history, history_len, amax, scale, fmax,
+                                                margin_factor, use_max);
+    cuda::check_launch("delayed_update_kernel");
+  }
+}
+
 void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin, float* amax,
                     float* scale, float* history, int64_t history_len, bool use_max,
                     KernelDType dtype, int num_sms, cudaStream_t stream) {
-  const float fmax = e4m3 ? 448.f : 57344.f;
+  const float fmax = fp8_max_of(e4m3);
   const float margin_factor = exp2f(-static_cast<float>(margin));
   cudaMemsetAsync(amax, 0, sizeof(float), stream);
   cuda::dispatch_dtype(dtype, [&](auto tag) {

@@ -106,6 +106,24 @@ TORCH_LIBRARY(fusible, m) {
   m.def(
       "fp8_quantize_dequantize_block(Tensor x, str format, int block_dim, bool power_2_scale=True)"
       " -> Tensor");
+  // FP8 data for a GEMM (current scaling): -> (data in x's shape, data_t [K, M] for x as [M, K]
+  // rows (empty unless transpose), scale_inv [1] fp32); data = fp8(x * scale).
+  m.def(
+      "fp8_cast(Tensor x, str format, float margin=0.0, bool transpose=False) -> (Tensor, Tensor, "
+      "Tensor)");
+  // The same with delayed scaling's scale, then its history and scale updated.
+  m.def(
+      "fp8_cast_delayed(Tensor x, str format, Tensor(a!) amax_history, Tensor(b!) scale, "
+      "float margin, str amax_compute_algo, bool transpose=False) -> (Tensor, Tensor, Tensor)");
+  // d = act(alpha * (a * a_scale_inv) @ (b * b_scale_inv)^T + bias + other) in out_dtype: a
+  // [..., K] and b [N, K] FP8 (not both e5m2), fp32 accumulation (fast_accum: cuBLASLt's faster,
+  // less exact one). act 'none', 'gelu' (tanh) or 'relu' (then no other). -> (d, the
+  // pre-activation when save_pre, else empty).
+  m.def(
+      "fp8_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, ScalarType out_dtype, "
+      "Tensor? bias=None, Tensor? other=None, float alpha=1.0, str act='none', bool "
+      "save_pre=False, "
+      "bool fast_accum=False) -> (Tensor, Tensor)");
 }
 
 // Autograd: no op here has a derivative formula (the fuser's one autograd node differentiates whole
@@ -147,7 +165,10 @@ TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
                            "linear_bias_act",
                            "fp8_quantize_dequantize",
                            "fp8_quantize_dequantize_delayed",
-                           "fp8_quantize_dequantize_block"}) {
+                           "fp8_quantize_dequantize_block",
+                           "fp8_cast",
+                           "fp8_cast_delayed",
+                           "fp8_gemm"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }
 }

@@ -172,4 +172,25 @@ T fp8_quantize_dequantize_block(CT x, const std::string& format, int64_t block_d
   return op.call(x, format, block_dim, power_2_scale);
 }
 
+T3 fp8_cast(CT x, const std::string& format, double margin, bool transpose) {
+  FUSIBLE_OP("fp8_cast", T3(CT, c10::string_view, double, bool));
+  return op.call(x, format, margin, transpose);
+}
+
+T3 fp8_cast_delayed(CT x, const std::string& format, CT amax_history, CT scale, double margin,
+                    const std::string& amax_compute_algo, bool transpose) {
+  FUSIBLE_OP("fp8_cast_delayed", T3(CT, c10::string_view, CT, CT, double, c10::string_view, bool));
+  return op.call(x, format, amax_history, scale, margin, amax_compute_algo, transpose);
+}
+
+T2 fp8_gemm(CT a, CT a_scale_inv, CT b, CT b_scale_inv, at::ScalarType out_dtype,
+            const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& other,
+            double alpha, const std::string& act, bool save_pre, bool fast_accum) {
+  FUSIBLE_OP("fp8_gemm",
+             T2(CT, CT, CT, CT, at::ScalarType, const std::optional<at::Tensor>&,
+                const std::optional<at::Tensor>&, double, c10::string_view, bool, bool));
+  return op.call(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, alpha, act, save_pre,
+                 fast_accum);
+}
+
 }  // namespace fusible::kernels

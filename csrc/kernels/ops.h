@@ -117,4 +117,22 @@ at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, const std::strin
 at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, const std::string& format,
                                          int64_t block_dim, bool power_2_scale = true);
 
+/// -> (FP8 data, its [K, M] transpose or empty, scale_inv [1]); current scaling.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast(const at::Tensor& x,
+                                                        const std::string& format, double margin,
+                                                        bool transpose);
+
+/// fp8_cast with delayed scaling's scale; amax_history and scale updated in place.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_delayed(
+    const at::Tensor& x, const std::string& format, const at::Tensor& amax_history,
+    const at::Tensor& scale, double margin, const std::string& amax_compute_algo, bool transpose);
+
+/// act(alpha * deq(a) @ deq(b)^T + bias + other) in out_dtype -> (d, pre-activation or empty).
+std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tensor& a_scale_inv,
+                                            const at::Tensor& b, const at::Tensor& b_scale_inv,
+                                            at::ScalarType out_dtype,
+                                            const std::optional<at::Tensor>& bias,
+                                            const std::optional<at::Tensor>& other, double alpha,
+                                            const std::string& act, bool save_pre, bool fast_accum);
+
 }  // namespace fusible::kernels

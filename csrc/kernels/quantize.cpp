@@ -1,5 +1,5 @@
-// fp8_quantize_dequantize(_delayed): checks, the ATen version (CPU), Meta. CUDA:
-// quantize_cuda.cpp.
+// fp8_quantize_dequantize(_delayed, _block) and fp8_cast(_delayed): checks, the ATen version
+// (CPU), Meta. CUDA: quantize_cuda.cpp.
 #include "kernels/quantize.h"
 
 #include <ATen/TensorOperators.h>
@@ -7,6 +7,7 @@
 #include <ATen/ops/amax.h>
 #include <ATen/ops/clamp.h>
 #include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/exp2.h>
 #include <ATen/ops/floor.h>
@@ -28,6 +29,19 @@ double fp8_max(const char* op, c10::string_view format) {
   if (format == "e4m3") return 448.0;
   TORCH_CHECK_VALUE(format == "e5m2", op, ": expected format 'e4m3' or 'e5m2', got '", format, "'");
   return 57344.0;
+}
+
+at::ScalarType fp8_dtype(const char* op, c10::string_view format) {
+  fp8_max(op, format);
+  return format == "e4m3" ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+}
+
+void check_fp8_cast_args(const char* op, const at::Tensor& x, c10::string_view format,
+                         double margin) {
+  FUSIBLE_CHECK_FLOATING(op, "x", x);
+  FUSIBLE_CHECK_MIN_DIM(op, "x", x, 1);
+  fp8_max(op, format);
+  TORCH_CHECK_VALUE(std::isfinite(margin), op, ": expected a finite margin, got ", margin);
 }
 
 void check_fp8_qdq_args(const at::Tensor& x, c10::string_view format, double margin) {
@@ -73,6 +87,37 @@ at::Tensor scale_for(const at::Tensor& amax, double max, double factor,
   return at::where(at::isfinite(amax) & (amax > 0), raw, fallback);
 }
 
+// Delayed scaling after a cast of xf: the history rolls by one, newest first, taking amax(xf); then
+// the scale for the next cast.
+void roll_history(const at::Tensor& xf, const at::Tensor& amax_history, const at::Tensor& scale,
+                  double max, double margin, c10::string_view amax_compute_algo) {
+  const auto amax =
+      xf.numel() > 0 ? xf.abs().amax().to(at::kFloat) : at::zeros({}, scale.options());
+  const auto len = amax_history.size(0);
+  if (len > 1) amax_history.slice(0, 1).copy_(amax_history.slice(0, 0, len - 1).clone());
+  amax_history.select(0, 0).copy_(amax);
+  const auto used = amax_compute_algo == "max" ? amax_history.amax() : amax_history.select(0, 0);
+  scale.copy_(scale_for(used, max, std::exp2(-margin), scale.reshape({})).reshape(scale.sizes()));
+}
+
+void check_delayed_state_sizes(const char* op, const at::Tensor& amax_history,
+                               const at::Tensor& scale) {
+  // Sizes here, not in the checks the Meta kernels share (symbolic sizes have no numel()).
+  TORCH_CHECK_VALUE(amax_history.numel() >= 1 && scale.numel() == 1, op,
+                    ": expected a non-empty amax_history and a one-element scale, got ",
+                    amax_history.numel(), " and ", scale.numel(), " elements");
+}
+
+// xf (fp32, or fp64) times scale (a 0-d tensor) as FP8 data, its [K, M] transpose if asked for,
+// and 1 / scale as [1] fp32.
+Fp8Cast cast_with(const at::Tensor& xf, const at::Tensor& scale, double max, at::ScalarType fp8,
+                  bool transpose) {
+  const auto data = (xf * scale).clamp(-max, max).to(fp8).contiguous();
+  const auto data_t = transpose ? data.reshape({-1, data.size(-1)}).t().contiguous()
+                                : at::empty({0}, data.options());
+  return {data, data_t, scale.reciprocal().to(at::kFloat).reshape({1})};
+}
+
 }  // namespace
 
 namespace reference {
@@ -81,7 +126,7 @@ at::Tensor fp8_quantize_dequantize(const at::Tensor& x, c10::string_view format,
   check_fp8_qdq_args(x, format, margin);
   if (x.numel() == 0) return x.clone();
   const double max = fp8_max("fp8_quantize_dequantize", format);
-  const auto fp8 = format == "e4m3" ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+  const auto fp8 = fp8_dtype("fp8_quantize_dequantize", format);
   // fp32 math (fp64 stays fp64), as the CUDA cast kernel does.
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
   const auto amax = xf.abs().amax();
@@ -94,24 +139,14 @@ at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, c10::string_view
                                            const at::Tensor& amax_history, const at::Tensor& scale,
                                            double margin, c10::string_view amax_compute_algo) {
   check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
-  // Sizes here, not in the checks the Meta kernel shares (symbolic sizes have no numel()).
-  TORCH_CHECK_VALUE(amax_history.numel() >= 1 && scale.numel() == 1,
-                    "fp8_quantize_dequantize_delayed: expected a non-empty amax_history and a "
-                    "one-element scale, got ",
-                    amax_history.numel(), " and ", scale.numel(), " elements");
+  check_delayed_state_sizes("fp8_quantize_dequantize_delayed", amax_history, scale);
   const double max = fp8_max("fp8_quantize_dequantize_delayed", format);
-  const auto fp8 = format == "e4m3" ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+  const auto fp8 = fp8_dtype("fp8_quantize_dequantize_delayed", format);
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
   const auto s = scale.reshape({}).to(xf.scalar_type());
   const auto y =
       ((xf * s).clamp(-max, max).to(fp8).to(xf.scalar_type()) * s.reciprocal()).to(x.scalar_type());
-  // The history rolls by one, newest first; then the scale for the next cast.
-  const auto amax = x.numel() > 0 ? xf.abs().amax().to(at::kFloat) : at::zeros({}, scale.options());
-  const auto len = amax_history.size(0);
-  if (len > 1) amax_history.slice(0, 1).copy_(amax_history.slice(0, 0, len - 1).clone());
-  amax_history.select(0, 0).copy_(amax);
-  const auto used = amax_compute_algo == "max" ? amax_history.amax() : amax_history.select(0, 0);
-  scale.copy_(scale_for(used, max, std::exp2(-margin), scale.reshape({})).reshape(scale.sizes()));
+  roll_history(xf, amax_history, scale, max, margin, amax_compute_algo);
   return y.contiguous();
 }
 
@@ -121,7 +156,7 @@ at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, c10::string_view f
   if (x.numel() == 0) return x.clone();
   constexpr int64_t kBlock = 128;
   const double max = fp8_max("fp8_quantize_dequantize_block", format);
-  const auto fp8 = format == "e4m3" ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+  const auto fp8 = fp8_dtype("fp8_quantize_dequantize_block", format);
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   const auto up = [](int64_t n) { return (n + kBlock - 1) / kBlock * kBlock; };
@@ -146,9 +181,54 @@ at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, c10::string_view f
       .contiguous();
 }
 
+Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose) {
+  check_fp8_cast_args("fp8_cast", x, format, margin);
+  const double max = fp8_max("fp8_cast", format);
+  const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  const auto amax = x.numel() > 0 ? xf.abs().amax() : at::zeros({}, xf.options());
+  const auto scale = scale_for(amax, max, std::exp2(-margin), at::ones_like(amax));
+  return cast_with(xf, scale.to(at::kFloat), max, fp8_dtype("fp8_cast", format), transpose);
+}
+
+Fp8Cast fp8_cast_delayed(const at::Tensor& x, c10::string_view format,
+                         const at::Tensor& amax_history, const at::Tensor& scale, double margin,
+                         c10::string_view amax_compute_algo, bool transpose) {
+  constexpr const char* op = "fp8_cast_delayed";
+  check_fp8_cast_args(op, x, format, margin);
+  check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
+  check_delayed_state_sizes(op, amax_history, scale);
+  const double max = fp8_max(op, format);
+  const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  auto out = cast_with(xf, scale.reshape({}).clone(), max, fp8_dtype(op, format), transpose);
+  roll_history(xf, amax_history, scale, max, margin, amax_compute_algo);
+  return out;
+}
+
 }  // namespace reference
 
 namespace {
+
+Fp8Cast fp8_cast_meta_outputs(const at::Tensor& x, c10::string_view format, bool transpose) {
+  const auto data = at::empty_like(x, x.options().dtype(fp8_dtype("fp8_cast", format)),
+                                   at::MemoryFormat::Contiguous);
+  const auto k = x.sym_size(-1);
+  const auto data_t = transpose ? at::empty_symint({k, x.sym_numel() / k}, data.options())
+                                : at::empty({0}, data.options());
+  return {data, data_t, at::empty({1}, x.options().dtype(at::kFloat))};
+}
+
+Fp8Cast fp8_cast_meta(const at::Tensor& x, c10::string_view format, double margin, bool transpose) {
+  check_fp8_cast_args("fp8_cast", x, format, margin);
+  return fp8_cast_meta_outputs(x, format, transpose);
+}
+
+Fp8Cast fp8_cast_delayed_meta(const at::Tensor& x, c10::string_view format,
+                              const at::Tensor& amax_history, const at::Tensor& scale,
+                              double margin, c10::string_view amax_compute_algo, bool transpose) {
+  check_fp8_cast_args("fp8_cast_delayed", x, format, margin);
+  check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
+  return fp8_cast_meta_outputs(x, format, transpose);
+}
 
 at::Tensor fp8_qdq_block_meta(const at::Tensor& x, c10::string_view format, int64_t block_dim,
                               bool power_2_scale) {
@@ -174,6 +254,8 @@ TORCH_LIBRARY_IMPL(fusible, CPU, m) {
   m.impl("fp8_quantize_dequantize", &reference::fp8_quantize_dequantize);
   m.impl("fp8_quantize_dequantize_delayed", &reference::fp8_quantize_dequantize_delayed);
   m.impl("fp8_quantize_dequantize_block", &reference::fp8_quantize_dequantize_block);
+  m.impl("fp8_cast", &reference::fp8_cast);
+  m.impl("fp8_cast_delayed", &reference::fp8_cast_delayed);
 }
 
 // Block scaling on CUDA: the same ATen code until its kernel comes with the block-scaled GEMMs.
@@ -185,6 +267,8 @@ TORCH_LIBRARY_IMPL(fusible, Meta, m) {
   m.impl("fp8_quantize_dequantize_block", &fp8_qdq_block_meta);
   m.impl("fp8_quantize_dequantize", &fp8_qdq_meta);
   m.impl("fp8_quantize_dequantize_delayed", &fp8_qdq_delayed_meta);
+  m.impl("fp8_cast", &fp8_cast_meta);
+  m.impl("fp8_cast_delayed", &fp8_cast_delayed_meta);
 }
 
 }  // namespace fusible::kernels

@@ -1,15 +1,22 @@
-// FP8 casts with per-tensor current scaling (DESIGN.md section 6): the scale comes from the
-// tensor's own amax when it is cast.
+// FP8 casts (DESIGN.md section 6): per-tensor current scaling (the scale comes from the tensor's
+// own amax when it is cast), delayed scaling (from an amax history) and block scaling; each as a
+// cast and back (the values an FP8 GEMM computes with) and, per tensor, as the FP8 data a GEMM
+// reads (fp8_cast).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
+
+#include <tuple>
 
 namespace fusible::kernels {
 
 /// The largest finite value of an FP8 format: "e4m3" 448, "e5m2" 57344 (throws naming op on any
 /// other name).
 double fp8_max(const char* op, c10::string_view format);
+
+/// torch.float8_e4m3fn for "e4m3", torch.float8_e5m2 for "e5m2" (throws naming op otherwise).
+at::ScalarType fp8_dtype(const char* op, c10::string_view format);
 
 /// The argument checks of fp8_quantize_dequantize.
 void check_fp8_qdq_args(const at::Tensor& x, c10::string_view format, double margin);
@@ -21,6 +28,14 @@ void check_fp8_qdq_delayed_args(const at::Tensor& x, c10::string_view format,
 
 /// The argument checks of fp8_quantize_dequantize_block.
 void check_fp8_qdq_block_args(const at::Tensor& x, c10::string_view format, int64_t block_dim);
+
+/// The argument checks of fp8_cast (and of fp8_cast_delayed's x, format and margin).
+void check_fp8_cast_args(const char* op, const at::Tensor& x, c10::string_view format,
+                         double margin);
+
+/// fp8_cast's outputs: data in x's shape, data_t [K, M] for x as [M, K] rows (empty [0] unless
+/// asked for), scale_inv [1] fp32.
+using Fp8Cast = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 namespace reference {
 /// x cast to FP8 with scale = fp8_max / amax(x) / 2^margin (1 where amax is 0 or not finite) and
@@ -38,6 +53,14 @@ at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, c10::string_view
 /// a power of two with power_2_scale) and back.
 at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, c10::string_view format,
                                          int64_t block_dim, bool power_2_scale);
+/// x's FP8 data with current scaling (scale = fp8_max / amax(x) / 2^margin, 1 where amax is 0 or
+/// not finite), its transpose as [K, M] when `transpose`, and 1 / scale.
+Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose);
+/// The same with the given scale [1]; then amax_history and scale are updated as by
+/// fp8_quantize_dequantize_delayed (scale_inv is the inverse of the scale the cast used).
+Fp8Cast fp8_cast_delayed(const at::Tensor& x, c10::string_view format,
+                         const at::Tensor& amax_history, const at::Tensor& scale, double margin,
+                         c10::string_view amax_compute_algo, bool transpose);
 }  // namespace reference
 
 }  // namespace fusible::kernels

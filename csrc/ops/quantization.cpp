@@ -5,6 +5,8 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
+#include <tuple>
+
 #include "kernels/ops.h"
 
 namespace fusible::ops {
@@ -119,6 +121,66 @@ at::Tensor Fp8Cast::columnwise(const at::Tensor& t, bool backward) const {
   const auto q =
       kernels::fp8_quantize_dequantize_block(rows.t(), format, 1, /*power_2_scale=*/true);
   return q.t().contiguous().reshape(t.sizes());
+}
+
+bool Fp8Cast::fp8_gemms_fit(int64_t m, int64_t k, int64_t n, at::ScalarType dtype) const {
+  if (!on() || recipe->kind == "block" || recipe->forward_format != "e4m3") return false;
+  if (dtype != at::kBFloat16 && dtype != at::kHalf && dtype != at::kFloat) return false;
+  return m > 0 && m % 16 == 0 && k % 16 == 0 && n % 16 == 0;
+}
+
+namespace {
+
+GemmOperand fp8_data(const Fp8Cast& c, const at::Tensor& x, const std::string& format,
+                     const std::vector<DelayedScaling>* states, size_t index, bool transpose) {
+  GemmOperand o;
+  o.dtype = x.scalar_type();
+  at::Tensor data_t;
+  if (states == nullptr) {
+    std::tie(o.rowwise, data_t, o.scale_inv) =
+        kernels::fp8_cast(x, format, c.recipe->margin, transpose);
+  } else {
+    TORCH_CHECK(index < states->size(), "FP8 delayed scaling: no state for tensor ", index);
+    const auto& s = (*states)[index];
+    std::tie(o.rowwise, data_t, o.scale_inv) =
+        kernels::fp8_cast_delayed(x, format, s.amax_history, s.scale, c.recipe->margin,
+                                  c.recipe->amax_compute_algo, transpose);
+  }
+  if (transpose) o.columnwise = data_t;
+  return o;
+}
+
+}  // namespace
+
+GemmOperand Fp8Cast::forward_operand(const at::Tensor& x, size_t index, bool weight, bool rowwise,
+                                     bool columnwise) const {
+  if (gemm_fp8) {
+    return fp8_data(*this, x, recipe->forward_format, state ? &state->forward : nullptr, index,
+                    columnwise);
+  }
+  GemmOperand o;
+  o.dtype = x.scalar_type();
+  // One cast serves both uses but under block scaling (a delayed state takes one cast per use).
+  const bool own_columnwise = columnwise && needs_columnwise();
+  if (rowwise || (columnwise && !own_columnwise)) o.rowwise = forward(x, index, weight);
+  if (columnwise) o.columnwise = own_columnwise ? this->columnwise(x, false) : o.rowwise;
+  if (!rowwise) o.rowwise = at::Tensor();
+  return o;
+}
+
+GemmOperand Fp8Cast::backward_operand(const at::Tensor& dy, size_t index, bool rowwise,
+                                      bool columnwise) const {
+  if (gemm_fp8) {
+    return fp8_data(*this, dy, recipe->backward_format, state ? &state->backward : nullptr, index,
+                    columnwise);
+  }
+  GemmOperand o;
+  o.dtype = dy.scalar_type();
+  const bool own_columnwise = columnwise && needs_columnwise();
+  if (rowwise || (columnwise && !own_columnwise)) o.rowwise = backward(dy, index);
+  if (columnwise) o.columnwise = own_columnwise ? this->columnwise(dy, true) : o.rowwise;
+  if (!rowwise) o.rowwise = at::Tensor();
+  return o;
 }
 
 Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, int64_t> counts,

@@ -70,12 +70,43 @@ class Fp8AutocastGuard {
 /// are not C++ scopes). Checks as the guard does.
 Fp8Autocast exchange_fp8_autocast(Fp8Autocast autocast);
 
+/// One tensor as a linear's GEMMs take it (ops/linear_gemms.h).
+/// - High precision (no FP8, or FP8 emulated by a cast and back): `rowwise` is the tensor the
+///   forward and dgrad GEMMs read, `columnwise` the one the wgrad GEMM reads (the same tensor but
+///   under block scaling, which casts it along the other dim).
+/// - FP8 data: `rowwise` [..., K] and its transpose `columnwise` [K, M] (Hopper's FP8 GEMM reads
+///   both operands with K contiguous), `scale_inv` [1] fp32.
+/// Either may be undefined where no GEMM reads it. `dtype`: the compute dtype, the GEMMs' output.
+struct GemmOperand {
+  at::Tensor rowwise, columnwise, scale_inv;
+  at::ScalarType dtype = at::kFloat;
+  bool fp8() const { return scale_inv.defined(); }
+};
+
 /// What one op's forward quantized with, kept for its backward (which may run on another thread,
 /// outside the autocast): off, or the recipe.
 struct Fp8Cast {
   std::shared_ptr<const Fp8Recipe> recipe;
   std::shared_ptr<Fp8OpState> state;  // DelayedScaling's; null for current scaling
+  /// Whether the GEMMs run on FP8 data (set by the op's forward where fp8_gemms_fit): else a
+  /// recipe is emulated by casts to FP8 and back and GEMMs in the compute dtype.
+  bool gemm_fp8 = false;
+  /// With gemm_fp8: 1 / scale of each FP8 tensor the op saved, by saved slot (the saved tensors
+  /// keep BasicLinear's (x, w) layout that Python fusions rely on).
+  std::vector<at::Tensor> saved_scale_inv;
   bool on() const { return recipe != nullptr; }
+  /// Whether FP8 GEMMs take a linear's x [m, k] and w [n, k] in `dtype`: per-tensor scaling with
+  /// E4M3 forward (E5M2 x E5M2 has no GEMM; block scaling is emulated), bf16, fp16 or fp32, and
+  /// m, k, n multiples of 16 (the FP8 GEMM's 16-byte rows, transposes included).
+  bool fp8_gemms_fit(int64_t m, int64_t k, int64_t n, at::ScalarType dtype) const;
+  /// x (in the compute dtype) as the forward's GEMMs take it: the forward's cast of quantizer
+  /// `index` (a weight: block scaling's 2-D blocks); FP8 data with gemm_fp8. `rowwise` /
+  /// `columnwise`: which uses to fill.
+  GemmOperand forward_operand(const at::Tensor& x, size_t index, bool weight, bool rowwise,
+                              bool columnwise) const;
+  /// A gradient as the backward's GEMMs take it (the backward format).
+  GemmOperand backward_operand(const at::Tensor& dy, size_t index, bool rowwise,
+                               bool columnwise) const;
   /// x as the forward's FP8 GEMM sees it (the forward format); `index`: which of the op's forward
   /// tensors (its quantizer, for delayed scaling); `weight`: a weight (block scaling's 2-D
   /// blocks).

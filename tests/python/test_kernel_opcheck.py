@@ -62,6 +62,26 @@ def _cases(device):
             for algo in ("max", "most_recent")
         ],
         *[(F.fp8_quantize_dequantize_block, (r(6, 130), "e4m3", d, True)) for d in (1, 2)],
+        *[
+            (F.fp8_cast, (r(16, 32), fmt, 1.0, t))
+            for fmt in ("e4m3", "e5m2")
+            for t in (True, False)
+        ],
+        (F.fp8_cast_delayed, (r(16, 32), "e4m3", r(4).abs(), r(1).abs(), 0.0, "max", True)),
+    ]
+
+
+def _fp8_gemm_cases(device, r):
+    a, sa = F.fp8_cast(r(2, 16, 32), "e4m3")[::2]
+    b, sb = F.fp8_cast(r(48, 32), "e4m3")[::2]
+    g, sg = F.fp8_cast(r(48, 32), "e5m2")[::2]
+    bf = torch.bfloat16
+    bias = r(48).to(bf)
+    return [
+        (F.fp8_gemm, (a, sa, b, sb, bf)),
+        (F.fp8_gemm, (a, sa, g, sg, torch.float32, None, None, 0.5)),
+        (F.fp8_gemm, (a, sa, b, sb, bf, bias, r(2, 16, 48).to(bf), 1.0, "none", False, True)),
+        *[(F.fp8_gemm, (a, sa, b, sb, bf, bias, None, 1.0, act, True)) for act in ("gelu", "relu")],
     ]
 
 
@@ -70,6 +90,22 @@ class TestOpcheck:
     def test_every_deterministic_op(self, device):
         for op, args in _cases(device):
             torch.library.opcheck(op.default, args)
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_fp8_gemm(self, device):
+        # FP8 inputs: the schema test compares inputs with torch.allclose, which has no FP8
+        # kernels; the other checks run.
+        r = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+        for op, args in _fp8_gemm_cases(device, r):
+            torch.library.opcheck(
+                op.default,
+                args,
+                test_utils=(
+                    "test_autograd_registration",
+                    "test_faketensor",
+                    "test_aot_dispatch_dynamic",
+                ),
+            )
 
     @pytest.mark.parametrize("device", DEVICES)
     def test_dropout_fwd(self, device):
@@ -89,7 +125,7 @@ class TestOpcheck:
             if n.startswith("fusible::")
         }
         checked = {op._qualified_op_name.split("::")[1] for op, _ in _cases("cpu")}
-        checked.add("dropout_fwd")
+        checked |= {"dropout_fwd", "fp8_gemm"}
         # The compiled Sequential's call ops: opcheck in test_compile_fullgraph.py.
         checked |= {"sequential_call", "sequential_call_backward"}
         assert "bias_fwd" in registered and "linear_fwd" in registered

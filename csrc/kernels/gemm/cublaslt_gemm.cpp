@@ -52,8 +52,12 @@ cudaDataType_t cuda_type(at::ScalarType t) {
       return CUDA_R_16F;
     case at::kFloat:
       return CUDA_R_32F;
+    case at::kFloat8_e4m3fn:
+      return CUDA_R_8F_E4M3;
+    case at::kFloat8_e5m2:
+      return CUDA_R_8F_E5M2;
     default:
-      TORCH_CHECK(false, "cuBLASLt GEMM: expected bf16, fp16 or fp32, got ", t);
+      TORCH_CHECK(false, "cuBLASLt GEMM: expected bf16, fp16, fp32 or FP8, got ", t);
   }
 }
 
@@ -81,6 +85,8 @@ cublasLtEpilogue_t lt_epilogue(Epilogue e) {
   TORCH_INTERNAL_ASSERT(false);
 }
 
+bool fp8_type(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
+
 bool aligned16(const at::Tensor& t) {
   return !t.defined() || reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
 }
@@ -98,25 +104,29 @@ struct Key {
   int device;
   int64_t m, n, k;
   bool trans_a, trans_b, has_c, c_is_d;
-  at::ScalarType dtype;
+  at::ScalarType dtype;           // d's (and c's, bias's)
+  at::ScalarType a_type, b_type;  // dtype, or FP8
+  bool fast_accum;
   Epilogue epilogue;
   cublasComputeType_t compute;
   uint32_t align_a, align_b, align_c, align_d;
   bool operator==(const Key& o) const {
-    return std::tie(device, m, n, k, trans_a, trans_b, has_c, c_is_d, dtype, epilogue, compute,
-                    align_a, align_b, align_c, align_d) ==
+    return std::tie(device, m, n, k, trans_a, trans_b, has_c, c_is_d, dtype, a_type, b_type,
+                    fast_accum, epilogue, compute, align_a, align_b, align_c, align_d) ==
            std::tie(o.device, o.m, o.n, o.k, o.trans_a, o.trans_b, o.has_c, o.c_is_d, o.dtype,
-                    o.epilogue, o.compute, o.align_a, o.align_b, o.align_c, o.align_d);
+                    o.a_type, o.b_type, o.fast_accum, o.epilogue, o.compute, o.align_a, o.align_b,
+                    o.align_c, o.align_d);
   }
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = std::hash<int64_t>()(k.m);
-    for (int64_t v :
-         {int64_t(k.device), k.n, k.k, int64_t(k.trans_a), int64_t(k.trans_b), int64_t(k.has_c),
-          int64_t(k.c_is_d), int64_t(k.dtype), int64_t(k.epilogue), int64_t(k.compute),
-          int64_t(k.align_a) << 27 | int64_t(k.align_b) << 18 | int64_t(k.align_c) << 9 |
-              int64_t(k.align_d)}) {
+    for (int64_t v : {int64_t(k.device), k.n, k.k, int64_t(k.trans_a), int64_t(k.trans_b),
+                      int64_t(k.has_c), int64_t(k.c_is_d), int64_t(k.dtype),
+                      int64_t(k.a_type) << 16 | int64_t(k.b_type) << 8 | int64_t(k.fast_accum),
+                      int64_t(k.epilogue), int64_t(k.compute),
+                      int64_t(k.align_a) << 27 | int64_t(k.align_b) << 18 |
+                          int64_t(k.align_c) << 9 | int64_t(k.align_d)}) {
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     }
     return h;
@@ -165,7 +175,43 @@ const char* epilogue_name(Epilogue e) {
 
 int64_t relu_mask_row_bytes(int64_t n) { return (n + 127) / 128 * 128 / 8; }
 
+namespace {
+
+// FP8: a [m, k] and b [n, k] (trans_b), k contiguous, rows 16-byte aligned; d, c and bias bf16 or
+// fp16, or fp32 d without bias; epilogues without aux but GELU's; scales given.
+bool can_run_fp8(const RowMajorGemm& g) {
+  const auto t = g.d.scalar_type();
+  if (g.trans_a || !g.trans_b || !fp8_type(g.b.scalar_type())) return false;
+  if (g.a.scalar_type() == at::kFloat8_e5m2 && g.b.scalar_type() == at::kFloat8_e5m2) return false;
+  if (t != at::kBFloat16 && t != at::kHalf && !(t == at::kFloat && !g.bias.defined())) return false;
+  if (!g.a_scale_inv.defined() || !g.b_scale_inv.defined()) return false;
+  if (uses_mask(g.epilogue) || g.epilogue == Epilogue::kDGeluBGrad ||
+      g.epilogue == Epilogue::kBGradB) {
+    return false;
+  }
+  for (const auto* x : {&g.a, &g.b}) {
+    if (!x->is_cuda() || !x->is_contiguous() || !aligned16(*x) || x->size(1) % 16 != 0) {
+      return false;
+    }
+  }
+  for (const auto* x : {&g.c, &g.d, &g.bias, &g.aux}) {
+    if (!x->defined()) continue;
+    if (!x->is_cuda() || x->scalar_type() != t || !x->is_contiguous() || !aligned16(*x)) {
+      return false;
+    }
+    if (x->dim() == 2 && (x->size(1) * x->element_size()) % 16 != 0) return false;
+  }
+  for (const auto* s : {&g.a_scale_inv, &g.b_scale_inv}) {
+    if (!s->is_cuda() || s->scalar_type() != at::kFloat || s->numel() != 1) return false;
+  }
+  if (g.a.size(0) == 0 || g.a.size(1) == 0 || g.b.size(0) == 0) return false;
+  return !uses_aux(g.epilogue) || g.d.size(1) % 8 == 0;
+}
+
+}  // namespace
+
 bool can_run(const RowMajorGemm& g) {
+  if (fp8_type(g.a.scalar_type())) return can_run_fp8(g);
   const auto t = g.d.scalar_type();
   if (t != at::kBFloat16 && t != at::kHalf && t != at::kFloat) return false;
   const auto elem = g.d.element_size();
@@ -203,6 +249,7 @@ void set_attribute(const MatmulDesc& desc, cublasLtMatmulDescAttributes_t attr, 
   FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, attr, value, size));
 }
 
+// Null where the heuristic finds no algorithm (kept so: try_run's answer is cached too).
 std::unique_ptr<Prepared> prepare(const Key& key, const RowMajorGemm& g, cublasLtHandle_t handle,
                                   size_t workspace_size) {
   auto p = std::make_unique<Prepared>();
@@ -220,8 +267,16 @@ std::unique_ptr<Prepared> prepare(const Key& key, const RowMajorGemm& g, cublasL
     const int64_t aux_ld = uses_mask(key.epilogue) ? relu_mask_row_bytes(key.n) * 8 : key.n;
     set_attribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld));
   }
-  make_layout(p->a, type, g.b.size(0), g.b.size(1));  // our b, as stored
-  make_layout(p->b, type, g.a.size(0), g.a.size(1));  // our a, as stored
+  if (fp8_type(key.a_type)) {
+    const int8_t fast = key.fast_accum ? 1 : 0;
+    set_attribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
+    if (key.epilogue != Epilogue::kNone) {
+      const int32_t bias_type = type;  // FP8 kernels do not assume it
+      set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
+    }
+  }
+  make_layout(p->a, cuda_type(key.b_type), g.b.size(0), g.b.size(1));  // our b, as stored
+  make_layout(p->b, cuda_type(key.a_type), g.a.size(0), g.a.size(1));  // our a, as stored
   make_layout(p->c, type, key.m, key.n);
   make_layout(p->d, type, key.m, key.n);
 
@@ -245,26 +300,23 @@ std::unique_ptr<Prepared> prepare(const Key& key, const RowMajorGemm& g, cublasL
   FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->desc.handle, p->a.handle,
                                                         p->b.handle, p->c.handle, p->d.handle,
                                                         pref.handle, 1, &result, &found));
-  TORCH_CHECK(found > 0, "cuBLASLt GEMM: no algorithm for m=", key.m, ", n=", key.n, ", k=", key.k,
-              ", dtype ", key.dtype, ", epilogue ", epilogue_name(key.epilogue),
-              key.trans_a ? ", a transposed" : "", key.trans_b ? ", b transposed" : "");
+  if (found == 0) return nullptr;
   p->algo = result.algo;
   return p;
 }
 
 // Per thread: a descriptor's pointers are set per call, so threads must not share one (and no
 // lock is taken on the per-call path). The autograd engine runs a device's backwards on one thread.
-Prepared& prepared(const Key& key, const RowMajorGemm& g, cublasLtHandle_t handle,
+Prepared* prepared(const Key& key, const RowMajorGemm& g, cublasLtHandle_t handle,
                    size_t workspace_size) {
   thread_local std::unordered_map<Key, std::unique_ptr<Prepared>, KeyHash> cache;
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, prepare(key, g, handle, workspace_size)).first;
-  return *it->second;
+  return it->second.get();
 }
 
-}  // namespace
-
-void run(const RowMajorGemm& g) {
+// Runs g, or returns false (nothing run) where no algorithm fits.
+bool run_if_possible(const RowMajorGemm& g) {
   const int64_t m = rows_of_op(g.a, g.trans_a);
   const int64_t k = cols_of_op(g.a, g.trans_a);
   const int64_t n = cols_of_op(g.b, g.trans_b);
@@ -289,7 +341,8 @@ void run(const RowMajorGemm& g) {
   }
   const c10::cuda::CUDAGuard guard(g.d.device());
   const auto dtype = g.d.scalar_type();
-  const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS();
+  const bool tf32 =
+      dtype == at::kFloat && !fp8_type(g.a.scalar_type()) && at::globalContext().allowTF32CuBLAS();
   const void* c_ptr = has_c ? g.c.data_ptr() : g.d.data_ptr();
   const Key key{g.d.device().index(),
                 m,
@@ -300,6 +353,9 @@ void run(const RowMajorGemm& g) {
                 has_c,
                 has_c && g.c.is_same(g.d),
                 dtype,
+                g.a.scalar_type(),
+                g.b.scalar_type(),
+                g.fast_accum && fp8_type(g.a.scalar_type()),
                 g.epilogue,
                 tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
                 alignment(g.b.data_ptr()),
@@ -308,7 +364,16 @@ void run(const RowMajorGemm& g) {
                 alignment(g.d.data_ptr())};
   auto handle = at::cuda::getCurrentCUDABlasLtHandle();
   const size_t workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
-  auto& p = prepared(key, g, handle, workspace_size);
+  auto* found = prepared(key, g, handle, workspace_size);
+  if (found == nullptr) return false;
+  auto& p = *found;
+  if (fp8_type(key.a_type)) {
+    // cuBLASLt's A is our b (see the mapping above).
+    const void* a_scale = g.b_scale_inv.data_ptr();
+    const void* b_scale = g.a_scale_inv.data_ptr();
+    set_attribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale));
+    set_attribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale));
+  }
   if (g.epilogue != Epilogue::kNone) {
     const void* bias = g.bias.data_ptr();
     set_attribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
@@ -323,6 +388,18 @@ void run(const RowMajorGemm& g) {
       handle, p.desc.handle, &alpha, g.b.data_ptr(), p.a.handle, g.a.data_ptr(), p.b.handle, &beta,
       c_ptr, p.c.handle, g.d.data_ptr(), p.d.handle, &p.algo, at::cuda::getCUDABlasLtWorkspace(),
       workspace_size, c10::cuda::getCurrentCUDAStream()));
+  return true;
+}
+
+}  // namespace
+
+bool try_run(const RowMajorGemm& g) { return run_if_possible(g); }
+
+void run(const RowMajorGemm& g) {
+  TORCH_CHECK(run_if_possible(g), "cuBLASLt GEMM: no algorithm for ", g.a.sizes(),
+              g.trans_a ? "^T" : "", " x ", g.b.sizes(), g.trans_b ? "^T" : "", ", ",
+              g.a.scalar_type(), " to ", g.d.scalar_type(), ", epilogue ",
+              epilogue_name(g.epilogue));
 }
 
 }  // namespace fusible::kernels::gemm

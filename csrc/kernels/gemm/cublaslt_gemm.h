@@ -27,7 +27,10 @@ const char* epilogue_name(Epilogue e);
 
 /// Row-major d[m, n] = alpha * op(a) @ op(b) + beta * c, then the epilogue. op(a) is [m, k]: a is
 /// [m, k], or [k, m] with trans_a; op(b) is [k, n]: b is [k, n], or [n, k] with trans_b. Every
-/// tensor is 2-D, contiguous, on one CUDA device, of one dtype (bf16, fp16 or fp32).
+/// tensor is 2-D, contiguous, on one CUDA device, of one dtype (bf16, fp16 or fp32); or, FP8, a
+/// and b are float8_e4m3fn / float8_e5m2 (not both e5m2) with their scale_inv, a [m, k] and b
+/// [n, k] with trans_b (the one layout Hopper's FP8 GEMM takes: k contiguous in both), and d,
+/// c and bias bf16 or fp16 (fp32 d without a bias).
 struct RowMajorGemm {
   at::Tensor a, b;
   bool trans_a = false;
@@ -43,6 +46,9 @@ struct RowMajorGemm {
   // [m, n] in d's dtype: output (kGeluAuxBias) or input (kDGeluBGrad); uint8
   // [m, relu_mask_row_bytes(n)]: output (kReluAuxBias) or input (kDReluBGrad).
   at::Tensor aux;
+  // FP8 only: fp32 [1] each, on the device; op(a) is a * a_scale_inv, op(b) b * b_scale_inv.
+  at::Tensor a_scale_inv, b_scale_inv;
+  bool fast_accum = false;  // FP8 only: cuBLASLt's fast accumulation (forward GEMMs)
 };
 
 /// Whether cuBLASLt runs this GEMM here: supported dtype, 16-byte aligned pointers and rows, and
@@ -52,5 +58,9 @@ bool can_run(const RowMajorGemm& g);
 
 /// Runs it. Throws naming m, n, k, dtype and epilogue when no algorithm fits.
 void run(const RowMajorGemm& g);
+
+/// Runs it where cuBLASLt has an algorithm for it (false, nothing run, otherwise): for epilogues
+/// an FP8 GEMM may lack.
+bool try_run(const RowMajorGemm& g);
 
 }  // namespace fusible::kernels::gemm

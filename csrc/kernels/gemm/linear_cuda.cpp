@@ -7,6 +7,7 @@
 
 #include "kernels/bias.h"
 #include "kernels/gemm/cublaslt_gemm.h"
+#include "kernels/gemm/row_views.h"
 #include "kernels/linear.h"
 
 namespace fusible::kernels {
@@ -14,21 +15,8 @@ namespace {
 
 using gemm::Epilogue;
 using gemm::RowMajorGemm;
-
-// The 2-D row view a GEMM takes; a 2-D contiguous tensor as it is (a view per call costs host
-// time that shows in small calls).
-at::Tensor rows(const at::Tensor& t) {
-  if (t.dim() == 2 && t.is_contiguous()) return t;
-  return t.contiguous().reshape({-1, t.size(-1)});
-}
-
-// A GEMM's [M, N] result d in the leading shape of t (d itself when t is 2-D).
-at::Tensor shaped_like(const at::Tensor& d, const at::Tensor& t) {
-  if (t.dim() == 2) return d;
-  auto shape = t.sizes().vec();
-  shape.back() = d.size(1);
-  return d.view(shape);
-}
+using gemm::rows;
+using gemm::shaped_like;
 
 // x @ w^T (+ bias): a = x [M, K], b = w [N, K] transposed.
 RowMajorGemm forward_gemm(const at::Tensor& x, const at::Tensor& weight,

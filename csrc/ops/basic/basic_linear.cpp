@@ -1,11 +1,13 @@
-// BasicLinear through fusible::linear_fwd / linear_dgrad / linear_wgrad. Saves the input only when
-// the weight needs a gradient and the weight only when the input does. Under an FP8 autocast its
-// GEMMs take FP8-cast operands (ops/quantization.h).
+// BasicLinear through the linear GEMMs (ops/linear_gemms.h). Saves the input only when the weight
+// needs a gradient and the weight only when the input does. Under an FP8 autocast its GEMMs take
+// FP8 operands (ops/quantization.h): FP8 data and its transpose where FP8 GEMMs run (the saved
+// tensors are then FP8 too), else casts to FP8 and back.
 #include "ops/basic/basic_linear.h"
 
 #include <ATen/ops/empty.h>
 
 #include "common/checks.h"
+#include "kernels/fp8_gemm.h"
 #include "kernels/ops.h"
 #include "ops/parameter_utils.h"
 
@@ -27,9 +29,9 @@ void BasicLinear::reset_parameters() {
   init_linear_weight_(weight());
 }
 
-std::pair<at::Tensor, at::Tensor> BasicLinear::prepare_forward(OperationContext& ctx,
-                                                               const at::Tensor& x,
-                                                               const ForwardArgs& args) {
+std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContext& ctx,
+                                                                 const at::Tensor& x,
+                                                                 const ForwardArgs& args) {
   const auto& weight = ctx.param(0, "BasicLinear");
   check_param_shape("BasicLinear", "weight", weight, {out_features_, in_features_});
   check_input_against_param("BasicLinear", x, weight);
@@ -40,32 +42,62 @@ std::pair<at::Tensor, at::Tensor> BasicLinear::prepare_forward(OperationContext&
   // Under an FP8 autocast the GEMMs see x and w cast to FP8 (and the backward, dy): fixed here, so
   // every fused forward and backward that goes through this op's forward and backward_gemms does.
   ctx.fp8 = fp8_cast(x);
-  const auto x_hp = cast_to(x, ctx.compute_dtype);
-  const auto xc = ctx.fp8.forward(x_hp, 0);
-  const auto w = ctx.fp8.forward(cast_to(weight, ctx.compute_dtype), 1, /*weight=*/true);
+  const int64_t rows = x.dim() > 0 && in_features_ > 0 ? x.numel() / in_features_ : 0;
+  ctx.fp8.gemm_fp8 = ctx.fp8.fp8_gemms_fit(rows, in_features_, out_features_, ctx.compute_dtype);
+  const bool need_x = ctx.requires_grad && ctx.param_requires_grad.at(0);
+  const bool need_w = ctx.requires_grad && ctx.input_requires_grad;
+  auto xo = ctx.fp8.forward_operand(cast_to(x, ctx.compute_dtype), 0, /*weight=*/false,
+                                    /*rowwise=*/true, /*columnwise=*/need_x);
+  // The dgrad reads w itself, or its FP8 transpose.
+  auto wo = ctx.fp8.forward_operand(cast_to(weight, ctx.compute_dtype), 1, /*weight=*/true,
+                                    /*rowwise=*/true, /*columnwise=*/need_w && ctx.fp8.gemm_fp8);
   if (ctx.requires_grad) {
-    // The wgrad GEMM's x: under block scaling cast along the tokens (column-wise), else xc.
-    const bool need_x = ctx.param_requires_grad.at(0);
-    const auto x_w = !need_x                      ? at::Tensor()
-                     : ctx.fp8.needs_columnwise() ? ctx.fp8.columnwise(x_hp, /*backward=*/false)
-                                                  : xc;
-    ctx.save_for_backward({x_w, ctx.input_requires_grad ? w : at::Tensor()});
+    const auto& w_dgrad = ctx.fp8.gemm_fp8 ? wo.columnwise : wo.rowwise;
+    ctx.save_for_backward({need_x ? xo.columnwise : at::Tensor(), need_w ? w_dgrad : at::Tensor()});
+    if (ctx.fp8.gemm_fp8) ctx.fp8.saved_scale_inv = {xo.scale_inv, wo.scale_inv};
   }
-  return {xc, w};
+  return {std::move(xo), std::move(wo)};
+}
+
+namespace {
+
+// Saved slot i as a GEMM operand: FP8 data (with the scale_inv kept beside it) read as the
+// transpose its GEMM takes, or a high-precision tensor as `hp_use` says.
+GemmOperand saved_operand(const OperationContext& ctx, size_t i, bool hp_columnwise) {
+  GemmOperand o;
+  o.dtype = ctx.compute_dtype;
+  const auto& t = ctx.saved_tensors.at(i);
+  if (t.defined() && kernels::is_fp8(t)) {
+    o.columnwise = t;
+    o.scale_inv = ctx.fp8.saved_scale_inv.at(i);
+  } else {
+    (hp_columnwise ? o.columnwise : o.rowwise) = t;
+  }
+  return o;
+}
+
+}  // namespace
+
+GemmOperand BasicLinear::saved_input(const OperationContext& ctx) {
+  return saved_operand(ctx, 0, /*hp_columnwise=*/true);  // the wgrad's
+}
+
+GemmOperand BasicLinear::saved_weight(const OperationContext& ctx) {
+  return saved_operand(ctx, 1, /*hp_columnwise=*/false);  // the dgrad's
 }
 
 at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,
                                    const ForwardArgs& args) {
-  const auto [xc, w] = prepare_forward(ctx, x, args);
-  return kernels::linear_fwd(xc, w, std::nullopt);
+  const auto [xo, wo] = prepare_forward(ctx, x, args);
+  return gemms::forward(xo, wo, std::nullopt);
 }
 
 std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::op_backward(OperationContext& ctx,
                                                                         const at::Tensor& dy) {
   // dw in the compute dtype: the fuser casts it to the weight's.
-  auto [dx, dw] = backward_gemms(
-      ctx, cast_to(dy, ctx.compute_dtype), 1.0,
-      [](const at::Tensor& g, const at::Tensor& w) { return kernels::linear_dgrad(g, w); });
+  auto [dx, dw] =
+      backward_gemms(ctx, cast_to(dy, ctx.compute_dtype), 1.0,
+                     [](const GemmOperand& g, const GemmOperand& w) { return gemms::dgrad(g, w); });
   return {dx, {dw}};
 }
 

@@ -3,6 +3,7 @@
 
 #include "kernels/ops.h"
 #include "ops/fusible_operation.h"
+#include "ops/linear_gemms.h"
 
 namespace fusible::ops {
 
@@ -21,34 +22,38 @@ class BasicLinear : public BasicOperation {
   std::pair<int64_t, int64_t> num_quantizers() const override { return {2, 1}; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
-  /// Checks x, fills ctx as the forward does (compute dtype, saved tensors) and returns
-  /// (x, weight) cast to the compute dtype; fused forwards call this so the backward stays valid.
-  std::pair<at::Tensor, at::Tensor> prepare_forward(OperationContext& ctx, const at::Tensor& x,
-                                                    const ForwardArgs& args);
+  /// Checks x, fills ctx as the forward does (compute dtype, FP8 cast, saved tensors) and returns
+  /// (x, weight) as the GEMMs take them (ops/linear_gemms.h); fused forwards call this so the
+  /// backward stays valid.
+  std::pair<GemmOperand, GemmOperand> prepare_forward(OperationContext& ctx, const at::Tensor& x,
+                                                      const ForwardArgs& args);
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
   /// The backward's GEMMs for dy (in the compute dtype) on a context this op's forward filled:
   /// the wgrad (scaled by alpha) first, so the saved input is released before dx is allocated,
-  /// then dx = dgrad(dy, w) where the input needs a gradient (fused ops pass an epilogue GEMM).
-  /// Under the forward's FP8 recipe both GEMMs take dy cast to its backward format.
-  /// -> (dx, dw), each undefined where not needed.
+  /// then dx = dgrad(dy, w) where the input needs a gradient (fused ops pass an epilogue GEMM from
+  /// ops/linear_gemms.h). dy is cast as the forward's FP8 recipe says. -> (dx, dw), each
+  /// undefined where not needed.
   template <typename Dgrad>
   static std::pair<at::Tensor, at::Tensor> backward_gemms(OperationContext& ctx,
                                                           const at::Tensor& dy_in, double alpha,
                                                           Dgrad&& dgrad) {
     at::Tensor dx, dw;
-    const auto dy = ctx.fp8.backward(dy_in, 0);  // the forward's FP8 recipe, if any
-    const auto& x = ctx.saved_tensors.at(0);
-    if (x.defined()) {
-      // Block scaling casts the wgrad's dy along the tokens (column-wise), as its saved x.
-      const auto dy_w = ctx.fp8.needs_columnwise() ? ctx.fp8.columnwise(dy_in, true) : dy;
-      dw = kernels::linear_wgrad(dy_w, x, alpha);
-    }
+    const auto x = saved_input(ctx);
+    const auto w = saved_weight(ctx);
+    const bool need_dw = x.columnwise.defined();
+    const bool need_dx = w.rowwise.defined() || w.columnwise.defined();
+    const auto dy = ctx.fp8.backward_operand(dy_in, 0, need_dx, need_dw);
+    if (need_dw) dw = gemms::wgrad(dy, x, alpha);
     ctx.release_saved_tensor(0);
-    const auto& w = ctx.saved_tensors.at(1);
-    if (w.defined()) dx = dgrad(dy, w);
+    if (need_dx) dx = dgrad(dy, w);
     return {dx, dw};
   }
+
+ private:
+  // The wgrad's x and the dgrad's w as prepare_forward saved them.
+  static GemmOperand saved_input(const OperationContext& ctx);
+  static GemmOperand saved_weight(const OperationContext& ctx);
 
  private:
   int64_t in_features_;

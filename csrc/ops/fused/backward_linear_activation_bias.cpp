@@ -21,13 +21,13 @@ BackwardResult BackwardLinearActivationBias::fuser_backward(
   at::Tensor dbias;
   auto [dpre, dw] = BasicLinear::backward_gemms(
       linear_ctx, cast_to(grad_output, linear_ctx.compute_dtype), 1.0,
-      [&](const at::Tensor& dy, const at::Tensor& w) {
+      [&](const GemmOperand& dy, const GemmOperand& w) {
         at::Tensor dpre;
         if (pre.scalar_type() == linear_ctx.compute_dtype) {
-          std::tie(dpre, dbias) = kernels::linear_dgrad_act_bias(dy, w, pre, kind_);
+          std::tie(dpre, dbias) = gemms::dgrad_act_bias(dy, w, pre, kind_);
         } else {  // mixed dtypes: the dgrad rounds to the activation's dtype first, as unfused
-          std::tie(dpre, dbias) = kernels::bias_act_bwd(
-              cast_to(kernels::linear_dgrad(dy, w), pre.scalar_type()), pre, kind_);
+          std::tie(dpre, dbias) =
+              kernels::bias_act_bwd(cast_to(gemms::dgrad(dy, w), pre.scalar_type()), pre, kind_);
         }
         return dpre;
       });

@@ -19,13 +19,13 @@ BackwardResult BackwardLinearAdd::fuser_backward(const std::vector<OperationCont
   const auto& dextra = grad_extra_outputs.at(0).at(0);
   auto [dx, dw] = BasicLinear::backward_gemms(
       ctx, cast_to(grad_output, ctx.compute_dtype), 1.0,
-      [&](const at::Tensor& dy, const at::Tensor& w) {
-        if (!dextra.defined()) return kernels::linear_dgrad(dy, w);
+      [&](const GemmOperand& dy, const GemmOperand& w) {
+        if (!dextra.defined()) return gemms::dgrad(dy, w);
         if (dextra.scalar_type() == ctx.compute_dtype && ctx.input_dtype == ctx.compute_dtype) {
-          return kernels::linear_dgrad_add(dy, w, dextra, 1.0);  // the add in the GEMM's epilogue
+          return gemms::dgrad_add(dy, w, dextra);  // the add in the GEMM's epilogue
         }
         // Mixed dtypes (autocast): add in the input's dtype, as MakeExtraOutput would.
-        return kernels::add_fwd(cast_to(kernels::linear_dgrad(dy, w), ctx.input_dtype), dextra);
+        return kernels::add_fwd(cast_to(gemms::dgrad(dy, w), ctx.input_dtype), dextra);
       });
   if (!dx.defined()) dx = dextra;  // the input needs no gradient: only the extra output's
   return {dx, {{}, {dw}}, {{}, {}}};

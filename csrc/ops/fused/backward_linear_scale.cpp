@@ -24,7 +24,7 @@ BackwardResult BackwardLinearScale::fuser_backward(const std::vector<OperationCo
   if (fp8) dy = dy * scale_;
   auto [dx, dw] = BasicLinear::backward_gemms(
       ctx, dy, alpha,
-      [&](const at::Tensor& g, const at::Tensor& w) { return kernels::linear_dgrad(g, w, alpha); });
+      [&](const GemmOperand& g, const GemmOperand& w) { return gemms::dgrad(g, w, alpha); });
   return {dx, {{dw}, {}}, {{}, {}}};
 }
 

@@ -28,15 +28,15 @@ at::Tensor ForwardLinearBiasActivation::fuser_forward(const std::vector<Operatio
   // The bias op sees the GEMM's output: same device and dtype as x after the cast.
   bias_ctx.input_dtype = linear_ctx.compute_dtype;
   const auto b = bias_->prepare_forward(bias_ctx, args);
-  if (!activation_) return kernels::linear_fwd(x, w, b);
+  if (!activation_) return gemms::forward(x, w, b);
   ctxs.at(2)->input_dtype = bias_ctx.compute_dtype;
   // ReLU's backward needs only y; without a backward nothing needs the pre-activation.
   if (activation_->saves_output() || !ctxs.at(2)->requires_grad) {
-    auto y = kernels::linear_bias_act(x, w, b, activation_->kind());
+    auto y = gemms::forward_act(x, w, b, activation_->kind(), /*save_pre=*/false).first;
     activation_->fill_context(*ctxs.at(2), y, y, args);  // y stands for x: same dtype
     return y;
   }
-  auto [y, pre] = kernels::linear_bias_act_fwd(x, w, b, activation_->kind());
+  auto [y, pre] = gemms::forward_act(x, w, b, activation_->kind(), /*save_pre=*/true);
   activation_->fill_context(*ctxs.at(2), pre, y, args);  // saves pre, as the unfused op would
   return y;
 }

@@ -18,23 +18,22 @@ ForwardLinearBiasAdd::ForwardLinearBiasAdd(std::shared_ptr<BasicLinear> linear,
   set_fused_directions(/*forward=*/true, /*backward=*/false);
 }
 
-at::Tensor linear_then_add(AddExtraInput& add, OperationContext& add_ctx, const at::Tensor& x,
-                           const at::Tensor& w, const std::optional<at::Tensor>& b, double alpha,
+at::Tensor linear_then_add(AddExtraInput& add, OperationContext& add_ctx, const GemmOperand& x,
+                           const GemmOperand& w, const std::optional<at::Tensor>& b, double alpha,
                            const at::Tensor& extra, const ForwardArgs& args) {
   TORCH_CHECK(extra.defined(), add.type_name(), ": expected an extra input tensor");
-  if (extra.scalar_type() != x.scalar_type()) {
+  if (extra.scalar_type() != x.dtype) {
     // The add op's own forward casts as it needs (rare: a residual in another dtype).
-    auto y = kernels::linear_fwd(x, w, std::nullopt);
+    auto y = gemms::forward(x, w, std::nullopt);
     if (alpha != 1.0) y = kernels::scale_fwd(y, alpha);
     if (b) y = kernels::bias_fwd(y, *b);
     TensorLists unused_out(1);
     return add.fuser_forward({&add_ctx}, y, {{extra}}, unused_out, args);
   }
-  if (add.writes_in_place(add_ctx, x, extra) && !extra.is_alias_of(x) && !extra.is_alias_of(w)) {
-    kernels::linear_add_(extra, x, w, b, alpha);
-    return extra;
-  }
-  return kernels::linear_add(x, w, b, extra, alpha);
+  const auto& xt = x.rowwise;  // what the GEMM reads: the output must not overlap it
+  const bool in_place = add.writes_in_place(add_ctx, xt, extra) && !extra.is_alias_of(xt) &&
+                        !extra.is_alias_of(w.rowwise);
+  return gemms::forward_add(x, w, b, extra, alpha, in_place);
 }
 
 at::Tensor ForwardLinearBiasAdd::fuser_forward(const std::vector<OperationContext*>& ctxs,

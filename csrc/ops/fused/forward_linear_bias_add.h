@@ -36,8 +36,8 @@ OpList fuse_forward_linear_bias_add_out_of_place(OpList ops, const FusionContext
 /// Shared by the forward GEMM + add fusions: y = alpha * x W^T + b + extra, written into extra
 /// where the add op would write in place, else into a new tensor. Falls back to the add op's own
 /// forward when extra's dtype is not the GEMM's.
-at::Tensor linear_then_add(AddExtraInput& add, OperationContext& add_ctx, const at::Tensor& x,
-                           const at::Tensor& w, const std::optional<at::Tensor>& b, double alpha,
+at::Tensor linear_then_add(AddExtraInput& add, OperationContext& add_ctx, const GemmOperand& x,
+                           const GemmOperand& w, const std::optional<at::Tensor>& b, double alpha,
                            const at::Tensor& extra, const ForwardArgs& args);
 
 }  // namespace fusible::ops

@@ -1,0 +1,48 @@
+// The GEMMs of BasicLinear and the fused ops built on it, on GemmOperands: the fusible::linear_*
+// kernels where the operands are high precision, fusible::fp8_gemm where they are FP8 data
+// (Hopper's layout: the forward reads x and w, the dgrad dy and w's transpose, the wgrad the
+// transposes of dy and x). One place decides which, so every fusion runs the same GEMMs unfused or
+// fused.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "ops/quantization.h"
+
+namespace fusible::ops::gemms {
+
+/// x W^T (+ bias).
+at::Tensor forward(const GemmOperand& x, const GemmOperand& w,
+                   const std::optional<at::Tensor>& bias);
+
+/// act(x W^T + bias) ("gelu" (tanh) or "relu") -> (y, the pre-activation where save_pre, else
+/// undefined).
+std::pair<at::Tensor, at::Tensor> forward_act(const GemmOperand& x, const GemmOperand& w,
+                                              const std::optional<at::Tensor>& bias,
+                                              const std::string& act, bool save_pre);
+
+/// alpha * x W^T + bias + other; written into other where in_place and the GEMM can (FP8 GEMMs
+/// write a new tensor): the result either way.
+at::Tensor forward_add(const GemmOperand& x, const GemmOperand& w,
+                       const std::optional<at::Tensor>& bias, const at::Tensor& other, double alpha,
+                       bool in_place);
+
+/// alpha * dy W.
+at::Tensor dgrad(const GemmOperand& dy, const GemmOperand& w, double alpha = 1.0);
+
+/// alpha * dy W + other.
+at::Tensor dgrad_add(const GemmOperand& dy, const GemmOperand& w, const at::Tensor& other,
+                     double alpha = 1.0);
+
+/// The dgrad through a bias + activation whose input was pre -> (dpre, dbias).
+std::pair<at::Tensor, at::Tensor> dgrad_act_bias(const GemmOperand& dy, const GemmOperand& w,
+                                                 const at::Tensor& pre, const std::string& act);
+
+/// alpha * dy^T x.
+at::Tensor wgrad(const GemmOperand& dy, const GemmOperand& x, double alpha = 1.0);
+
+}  // namespace fusible::ops::gemms
