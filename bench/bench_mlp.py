@@ -165,7 +165,7 @@ def run_part(name, reps, profile=False):
         with torch.no_grad():
             rows[label]["kernels_fwd"] = cuda_kernels(lambda: fn(x))
         rows[label]["kernels_fwd_bwd"] = cuda_kernels(fresh_step)
-        if profile and label in ("fusible", "eager"):
+        if profile and label in ("fusible", "eager", "fusible_fp8"):
             with torch.no_grad():
                 print(f"== {name} {label}: kernels of one forward\n{kernel_table(lambda: fn(x))}")
             print(f"== {name} {label}: kernels of one forward+backward\n{kernel_table(fresh_step)}")

@@ -71,6 +71,22 @@ std::tuple<at::Tensor, at::Tensor> bias_act_bwd_cuda(const at::Tensor& dy, const
   return {dpre, dbias};
 }
 
+at::Tensor bias_act_bwd__cuda(const at::Tensor& dy, const at::Tensor& pre, c10::string_view act) {
+  reference::check_epilogue_act("bias_act_bwd_", act);
+  FUSIBLE_CHECK_FLOATING("bias_act_bwd_", "pre", pre);
+  FUSIBLE_CHECK_MIN_DIM("bias_act_bwd_", "pre", pre, 1);
+  FUSIBLE_CHECK_SHAPE_LIKE("bias_act_bwd_", "dy", dy, pre);
+  FUSIBLE_CHECK_SAME_DEVICE("bias_act_bwd_", "dy", dy, "pre", pre);
+  FUSIBLE_CHECK_SAME_DTYPE("bias_act_bwd_", "dy", dy, "pre", pre);
+  if (!dy.is_contiguous()) {  // the kernel writes rows in place: through a copy
+    auto [dpre, dbias] = bias_act_bwd_cuda(dy, pre, act);
+    dy.copy_(dpre);
+    return dbias;
+  }
+  return bias_grad("bias_act_bwd_", dy, pre.contiguous(), dy,
+                   reference::parse_activation("bias_act_bwd_", act));
+}
+
 }  // namespace
 
 at::Tensor bias_act_bwd_in_place(const at::Tensor& dz, const at::Tensor& pre,
@@ -84,6 +100,7 @@ TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
   m.impl("bias_fwd", &bias_fwd_cuda);
   m.impl("bias_bwd", &bias_bwd_cuda);
   m.impl("bias_act_bwd", &bias_act_bwd_cuda);
+  m.impl("bias_act_bwd_", &bias_act_bwd__cuda);
 }
 
 }  // namespace fusible::kernels

@@ -110,6 +110,13 @@ std::tuple<at::Tensor, at::Tensor> bias_act_bwd_ref(const at::Tensor& dy, const 
   return {std::move(dpre), std::move(dbias)};
 }
 
+at::Tensor bias_act_bwd__ref(const at::Tensor& dy, const at::Tensor& pre, c10::string_view act) {
+  FUSIBLE_CHECK_SAME_DTYPE("bias_act_bwd_", "dy", dy, "pre", pre);
+  auto [dpre, dbias] = bias_act_bwd_ref(dy, pre, act);
+  dy.copy_(dpre);
+  return dbias;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
@@ -120,6 +127,7 @@ TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("linear_dgrad_add", &reference::linear_dgrad_add);
   m.impl("linear_dgrad_act_bias", &reference::linear_dgrad_act_bias);
   m.impl("bias_act_bwd", &bias_act_bwd_ref);
+  m.impl("bias_act_bwd_", &bias_act_bwd__ref);
   m.impl("rmsnorm_bwd_add", &reference::rmsnorm_bwd_add);
   m.impl("layernorm_bwd_add", &reference::layernorm_bwd_add);
 }

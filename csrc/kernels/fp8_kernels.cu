@@ -36,14 +36,28 @@ __device__ __forceinline__ void block_amax_into(float m, float* amax) {
   }
 }
 
-template <typename T>
-__global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* __restrict__ amax) {
+// amax over num_vecs vectors of VEC elements (16-byte loads where VEC > 1).
+template <typename T, int VEC>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t num_vecs, float* __restrict__ amax) {
   float m = 0.f;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    m = amax_with(m, static_cast<float>(cuda::to_acc(x[i])));
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < num_vecs;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const auto xv = cuda::load_vec<T, VEC>(x + v * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv.v[j])));
   }
   block_amax_into(m, amax);
+}
+
+template <typename T>
+void launch_amax(const T* x, int64_t n, float* amax, int num_sms, cudaStream_t stream) {
+  cuda::dispatch_vec<T>(n, {x}, [&](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    const int64_t vecs = n / V;
+    amax_kernel<T, V>
+        <<<cuda::grid_for(vecs, kThreads, num_sms), kThreads, 0, stream>>>(x, vecs, amax);
+  });
+  cuda::check_launch("amax_kernel");
 }
 
 // fmax / amax * 2^-margin, or `fallback` where amax is 0 or not finite; the largest float where
@@ -168,10 +182,7 @@ void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int6
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const auto* tx = static_cast<const T*>(x);
-    if (n > 0 && scale == nullptr) {  // current scaling: the amax first
-      amax_kernel<T><<<cuda::grid_for(n, kThreads, num_sms), kThreads, 0, stream>>>(tx, n, amax);
-      cuda::check_launch("amax_kernel");
-    }
+    if (n > 0 && scale == nullptr) launch_amax(tx, n, amax, num_sms, stream);  // current: first
     const int64_t col_tiles = cols > 0 ? (cols + kTile - 1) / kTile : 1;
     const int64_t blocks = n > 0 ? (rows + kTile - 1) / kTile * col_tiles : 1;
     cast_transpose_kernel<T><<<blocks, kThreads, 0, stream>>>(
@@ -196,8 +207,7 @@ void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin,
     using T = decltype(tag);
     const auto* tx = static_cast<const T*>(x);
     if (n > 0) {
-      amax_kernel<T><<<cuda::grid_for(n, kThreads, num_sms), kThreads, 0, stream>>>(tx, n, amax);
-      cuda::check_launch("amax_kernel");
+      launch_amax(tx, n, amax, num_sms, stream);
       cuda::dispatch_vec<T>(n, {x, y}, [&](auto vec) {
         constexpr int V = decltype(vec)::value;
         const int64_t vecs = n / V;

@@ -32,6 +32,8 @@ TORCH_LIBRARY(fusible, m) {
   m.def("linear_dgrad_act_bias(Tensor dy, Tensor weight, Tensor pre, str act) -> (Tensor, Tensor)");
   // Bias + activation backward: -> (dpre = act'(pre) * dy, dbias = sum of dpre).
   m.def("bias_act_bwd(Tensor dy, Tensor pre, str act) -> (Tensor, Tensor)");
+  // bias_act_bwd in place: dy becomes dpre (pre's shape and dtype); -> dbias.
+  m.def("bias_act_bwd_(Tensor(a!) dy, Tensor pre, str act) -> Tensor");
   // RMSNorm backward plus the residual's gradient: -> (rmsnorm dx + dextra, dweight).
   m.def(
       "rmsnorm_bwd_add(Tensor dy, Tensor x, Tensor rstd, Tensor weight, bool zero_centered_gamma, "
@@ -160,6 +162,7 @@ TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
                            "linear_dgrad_add",
                            "linear_dgrad_act_bias",
                            "bias_act_bwd",
+                           "bias_act_bwd_",
                            "rmsnorm_bwd_add",
                            "layernorm_bwd_add",
                            "linear_bias_act",

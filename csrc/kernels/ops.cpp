@@ -65,6 +65,10 @@ T2 linear_dgrad_act_bias(CT dy, CT weight, CT pre, const std::string& act) {
   FUSIBLE_OP("linear_dgrad_act_bias", T2(CT, CT, CT, c10::string_view));
   return op.call(dy, weight, pre, act);
 }
+T bias_act_bwd_(CT dy, CT pre, const std::string& act) {
+  FUSIBLE_OP("bias_act_bwd_", T(CT, CT, c10::string_view));
+  return op.call(dy, pre, act);
+}
 T2 bias_act_bwd(CT dy, CT pre, const std::string& act) {
   FUSIBLE_OP("bias_act_bwd", T2(CT, CT, c10::string_view));
   return op.call(dy, pre, act);

@@ -48,6 +48,8 @@ std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias(const at::Tensor& dy,
                                                          const at::Tensor& pre,
                                                          const std::string& act);
 /// -> (act'(pre) * dy, its sum over leading dims).
+/// bias_act_bwd in place: dy becomes dpre; -> dbias.
+at::Tensor bias_act_bwd_(const at::Tensor& dy, const at::Tensor& pre, const std::string& act);
 std::tuple<at::Tensor, at::Tensor> bias_act_bwd(const at::Tensor& dy, const at::Tensor& pre,
                                                 const std::string& act);
 /// -> (rmsnorm_bwd's dx + dextra, dweight).

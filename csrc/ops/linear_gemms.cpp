@@ -66,7 +66,9 @@ std::pair<at::Tensor, at::Tensor> dgrad_act_bias(const GemmOperand& dy, const Ge
     auto [dpre, dbias] = kernels::linear_dgrad_act_bias(dy.rowwise, w.rowwise, pre, act);
     return {dpre, dbias};
   }
-  auto [dpre, dbias] = kernels::bias_act_bwd(dgrad(dy, w), pre, act);
+  // In place on the GEMM's output: one [tokens, features] buffer fewer at the backward's peak.
+  auto dpre = dgrad(dy, w);
+  auto dbias = kernels::bias_act_bwd_(dpre, pre, act);
   return {dpre, dbias};
 }
 

@@ -54,6 +54,7 @@ def _cases(device):
         (F.linear_dgrad_add, (dy5, w, r(6, 8), 0.5)),
         *[(F.linear_dgrad_act_bias, (dy5, w, r(6, 8), act)) for act in ("gelu", "relu")],
         *[(F.bias_act_bwd, (dy8, r(6, 8), act)) for act in ("gelu", "relu")],
+        *[(F.bias_act_bwd_, (r(6, 8), r(6, 8), act)) for act in ("gelu", "relu")],
         (F.rmsnorm_bwd_add, (dy8, x, rrstd, lnw, False, r(6, 8))),
         (F.layernorm_bwd_add, (dy8, x, mean, rstd, lnw, True, r(6, 8))),
         *[(F.fp8_quantize_dequantize, (x, fmt, 1.0)) for fmt in ("e4m3", "e5m2")],
