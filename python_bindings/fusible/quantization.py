@@ -2,13 +2,13 @@
 
 The autocast state lives in C++, per thread (an op fixes the recipe at its forward; its backward
 uses that one, wherever it runs). Under an enabled autocast, BasicLinear's GEMMs (and every fusion
-built on it) compute with their operands cast to FP8 and back (fusible::fp8_quantize_dequantize):
-the numerics of FP8 GEMMs (per-tensor current or delayed scaling, or 1x128 / 128x128 blocks with
-power-of-two scales), emulated: the GEMMs themselves still run in the compute dtype (FP8 cuBLASLt
-GEMMs come next).
-"""
+built on it) run FP8 GEMMs on FP8 data (fusible::fp8_cast, fusible::fp8_gemm) where the recipe and
+shapes allow, and otherwise compute with their operands cast to FP8 and back
+(fusible::fp8_quantize_dequantize*). `quantized_model_init` stores Linear weights in FP8
+(_float8_tensor.Float8Tensor).""""""
 
 import contextlib
+import threading
 
 import torch
 
@@ -86,15 +86,40 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
         _C._exchange_fp8_autocast(*prev)
 
 
+_model_init = threading.local()
+
+
+def model_init_format():
+    """The FP8 format weights built now are stored in (quantized_model_init), or None."""
+    return getattr(_model_init, "format", None)
+
+
 @contextlib.contextmanager
 def quantized_model_init(enabled=True, recipe=None, preserve_high_precision_init_val=False):
-    """Modules built inside store FP8 weights (te's `quantized_model_init`). enabled=False is an
-    exact no-op."""
-    if enabled:
+    """Linear weights built inside are stored in FP8 (te's `quantized_model_init`): fusible's
+    Float8Tensor, FP8 data with a per-tensor scale in the recipe's forward format, which FP8 GEMMs
+    read as it is and which an optimizer step quantizes again. A weight built on the meta device
+    is quantized when reset_parameters() materializes it. enabled=False is an exact no-op."""
+    if not enabled:
+        yield
+        return
+    if preserve_high_precision_init_val:
         raise NotImplementedError(
-            "fusible.quantized_model_init(enabled=True): FP8 weights are not supported yet"
+            "fusible.quantized_model_init: preserve_high_precision_init_val is not supported yet"
         )
-    yield
+    r = recipe if recipe is not None else _recipe.Float8CurrentScaling()
+    _cpp_recipe(r)  # type and support checks
+    if r.float8_block_scaling():
+        raise NotImplementedError(
+            "fusible.quantized_model_init: block-scaled FP8 weights are not supported yet; use a "
+            "per-tensor recipe (Float8CurrentScaling, DelayedScaling)"
+        )
+    prev = model_init_format()
+    _model_init.format = r.fp8_format.forward_format
+    try:
+        yield
+    finally:
+        _model_init.format = prev
 
 
 _TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}

@@ -61,15 +61,53 @@ def split_outputs(outputs, exported):
     return public, named
 
 
-def call_parameters(sources):
+# Ops built on the meta device under quantized_model_init whose weight is not quantized yet.
+_fp8_weights_pending = weakref.WeakSet()
+
+
+def call_parameters(sources, for_call=True):
     """The tensors a fuser call computes with: each module's current attribute, so assignment,
-    functional_call, parametrizations and FSDP's unsharded parameters all take effect."""
+    functional_call, parametrizations and FSDP's unsharded parameters all take effect.
+    for_call=False: for a reset (FP8 weights may still wait for it)."""
     # A registered parameter straight from _parameters (nn.Module.__getattr__ is slow); anything
     # else (a parametrization's property, a plain attribute) through getattr.
-    return [
+    params = [
         module._parameters[name] if name in module._parameters else getattr(module, name)
         for module, name in sources
     ]
+    if _fp8_weights_pending and for_call:
+        _check_fp8_weights_materialized(sources)
+    return params
+
+
+def _check_fp8_weights_materialized(sources):
+    for module, _ in sources:
+        for op in module._basic_op_list():
+            if op in _fp8_weights_pending:
+                raise RuntimeError(
+                    f"{type(op).__name__}: its weight was built on the meta device under "
+                    "fusible.quantized_model_init and is quantized to FP8 when materialized: call "
+                    "reset_parameters() (after to_empty(device=...)) before the first forward"
+                )
+
+
+def quantize_fp8_weights(module):
+    """Stores the weight of every basic op of module built under quantized_model_init in FP8
+    (a Float8Tensor Parameter), once it is materialized; aliases in module's tree follow."""
+    from .._float8_tensor import Float8Tensor
+
+    for op in module._basic_op_list():
+        fmt = getattr(op, "_fp8_weight_format", None)
+        w = op._parameters.get("weight") if fmt else None
+        if w is None or w.is_meta or isinstance(w, Float8Tensor):
+            continue
+        q = torch.nn.Parameter(Float8Tensor.quantize(w, fmt), requires_grad=w.requires_grad)
+        for m in module.modules():
+            for name, p in list(m._parameters.items()):
+                if p is w:
+                    m._parameters[name] = q
+        _fp8_weights_pending.discard(op)
+        op._sync_cpp_parameters()
 
 
 _FP8_STATE_FORMAT = "fusible.fp8.delayed_scaling/1"
@@ -210,7 +248,7 @@ class FusibleOperation(torch.nn.Module):
 
     def _sync_cpp_parameters(self):
         """Makes the C++ basic ops hold this module's current Parameters (before a C++ reset)."""
-        params = call_parameters(self._param_sources())
+        params = call_parameters(self._param_sources(), for_call=False)
         k = 0
         for op in self._cpp.get_basic_ops():
             n = len(op.own_parameters())
@@ -256,6 +294,7 @@ class FusibleOperation(torch.nn.Module):
         if self._builtin:
             self._sync_cpp_parameters()
             self._cpp.reset_parameters()
+            quantize_fp8_weights(self)
 
     _repr_fields = ()
 

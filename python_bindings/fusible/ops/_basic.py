@@ -3,8 +3,16 @@
 Each class keeps its constructor arguments as attributes: `_make_cpp` rebuilds the C++ op from them
 (copies, pickling) and `extra_repr` shows them."""
 
-from .. import _C
-from ._base import BasicOperation, FusedOperation, _device, _dtype, reject_unsupported
+from .. import _C, quantization
+from ._base import (
+    BasicOperation,
+    FusedOperation,
+    _device,
+    _dtype,
+    _fp8_weights_pending,
+    quantize_fp8_weights,
+    reject_unsupported,
+)
 
 
 def _normalized_shape(shape):
@@ -122,6 +130,12 @@ class BasicLinear(BasicOperation):
         )
         self.in_features, self.out_features = int(in_features), int(out_features)
         super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
+        # Under quantized_model_init: the weight in FP8 now, or when materialized.
+        self._fp8_weight_format = quantization.model_init_format()
+        if self._fp8_weight_format is not None:
+            if self.weight.is_meta:
+                _fp8_weights_pending.add(self)
+            quantize_fp8_weights(self)
 
     def _make_cpp(self, device, dtype):
         return _C.BasicLinear(self.in_features, self.out_features, device, dtype)
