@@ -5,7 +5,7 @@ uses that one, wherever it runs). Under an enabled autocast, BasicLinear's GEMMs
 built on it) run FP8 GEMMs on FP8 data (fusible::fp8_cast, fusible::fp8_gemm) where the recipe and
 shapes allow, and otherwise compute with their operands cast to FP8 and back
 (fusible::fp8_quantize_dequantize*). `quantized_model_init` stores Linear weights in FP8
-(_float8_tensor.Float8Tensor).""""""
+(_float8_tensor.Float8Tensor)."""
 
 import contextlib
 import threading
