@@ -29,4 +29,9 @@ run pytest_memcheck --tool memcheck "$PY" -m pytest -q -p no:cacheprovider -x \
   tests/python/test_cuda_kernels.py tests/python/test_dropout.py -k "not graph and not kernels_run"
 run pytest_racecheck --tool racecheck "$PY" -m pytest -q -p no:cacheprovider -x \
   tests/python/test_cuda_kernels.py -k "(dtype0 or dtype2) and (shape0 or shape1) and not kernels_run"
+# The FP8 cast (shared-memory transpose) and GEMM ops, and FP8 weights (no profiler there).
+run pytest_fp8_memcheck --tool memcheck "$PY" -m pytest -q -p no:cacheprovider -x \
+  tests/python/test_fp8.py -k "cuda and (Fp8CastOp or Fp8GemmOp or Fp8Weights)"
+run pytest_fp8_racecheck --tool racecheck "$PY" -m pytest -q -p no:cacheprovider -x \
+  tests/python/test_fp8.py -k "cuda and Fp8CastOp"
 exit $status
