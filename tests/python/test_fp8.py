@@ -910,6 +910,26 @@ class TestFp8Gemms:
                 assert err < limit
 
     @pytest.mark.parametrize("device", DEVICES)
+    def test_hybrid_fp8_gemm_reads_gradients_as_e5m2(self, device):
+        # As TestLinear.test_hybrid_gradients_use_e5m2, on the FP8 GEMM path: a dgrad that read the
+        # E5M2 bytes of dy as E4M3 (or cast dy with the forward's format) would give other values.
+        model = ops.BasicLinear(16, 16, device=device)
+        with torch.no_grad():
+            model.weight.copy_(torch.eye(16))
+        x = torch.ones(16, 16, device=device, requires_grad=True)
+        dy = torch.full((16, 16), 0.4, device=device)
+        dy[:, 0] = 1.0
+        got = {}
+        for fmt in (recipe.Format.HYBRID, recipe.Format.E4M3):
+            x.grad = None
+            with fusible.autocast(recipe=recipe.Float8CurrentScaling(fp8_format=fmt)):
+                y = model(x)
+            assert "fp8_gemm" in _fusible_ops_called(lambda: y.backward(dy))
+            got[fmt] = x.grad[0, 1].item()
+        assert got[recipe.Format.HYBRID] == pytest.approx(24576 / 57344)
+        assert got[recipe.Format.E4M3] == pytest.approx(176 / 448)
+
+    @pytest.mark.parametrize("device", DEVICES)
     def test_rows_that_do_not_fit_emulate(self, device):
         model = ops.Linear(32, 16, device=device)
         x = torch.randn(5, 32, device=device, requires_grad=True)
