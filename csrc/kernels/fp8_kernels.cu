@@ -101,54 +101,54 @@ __device__ __forceinline__ uint8_t fp8_bits(float v, float fmax, bool e4m3) {
 
 constexpr int kTile = 64;  // cast_transpose_kernel's tile: 64 x 64 elements, 256 threads
 
-// x [rows, cols] (cols and, with data_t, rows multiples of 4) to FP8 data [rows, cols] and, where
-// data_t is given, its transpose [cols, rows], one 64 x 64 tile per block through shared memory.
+// x [rows, cols] (cols and, with data_t, rows multiples of V) to FP8 data [rows, cols] and, where
+// data_t is given, its transpose [cols, rows], one 64 x 64 tile per block through shared memory;
+// each thread moves V-element vectors (V = 8: 16-byte bf16 loads, 8-byte FP8 stores).
 // The scale is *scale (delayed scaling; the tile's amax then goes into *amax) or comes from *amax
 // (current scaling); block 0 writes 1 / scale.
-template <typename T>
+template <typename T, int V>
 __global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restrict__ data,
                                       uint8_t* __restrict__ data_t, int64_t rows, int64_t cols,
                                       int64_t col_tiles, float* __restrict__ amax,
                                       const float* __restrict__ scale,
                                       float* __restrict__ scale_inv, float fmax,
                                       float margin_factor, bool e4m3) {
+  constexpr int kLanes = kTile / V;                // threads per tile row
+  constexpr int kRowsPerPass = kThreads / kLanes;  // tile rows per pass
   __shared__ uint8_t tile[kTile][kTile + 4];
   const int64_t r0 = blockIdx.x / col_tiles * kTile, c0 = blockIdx.x % col_tiles * kTile;
   const float s = scale != nullptr ? *scale : scale_from(*amax, fmax, margin_factor, 1.f);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.f / s;
-  // 16 threads cover a tile row in 4-element vectors; 16 rows per pass, 4 passes.
-  const int lane = threadIdx.x % 16, row_in_pass = threadIdx.x / 16;
+  const int lane = threadIdx.x % kLanes, row_in_pass = threadIdx.x / kLanes;
   float m = 0.f;
 #pragma unroll
-  for (int pass = 0; pass < 4; ++pass) {
-    const int lr = row_in_pass + 16 * pass;
-    const int64_t r = r0 + lr, c = c0 + lane * 4;
+  for (int pass = 0; pass < kTile / kRowsPerPass; ++pass) {
+    const int lr = row_in_pass + kRowsPerPass * pass;
+    const int64_t r = r0 + lr, c = c0 + lane * V;
     if (r < rows && c < cols) {
-      const auto v = cuda::load_vec<T, 4>(x + r * cols + c);
-      uint32_t packed = 0;
+      const auto v = cuda::load_vec<T, V>(x + r * cols + c);
+      cuda::Vec<uint8_t, V> q;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < V; ++j) {
         const float f = static_cast<float>(cuda::to_acc(v.v[j]));
         m = amax_with(m, f);
-        const uint8_t q = fp8_bits(f * s, fmax, e4m3);
-        tile[lr][lane * 4 + j] = q;
-        packed |= static_cast<uint32_t>(q) << (8 * j);
+        q.v[j] = fp8_bits(f * s, fmax, e4m3);
+        tile[lr][lane * V + j] = q.v[j];
       }
-      *reinterpret_cast<uint32_t*>(data + r * cols + c) = packed;
+      cuda::store_vec<uint8_t, V>(data + r * cols + c, q);
     }
   }
   if (data_t != nullptr) {
     __syncthreads();
 #pragma unroll
-    for (int pass = 0; pass < 4; ++pass) {
-      const int lc = row_in_pass + 16 * pass;
-      const int64_t c = c0 + lc, r = r0 + lane * 4;
+    for (int pass = 0; pass < kTile / kRowsPerPass; ++pass) {
+      const int lc = row_in_pass + kRowsPerPass * pass;
+      const int64_t c = c0 + lc, r = r0 + lane * V;
       if (c < cols && r < rows) {
-        uint32_t packed = 0;
+        cuda::Vec<uint8_t, V> q;
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          packed |= static_cast<uint32_t>(tile[lane * 4 + j][lc]) << (8 * j);
-        *reinterpret_cast<uint32_t*>(data_t + c * rows + r) = packed;
+        for (int j = 0; j < V; ++j) q.v[j] = tile[lane * V + j][lc];
+        cuda::store_vec<uint8_t, V>(data_t + c * rows + r, q);
       }
     }
   }
@@ -185,9 +185,19 @@ void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int6
     if (n > 0 && scale == nullptr) launch_amax(tx, n, amax, num_sms, stream);  // current: first
     const int64_t col_tiles = cols > 0 ? (cols + kTile - 1) / kTile : 1;
     const int64_t blocks = n > 0 ? (rows + kTile - 1) / kTile * col_tiles : 1;
-    cast_transpose_kernel<T><<<blocks, kThreads, 0, stream>>>(
-        tx, static_cast<uint8_t*>(data), static_cast<uint8_t*>(data_t), rows, cols, col_tiles, amax,
-        scale, scale_inv, fmax, margin_factor, e4m3);
+    // 16-bit inputs in 8-element vectors (16 bytes) where the rows (and, transposing, the row
+    // count) allow; else 4.
+    const bool wide = sizeof(T) <= 2 && cols % 8 == 0 && (data_t == nullptr || rows % 8 == 0);
+    const auto launch = [&](auto kernel) {
+      kernel<<<blocks, kThreads, 0, stream>>>(tx, static_cast<uint8_t*>(data),
+                                              static_cast<uint8_t*>(data_t), rows, cols, col_tiles,
+                                              amax, scale, scale_inv, fmax, margin_factor, e4m3);
+    };
+    if (wide) {
+      launch(cast_transpose_kernel<T, 8>);
+    } else {
+      launch(cast_transpose_kernel<T, 4>);
+    }
     cuda::check_launch("cast_transpose_kernel");
   });
   if (history != nullptr) {
