@@ -49,6 +49,18 @@ at::Tensor tensor_or_undefined(const py::handle& obj, const std::string& what) {
   return py::cast<at::Tensor>(obj);
 }
 
+namespace {
+
+void save_from_python(OperationContext& ctx, const py::tuple& tensors) {
+  std::vector<at::Tensor> ts;
+  for (const auto& t : tensors) ts.push_back(tensor_or_undefined(t, "save_for_backward"));
+  ctx.save_for_backward(std::move(ts));
+  // A Python op may save any tensor (a buffer, an attribute): all get autograd's version checks.
+  ctx.check_saved_versions = true;
+}
+
+}  // namespace
+
 py::object context_object(OperationContext* ctx) {
   // Shared ownership where the context is owned by a fuser call; a caller's own context (a C++
   // test's, on its stack) is handed out by reference.
@@ -69,16 +81,20 @@ void bind_context(py::module_& m) {
       "save_for_backward(*tensors), saved_tensors, requires_grad, "
       "input_requires_grad, extra_input_requires_grad, compute_dtype, "
       "input_dtype, and any attribute the op sets.")
+      .def(py::init([] { return std::make_shared<OperationContext>(); }))
       .def("save_for_backward",
-           [](OperationContext& ctx, py::args tensors) {
-             std::vector<at::Tensor> ts;
-             for (const auto& t : tensors)
-               ts.push_back(tensor_or_undefined(t, "save_for_backward"));
-             ctx.save_for_backward(std::move(ts));
-             // A Python op may save any tensor (a buffer, an attribute): all get autograd's
-             // version checks.
-             ctx.check_saved_versions = true;
-           })
+           [](OperationContext& ctx, py::args tensors) { save_from_python(ctx, tensors); })
+      // te.ops' fuser reads ctx.to_save; an op may assign it instead of save_for_backward.
+      .def_property(
+          "to_save",
+          [](const OperationContext& ctx) {
+            py::list out;
+            for (const auto& t : ctx.to_save) out.append(t.defined() ? py::cast(t) : py::none());
+            return py::tuple(out);
+          },
+          [](OperationContext& ctx, const py::object& tensors) {
+            save_from_python(ctx, tensors.is_none() ? py::tuple() : py::tuple(tensors));
+          })
       .def_property_readonly("saved_tensors",
                              [](OperationContext& ctx) {
                                py::list out;
@@ -92,6 +108,7 @@ void bind_context(py::module_& m) {
       .def_readwrite("requires_grad", &OperationContext::requires_grad)
       .def_readwrite("input_requires_grad", &OperationContext::input_requires_grad)
       .def_readwrite("compute_dtype", &OperationContext::compute_dtype)
+      .def_readwrite("dtype", &OperationContext::compute_dtype)  // te.ops' name for it
       .def_readwrite("input_dtype", &OperationContext::input_dtype)
       .def_property_readonly("extra_input_requires_grad",
                              [](const OperationContext& c) {
@@ -106,7 +123,8 @@ void bind_context(py::module_& m) {
            })
       .def("__setattr__", [](py::object self, const std::string& name, py::object value) {
         static const std::set<std::string> kFields{"requires_grad", "input_requires_grad",
-                                                   "compute_dtype", "input_dtype"};
+                                                   "compute_dtype", "input_dtype",
+                                                   "dtype",         "to_save"};
         if (kFields.count(name)) {
           py::module_::import("builtins").attr("object").attr("__setattr__")(self, name, value);
           return;

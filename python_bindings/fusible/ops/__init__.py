@@ -1,7 +1,7 @@
 """te.ops-style fusible operations: every op is a torch.nn.Module backed by a C++ operation."""
 
 from .. import _C as _core
-from . import fused
+from . import basic, fused, fuser, linear, op, sequential
 from ._base import BasicOperation, FusedOperation, FusibleOperation
 from ._basic import (
     GEGLU,
@@ -75,7 +75,12 @@ __all__ = [
     "Sequential",
     "SiLU",
     "SwiGLU",
+    "basic",
     "fused",
+    "fuser",
+    "linear",
+    "op",
+    "sequential",
     "OperationContext",
     "register_forward_fusion",
     "register_backward_fusion",

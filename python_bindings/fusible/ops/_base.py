@@ -445,6 +445,8 @@ class FusedOperation(FusibleOperation):
 
     def __init__(self, basic_ops, *, _cpp=None):
         basic_ops = list(basic_ops)
+        if not basic_ops:
+            raise ValueError(f"{type(self).__name__}: expected at least one basic op, got none")
         if _cpp is None:  # a Python fused op
             torch.nn.Module.__init__(self)
             self._builtin = False

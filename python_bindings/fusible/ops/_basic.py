@@ -242,19 +242,32 @@ class L2Normalization(BasicOperation):
         return _C.L2Normalization(self.eps)
 
 
-def _activation(name, doc):
+def _activation(name, doc, gated=False):
     """A Python face for the C++ activation class `name` (the concrete class, so C++ fusions
-    match it by type)."""
+    match it by type). Gated ones take te.ops' glu_interleave_size (at its default only)."""
     cpp_cls = getattr(_C, name)
 
-    def __init__(self, *, cache_quantized_input=False):
-        reject_unsupported(name, cache_quantized_input=(cache_quantized_input, False))
-        BasicOperation.__init__(self, cpp_cls())
+    if gated:
+
+        def __init__(self, *, cache_quantized_input=False, glu_interleave_size=None):
+            reject_unsupported(
+                name,
+                cache_quantized_input=(cache_quantized_input, False),
+                glu_interleave_size=(glu_interleave_size, None),
+            )
+            BasicOperation.__init__(self, cpp_cls())
+
+    else:
+
+        def __init__(self, *, cache_quantized_input=False):
+            reject_unsupported(name, cache_quantized_input=(cache_quantized_input, False))
+            BasicOperation.__init__(self, cpp_cls())
 
     def _make_cpp(self, device, dtype):
         return cpp_cls()
 
-    doc += "\n\n    Args:\n        cache_quantized_input: te.ops keyword, at its default only."
+    keywords = "cache_quantized_input, glu_interleave_size" if gated else "cache_quantized_input"
+    doc += f"\n\n    Args:\n        {keywords}: te.ops keywords, at their defaults only."
     attrs = {"__init__": __init__, "_make_cpp": _make_cpp, "__doc__": doc, "__module__": __name__}
     return type(name, (BasicOperation,), attrs)
 
@@ -265,12 +278,12 @@ QGELU = _activation("QGELU", "y = x * sigmoid(1.702 x).")
 ReLU = _activation("ReLU", "y = max(x, 0).")
 SReLU = _activation("SReLU", "y = max(x, 0)^2.")
 SiLU = _activation("SiLU", "y = x * sigmoid(x).")
-GLU = _activation("GLU", _GATED.format("sigmoid"))
-GEGLU = _activation("GEGLU", _GATED.format("gelu_tanh"))
-QGEGLU = _activation("QGEGLU", _GATED.format("qgelu"))
-ReGLU = _activation("ReGLU", _GATED.format("relu"))
-SReGLU = _activation("SReGLU", _GATED.format("srelu"))
-SwiGLU = _activation("SwiGLU", _GATED.format("silu"))
+GLU = _activation("GLU", _GATED.format("sigmoid"), gated=True)
+GEGLU = _activation("GEGLU", _GATED.format("gelu_tanh"), gated=True)
+QGEGLU = _activation("QGEGLU", _GATED.format("qgelu"), gated=True)
+ReGLU = _activation("ReGLU", _GATED.format("relu"), gated=True)
+SReGLU = _activation("SReGLU", _GATED.format("srelu"), gated=True)
+SwiGLU = _activation("SwiGLU", _GATED.format("silu"), gated=True)
 
 
 class ClampedSwiGLU(BasicOperation):
@@ -279,13 +292,27 @@ class ClampedSwiGLU(BasicOperation):
 
     Args:
         limit (float), alpha (float): as above.
-        cache_quantized_input: te.ops keyword, accepted at its default only.
+        cache_quantized_input, glu_interleave_size, glu_linear_offset (the +1 above): te.ops
+            keywords, accepted at their defaults only.
     """
 
     _repr_fields = ("limit", "alpha")
 
-    def __init__(self, *, limit=7.0, alpha=1.702, cache_quantized_input=False):
-        reject_unsupported("ClampedSwiGLU", cache_quantized_input=(cache_quantized_input, False))
+    def __init__(
+        self,
+        *,
+        limit=7.0,
+        alpha=1.702,
+        cache_quantized_input=False,
+        glu_interleave_size=None,
+        glu_linear_offset=1.0,
+    ):
+        reject_unsupported(
+            "ClampedSwiGLU",
+            cache_quantized_input=(cache_quantized_input, False),
+            glu_interleave_size=(glu_interleave_size, None),
+            glu_linear_offset=(glu_linear_offset, 1.0),
+        )
         self.limit, self.alpha = float(limit), float(alpha)
         super().__init__(self._make_cpp(None, None))
 
@@ -295,9 +322,19 @@ class ClampedSwiGLU(BasicOperation):
 
 class ScaledSwiGLU(BasicOperation):
     """y = scales[..., None] * swiglu(x); scales (extra input 0) has x's shape without the last
-    dim."""
+    dim.
 
-    def __init__(self):
+    Args:
+        glu_interleave_size, activation_recompute_in_mlp: te.ops keywords, accepted at their
+            defaults only.
+    """
+
+    def __init__(self, *, glu_interleave_size=None, activation_recompute_in_mlp=False):
+        reject_unsupported(
+            "ScaledSwiGLU",
+            glu_interleave_size=(glu_interleave_size, None),
+            activation_recompute_in_mlp=(activation_recompute_in_mlp, False),
+        )
         super().__init__(self._make_cpp(None, None))
 
     def _make_cpp(self, device, dtype):

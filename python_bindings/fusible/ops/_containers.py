@@ -2,6 +2,7 @@
 groups the ops, routes channels across groups and calls other Python modules back between them.
 Here: the list API, each call's parameters, forward hooks, and te.ops' call convention."""
 
+import collections
 import warnings
 
 import torch
@@ -156,7 +157,8 @@ class Sequential(torch.nn.Module):
     called as usual between groups. Channels connect ops across groups.
 
     Args:
-        *modules: fusible ops and any other torch.nn.Module, in order.
+        *modules: fusible ops and any other torch.nn.Module, in order; or one OrderedDict of
+            name -> module (its names become the submodules' names, as torch.nn.Sequential).
 
     Call: seq(x, *extra_inputs, channel_inputs=None, return_dict=False); channel_inputs feeds bound
     extra inputs by channel name, return_dict=True returns (y, {channel: named output}).
@@ -166,6 +168,10 @@ class Sequential(torch.nn.Module):
         super().__init__()
         self._cpp = None  # the C++ Sequential, built on first use after any change
         _compile_support.register(self)
+        if len(modules) == 1 and isinstance(modules[0], collections.OrderedDict):
+            for name, m in modules[0].items():
+                self.append(m, name=name)
+            return
         for m in modules:
             self.append(m)
 
@@ -215,13 +221,13 @@ class Sequential(torch.nn.Module):
         del entries[idx]
         self._rebuild(entries)
 
-    def append(self, module):
-        """Appends a module; returns self."""
+    def append(self, module, name=None):
+        """Appends a module (under `name`, else its position); returns self."""
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"Sequential: expected a torch.nn.Module, got {type(module).__name__}")
         if _hooks(module) & 2:
             _warn_backward_hooks(module)
-        self.add_module(str(len(self._modules)), module)
+        self.add_module(str(len(self._modules)) if name is None else name, module)
         self._invalidate()
         return self
 

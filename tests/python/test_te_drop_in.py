@@ -1,0 +1,119 @@
+"""Issue 14 (te.ops drop-in), first part: te.ops' module layout, Sequential(OrderedDict), the
+Python-op protocol's context, and te.ops keywords that fusible does not implement raising
+NotImplementedError (never TypeError)."""
+
+import collections
+import importlib
+
+import pytest
+import torch
+from fusible import ops
+
+D = torch.float64
+
+
+@pytest.mark.parametrize(
+    "module, names",
+    [
+        (
+            "fusible.ops.op",
+            ["BasicOperation", "FusedOperation", "FusibleOperation", "OperationContext"],
+        ),
+        (
+            "fusible.ops.fuser",
+            ["OperationFuser", "register_forward_fusion", "register_backward_fusion"],
+        ),
+        ("fusible.ops.sequential", ["Sequential"]),
+        ("fusible.ops.linear", ["Linear"]),
+        (
+            "fusible.ops.basic",
+            ["BasicLinear", "Bias", "LayerNorm", "RMSNorm", "SwiGLU", "Quantize"],
+        ),
+        ("fusible.ops.fused", []),
+    ],
+)
+def test_te_ops_module_layout(module, names):
+    m = importlib.import_module(module)
+    for n in names:
+        assert getattr(m, n) is getattr(ops, n), (module, n)
+
+
+def test_basic_module_lists_every_basic_op():
+    basic = importlib.import_module("fusible.ops.basic")
+    for n in basic.__all__:
+        cls = getattr(basic, n)
+        assert issubclass(cls, ops.BasicOperation)
+
+
+def test_sequential_from_ordered_dict_keeps_names():
+    torch.manual_seed(0)
+    lin = ops.Linear(4, 3, device="cpu", dtype=D)
+    seq = ops.Sequential(collections.OrderedDict([("fc", lin), ("act", ops.ReLU())]))
+    assert [n for n, _ in seq.named_children()] == ["fc", "act"]
+    assert set(seq.state_dict()) == {"fc.weight", "fc.bias"}
+    x = torch.randn(2, 4, dtype=D)
+    torch.testing.assert_close(seq(x), torch.relu(x @ lin.weight.T + lin.bias))
+    seq.append(ops.Identity())
+    assert len(seq) == 3
+
+
+def test_empty_fused_operation_is_a_value_error():
+    with pytest.raises(ValueError, match="at least one basic op"):
+        ops.FusedOperation([])
+
+
+def test_operation_context_is_constructible_with_te_fields():
+    ctx = ops.OperationContext()
+    ctx.requires_grad = True
+    ctx.dtype = torch.bfloat16
+    assert ctx.dtype == torch.bfloat16 and ctx.compute_dtype == torch.bfloat16
+    t = torch.ones(2)
+    ctx.to_save = (t, None)
+    assert ctx.to_save[0] is not None and torch.equal(ctx.to_save[0], t) and ctx.to_save[1] is None
+    assert torch.equal(ctx.saved_tensors[0], t)
+    ctx.custom = 3  # any attribute, as te.ops' contexts
+    assert ctx.custom == 3
+
+
+class _SaveByAssignment(ops.BasicOperation):
+    """y = 2 x, saving x by assigning ctx.to_save (te.ops' fuser reads that field)."""
+
+    def op_forward(self, ctx, input_, **unused):
+        ctx.to_save = (input_,)
+        return 2 * input_
+
+    def op_backward(self, ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        assert x is not None
+        return 2 * grad_output, ()
+
+
+def test_a_python_op_may_assign_to_save():
+    op = _SaveByAssignment()
+    x = torch.randn(3, dtype=D, requires_grad=True)
+    op(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+
+
+@pytest.mark.parametrize(
+    "make, keyword",
+    [
+        (lambda: ops.SwiGLU(glu_interleave_size=32), "glu_interleave_size"),
+        (lambda: ops.GEGLU(glu_interleave_size=32), "glu_interleave_size"),
+        (lambda: ops.ClampedSwiGLU(glu_interleave_size=32), "glu_interleave_size"),
+        (lambda: ops.ClampedSwiGLU(glu_linear_offset=0.0), "glu_linear_offset"),
+        (lambda: ops.ScaledSwiGLU(glu_interleave_size=32), "glu_interleave_size"),
+        (lambda: ops.ScaledSwiGLU(activation_recompute_in_mlp=True), "activation_recompute_in_mlp"),
+    ],
+)
+def test_unimplemented_te_keywords_raise_not_implemented(make, keyword):
+    with pytest.raises(NotImplementedError, match=keyword):
+        make()
+
+
+def test_te_keywords_at_their_defaults_are_accepted():
+    x = torch.randn(2, 8, dtype=D)
+    ref = ops.SwiGLU()(x)
+    torch.testing.assert_close(ops.SwiGLU(glu_interleave_size=None)(x), ref)
+    ops.ClampedSwiGLU(glu_interleave_size=None, glu_linear_offset=1.0)
+    ops.ScaledSwiGLU(glu_interleave_size=None, activation_recompute_in_mlp=False)
