@@ -117,3 +117,47 @@ def test_te_keywords_at_their_defaults_are_accepted():
     torch.testing.assert_close(ops.SwiGLU(glu_interleave_size=None)(x), ref)
     ops.ClampedSwiGLU(glu_interleave_size=None, glu_linear_offset=1.0)
     ops.ScaledSwiGLU(glu_interleave_size=None, activation_recompute_in_mlp=False)
+
+
+@pytest.mark.parametrize(
+    "x_shape, extra_shape",
+    [((4, 6), (6,)), ((4, 6), (1, 6)), ((1, 6), (4, 6)), ((2, 3, 6), (3, 1)), ((4, 6), (4, 6))],
+)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_add_extra_input_broadcasts(x_shape, extra_shape, in_place):
+    torch.manual_seed(1)
+    x = torch.randn(x_shape, dtype=D, requires_grad=True)
+    extra = torch.randn(extra_shape, dtype=D, requires_grad=True)
+    op = ops.AddExtraInput(in_place=in_place)
+    y = op(x, extra.clone() if in_place else extra)
+    ref = x + extra
+    torch.testing.assert_close(y, ref, rtol=0, atol=0)
+    dy = torch.randn_like(ref)
+    gx, ge = torch.autograd.grad(y, [x, extra], dy)
+    rx, re = torch.autograd.grad(ref, [x, extra], dy)
+    torch.testing.assert_close(gx, rx)
+    torch.testing.assert_close(ge, re)
+    assert gx.shape == x.shape and ge.shape == extra.shape
+
+
+def test_linear_then_broadcast_add_falls_back_to_the_add():
+    torch.manual_seed(2)
+    seq = ops.Sequential(ops.Linear(8, 6, device="cpu", dtype=D), ops.AddExtraInput())
+    lin = seq[0]
+    x = torch.randn(4, 8, dtype=D, requires_grad=True)
+    extra = torch.randn(6, dtype=D, requires_grad=True)
+    y = seq(x, extra)
+    ref = x @ lin.weight.T + lin.bias + extra
+    torch.testing.assert_close(y, ref)
+    dy = torch.randn_like(ref)
+    got = torch.autograd.grad(y, [x, extra, lin.weight], dy)
+    want = torch.autograd.grad(ref, [x, extra, lin.weight], dy)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_add_extra_input_that_does_not_broadcast_is_refused():
+    with pytest.raises(
+        RuntimeError, match="AddExtraInput: expected an extra input that broadcasts"
+    ):
+        ops.AddExtraInput()(torch.randn(4, 6), torch.randn(5))

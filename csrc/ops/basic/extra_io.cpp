@@ -1,21 +1,59 @@
 // AddExtraInput and MakeExtraOutput.
 #include "ops/basic/extra_io.h"
 
+#include <ATen/ops/sum_to_size.h>
+
+#include <algorithm>
+#include <vector>
+
 #include "common/checks.h"
 #include "kernels/ops.h"
 
 namespace fusible::ops {
+
+namespace {
+
+// The shape input + extra broadcasts to (torch's rules), or an error naming both.
+std::vector<int64_t> broadcast_shape(const at::Tensor& input, const at::Tensor& extra) {
+  const auto a = input.sizes(), b = extra.sizes();
+  const size_t n = std::max(a.size(), b.size());
+  std::vector<int64_t> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    TORCH_CHECK(da == db || da == 1 || db == 1,
+                "AddExtraInput: expected an extra input that "
+                "broadcasts with the input's shape ",
+                a, ", got ", b);
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+}  // namespace
 
 at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ctxs,
                                         const at::Tensor& input, const TensorLists& extra_inputs,
                                         TensorLists&, const ForwardArgs&) {
   const auto& extra = extra_inputs.at(0).at(0);
   FUSIBLE_CHECK_FLOATING("AddExtraInput", "extra input", extra);
-  TORCH_CHECK(extra.sizes().equals(input.sizes()), "AddExtraInput: expected extra input of shape ",
-              input.sizes(), " (the input's), got ", extra.sizes());
   TORCH_CHECK(extra.device() == input.device(), "AddExtraInput: expected extra input on ",
               input.device(), ", got ", extra.device());
-  if (!writes_in_place(*ctxs.at(0), input, extra)) return kernels::add_fwd(input, extra);
+  auto& ctx = *ctxs.at(0);
+  ctx.state = c10::IValue();
+  if (!extra.sizes().equals(input.sizes())) {
+    // te.ops adds with broadcasting: y has the broadcast shape; the backward sums each gradient
+    // back to its tensor's shape.
+    const auto shape = broadcast_shape(input, extra);
+    ctx.input_shape = input.sizes().vec();
+    ctx.state = c10::IValue(extra.sizes().vec());
+    if (writes_in_place(ctx, input, extra) && extra.sizes().equals(shape)) {
+      kernels::add_(extra, input.expand(shape).contiguous());
+      return extra;
+    }
+    return kernels::add_fwd(input.expand(shape).contiguous(), extra.expand(shape).contiguous());
+  }
+  if (!writes_in_place(ctx, input, extra)) return kernels::add_fwd(input, extra);
   kernels::add_(extra, input);
   return extra;
 }
@@ -26,9 +64,13 @@ bool AddExtraInput::writes_in_place(const OperationContext& ctx, const at::Tenso
   return in_place_ && from_caller && extra.unsafeGetTensorImpl() != x.unsafeGetTensorImpl();
 }
 
-BackwardResult AddExtraInput::fuser_backward(const std::vector<OperationContext*>&,
+BackwardResult AddExtraInput::fuser_backward(const std::vector<OperationContext*>& ctxs,
                                              const at::Tensor& grad_output, const TensorLists&) {
-  return {grad_output, {{}}, {{grad_output}}};
+  const auto& ctx = *ctxs.at(0);
+  if (ctx.state.isNone()) return {grad_output, {{}}, {{grad_output}}};
+  // Broadcast in the forward: each gradient summed back to its tensor's shape.
+  const auto extra_shape = ctx.state.toIntVector();
+  return {grad_output.sum_to_size(ctx.input_shape), {{}}, {{grad_output.sum_to_size(extra_shape)}}};
 }
 
 at::Tensor MakeExtraOutput::fuser_forward(const std::vector<OperationContext*>&,

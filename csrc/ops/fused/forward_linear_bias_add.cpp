@@ -22,8 +22,11 @@ at::Tensor linear_then_add(AddExtraInput& add, OperationContext& add_ctx, const 
                            const GemmOperand& w, const std::optional<at::Tensor>& b, double alpha,
                            const at::Tensor& extra, const ForwardArgs& args) {
   TORCH_CHECK(extra.defined(), add.type_name(), ": expected an extra input tensor");
-  if (extra.scalar_type() != x.dtype) {
-    // The add op's own forward casts as it needs (rare: a residual in another dtype).
+  auto out_shape = x.rowwise.sizes().vec();
+  out_shape.back() = w.rowwise.size(0);
+  if (extra.scalar_type() != x.dtype || !extra.sizes().equals(out_shape)) {
+    // The add op's own forward casts and broadcasts as it needs (rare: a residual in another
+    // dtype or shape).
     auto y = gemms::forward(x, w, std::nullopt);
     if (alpha != 1.0) y = kernels::scale_fwd(y, alpha);
     if (b) y = kernels::bias_fwd(y, *b);
