@@ -188,7 +188,8 @@ class TestFusedOpsAndFusions:
         y = fuser(x, r)
         plan = fuser.forward_ops()
         assert isinstance(plan[1][0], Axpy) and plan[1][1] == [1, 2]
-        assert plan[1][0].basic_ops == [scale, add]
+        assert list(plan[1][0].basic_ops) == [scale, add]
+        assert isinstance(plan[1][0].basic_ops, torch.nn.ModuleList)  # te.ops' layout
         assert fuser.fusion_plan()[0] == {
             "forward": ["Identity", "Axpy"],
             "backward": ["Identity", "ConstantScale", "AddExtraInput"],

@@ -161,3 +161,19 @@ def test_add_extra_input_that_does_not_broadcast_is_refused():
         RuntimeError, match="AddExtraInput: expected an extra input that broadcasts"
     ):
         ops.AddExtraInput()(torch.randn(4, 6), torch.randn(5))
+
+
+class _LinearThenScale(ops.FusedOperation):
+    """A Python fused op over BasicLinear + ConstantScale (forward only)."""
+
+    def fuser_forward(self, basic_op_ctxs, input_, **unused):
+        lin, scale = self.basic_ops
+        return lin.weight.new_tensor(scale.scale) * (input_ @ lin.weight.T), [(), ()]
+
+
+def test_python_fused_op_basic_ops_are_submodules():
+    lin = ops.BasicLinear(4, 3, device="cpu", dtype=D)
+    fused = _LinearThenScale([lin, ops.ConstantScale(0.5)])
+    assert isinstance(fused.basic_ops, torch.nn.ModuleList)
+    assert [p for p in fused.parameters()] == [lin.weight]
+    assert list(fused.state_dict()) == ["basic_ops.0.weight"]

@@ -450,7 +450,9 @@ class FusedOperation(FusibleOperation):
         if _cpp is None:  # a Python fused op
             torch.nn.Module.__init__(self)
             self._builtin = False
-            object.__setattr__(self, "basic_ops", basic_ops)
+            # te.ops' layout: the basic ops are submodules, so parameters(), state_dict() and
+            # .to() reach them through the fused op.
+            self.basic_ops = torch.nn.ModuleList(basic_ops)
             self._attach(self._python_cpp())
         else:
             super().__init__(_cpp)
