@@ -177,3 +177,54 @@ def test_python_fused_op_basic_ops_are_submodules():
     assert isinstance(fused.basic_ops, torch.nn.ModuleList)
     assert [p for p in fused.parameters()] == [lin.weight]
     assert list(fused.state_dict()) == ["basic_ops.0.weight"]
+
+
+def _te_linear_checkpoint(lin, extra_state):
+    """What te.ops' Linear writes: parameters under its basic ops, one _extra_state per basic op
+    (built by hand here, as te.ops would, with no FP8 state)."""
+    return collections.OrderedDict(
+        [
+            ("basic_ops.0.weight", lin.weight.detach().clone()),
+            ("basic_ops.0._extra_state", extra_state),
+            ("basic_ops.1.bias", lin.bias.detach().clone()),
+            ("basic_ops.1._extra_state", extra_state),
+        ]
+    )
+
+
+@pytest.mark.parametrize("extra_state", [None, torch.empty(0)])
+def test_a_te_ops_linear_checkpoint_loads_strictly(extra_state):
+    torch.manual_seed(3)
+    src = ops.Linear(6, 4, device="cpu", dtype=D)
+    dst = ops.Linear(6, 4, device="cpu", dtype=D)
+    dst.load_state_dict(_te_linear_checkpoint(src, extra_state), strict=True)
+    assert torch.equal(dst.weight, src.weight) and torch.equal(dst.bias, src.bias)
+    # Nested in a Sequential, under the Sequential's prefixes.
+    seq = ops.Sequential(ops.Linear(6, 4, device="cpu", dtype=D), ops.GELU())
+    nested = {f"0.{k}": v for k, v in _te_linear_checkpoint(src, extra_state).items()}
+    seq.load_state_dict(nested, strict=True)
+    assert torch.equal(seq[0].weight, src.weight)
+
+
+def test_te_ops_fp8_metadata_is_refused_clearly():
+    src = ops.Linear(6, 4, device="cpu", dtype=D)
+    with pytest.raises(NotImplementedError, match="basic_ops.0._extra_state"):
+        ops.Linear(6, 4, device="cpu", dtype=D).load_state_dict(
+            _te_linear_checkpoint(src, torch.ones(8, dtype=torch.uint8))
+        )
+
+
+def test_te_ops_state_dict_round_trip():
+    torch.manual_seed(4)
+    seq = ops.Sequential(ops.LayerNorm(6, dtype=D), ops.Linear(6, 4, dtype=D))
+    te = ops.te_ops_state_dict(seq)
+    assert list(te) == ["0.weight", "0.bias", "1.basic_ops.0.weight", "1.basic_ops.1.bias"]
+    other = ops.Sequential(ops.LayerNorm(6, dtype=D), ops.Linear(6, 4, dtype=D))
+    other.load_state_dict(te, strict=True)
+    for a, b in zip(seq.parameters(), other.parameters()):
+        assert torch.equal(a, b)
+    # A torch.nn.Linear checkpoint loads as well.
+    ref = torch.nn.Linear(6, 4, dtype=D)
+    lin = ops.Linear(6, 4, dtype=D)
+    lin.load_state_dict(ref.state_dict(), strict=True)
+    assert torch.equal(lin.weight, ref.weight)

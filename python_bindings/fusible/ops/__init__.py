@@ -30,6 +30,7 @@ from ._basic import (
     SReGLU,
     SReLU,
     SwiGLU,
+    te_ops_state_dict,
 )
 from ._containers import OperationFuser, Sequential
 from ._fusions import (
@@ -83,6 +84,7 @@ __all__ = [
     "sequential",
     "OperationContext",
     "register_forward_fusion",
+    "te_ops_state_dict",
     "register_backward_fusion",
     "register_forward_backward_fusion",
     "unregister_fusion",

@@ -3,6 +3,8 @@
 Each class keeps its constructor arguments as attributes: `_make_cpp` rebuilds the C++ op from them
 (copies, pickling) and `extra_repr` shows them."""
 
+import torch
+
 from .. import _C, quantization
 from ._base import (
     BasicOperation,
@@ -439,6 +441,18 @@ class Linear(FusedOperation):
     def _rebuild_cpp(self):
         return _C.Linear(*[op._cpp for op in self.basic_ops])
 
+    # te.ops' Linear keeps its parameters under basic_ops.0.weight / basic_ops.1.bias, and an
+    # _extra_state per basic op: a te.ops checkpoint loads into this Linear (strict included).
+    _TE_KEYS = (("basic_ops.0.weight", "weight"), ("basic_ops.1.bias", "bias"))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
+        for te_key, key in self._TE_KEYS:
+            if prefix + te_key in state_dict and prefix + key not in state_dict:
+                state_dict[prefix + key] = state_dict.pop(prefix + te_key)
+        for i in range(len(self.basic_ops)):
+            _drop_empty_te_extra_state(state_dict, f"{prefix}basic_ops.{i}._extra_state")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
+
     def _param_sources(self):
         # The Linear's own attributes: what state dicts, functional_call and FSDP address.
         return [(self, name) for name in ("weight", "bias")[: len(self.basic_ops)]]
@@ -448,3 +462,35 @@ class Linear(FusedOperation):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}"
         )
+
+
+def _drop_empty_te_extra_state(state_dict, key):
+    """Removes a te.ops `_extra_state` entry that holds no FP8 state (None, an empty tensor or
+    empty bytes); one that holds te's FP8 metadata is refused (its format is te's own)."""
+    if key not in state_dict:
+        return
+    value = state_dict[key]
+    empty = (
+        value is None
+        or (isinstance(value, torch.Tensor) and value.numel() == 0)
+        or (hasattr(value, "getbuffer") and value.getbuffer().nbytes == 0)
+    )
+    if not empty:
+        raise NotImplementedError(
+            f"{key}: reading TransformerEngine's FP8 metadata is not supported yet; load the "
+            "checkpoint without it (its weights and biases load as they are)"
+        )
+    del state_dict[key]
+
+
+def te_ops_state_dict(module):
+    """module.state_dict() in te.ops' layout: each Linear's weight / bias under
+    basic_ops.0.weight / basic_ops.1.bias (what te.ops' Linear writes); other keys unchanged."""
+    out = module.state_dict()
+    renames = {}
+    for name, m in module.named_modules():
+        if isinstance(m, Linear):
+            prefix = f"{name}." if name else ""
+            for te_key, key in Linear._TE_KEYS:
+                renames[prefix + key] = prefix + te_key
+    return type(out)((renames.get(k, k), v) for k, v in out.items())
