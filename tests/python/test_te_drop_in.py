@@ -216,15 +216,19 @@ def test_te_ops_fp8_metadata_is_refused_clearly():
 
 def test_te_ops_state_dict_round_trip():
     torch.manual_seed(4)
-    seq = ops.Sequential(ops.LayerNorm(6, dtype=D), ops.Linear(6, 4, dtype=D))
+    seq = ops.Sequential(
+        ops.LayerNorm(6, device="cpu", dtype=D), ops.Linear(6, 4, device="cpu", dtype=D)
+    )
     te = ops.te_ops_state_dict(seq)
     assert list(te) == ["0.weight", "0.bias", "1.basic_ops.0.weight", "1.basic_ops.1.bias"]
-    other = ops.Sequential(ops.LayerNorm(6, dtype=D), ops.Linear(6, 4, dtype=D))
+    other = ops.Sequential(
+        ops.LayerNorm(6, device="cpu", dtype=D), ops.Linear(6, 4, device="cpu", dtype=D)
+    )
     other.load_state_dict(te, strict=True)
     for a, b in zip(seq.parameters(), other.parameters()):
         assert torch.equal(a, b)
     # A torch.nn.Linear checkpoint loads as well.
     ref = torch.nn.Linear(6, 4, dtype=D)
-    lin = ops.Linear(6, 4, dtype=D)
+    lin = ops.Linear(6, 4, device="cpu", dtype=D)
     lin.load_state_dict(ref.state_dict(), strict=True)
     assert torch.equal(lin.weight, ref.weight)
