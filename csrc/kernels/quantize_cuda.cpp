@@ -61,10 +61,10 @@ bool cast_kernel_runs(const at::Tensor& x, bool transpose) {
          reinterpret_cast<std::uintptr_t>(x.const_data_ptr()) % 16 == 0;
 }
 
+// x: contiguous, and passing cast_kernel_runs.
 Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose,
              const at::Tensor* history, const at::Tensor* scale, bool use_max) {
   const c10::cuda::CUDAGuard guard(x.device());
-  const auto xc = x.contiguous();
   const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
   const auto fp8 = fp8_dtype("fp8_cast", format);
   auto data = at::empty(x.sizes(), x.options().dtype(fp8));
@@ -74,7 +74,7 @@ Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool t
   auto scale_inv = at::empty({1}, x.options().dtype(at::kFloat));
   auto amax = at::empty({1}, x.options().dtype(at::kFloat));
   launch_fp8_cast(
-      xc.const_data_ptr(), data.mutable_data_ptr(), transpose ? data_t.mutable_data_ptr() : nullptr,
+      x.const_data_ptr(), data.mutable_data_ptr(), transpose ? data_t.mutable_data_ptr() : nullptr,
       rows, cols, format == "e4m3", margin, amax.mutable_data_ptr<float>(),
       scale ? scale->mutable_data_ptr<float>() : nullptr, scale_inv.mutable_data_ptr<float>(),
       history ? history->mutable_data_ptr<float>() : nullptr, history ? history->size(0) : 0,
@@ -84,10 +84,9 @@ Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool t
 
 Fp8Cast fp8_cast_cuda(const at::Tensor& x, c10::string_view format, double margin, bool transpose) {
   check_fp8_cast_args("fp8_cast", x, format, margin);
-  if (!cast_kernel_runs(x.contiguous(), transpose)) {
-    return reference::fp8_cast(x, format, margin, transpose);
-  }
-  return cast(x, format, margin, transpose, nullptr, nullptr, false);
+  const auto xc = x.contiguous();
+  if (!cast_kernel_runs(xc, transpose)) return reference::fp8_cast(x, format, margin, transpose);
+  return cast(xc, format, margin, transpose, nullptr, nullptr, false);
 }
 
 Fp8Cast fp8_cast_delayed_cuda(const at::Tensor& x, c10::string_view format,
@@ -95,12 +94,13 @@ Fp8Cast fp8_cast_delayed_cuda(const at::Tensor& x, c10::string_view format,
                               double margin, c10::string_view amax_compute_algo, bool transpose) {
   check_fp8_cast_args("fp8_cast_delayed", x, format, margin);
   check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
-  if (!cast_kernel_runs(x.contiguous(), transpose) || amax_history.numel() < 1 ||
-      scale.numel() != 1 || !amax_history.is_contiguous()) {
+  const auto xc = x.contiguous();
+  if (!cast_kernel_runs(xc, transpose) || amax_history.numel() < 1 || scale.numel() != 1 ||
+      !amax_history.is_contiguous()) {
     return reference::fp8_cast_delayed(x, format, amax_history, scale, margin, amax_compute_algo,
                                        transpose);
   }
-  return cast(x, format, margin, transpose, &amax_history, &scale, amax_compute_algo == "max");
+  return cast(xc, format, margin, transpose, &amax_history, &scale, amax_compute_algo == "max");
 }
 
 }  // namespace

@@ -60,6 +60,11 @@ Fp8AutocastGuard::~Fp8AutocastGuard() { current = std::move(saved_); }
 
 namespace {
 
+const DelayedScaling& state_at(const std::vector<DelayedScaling>& states, size_t index) {
+  TORCH_CHECK(index < states.size(), "FP8 delayed scaling: no state for tensor ", index);
+  return states[index];
+}
+
 at::Tensor cast(const Fp8Cast& c, const at::Tensor& x, const std::string& format,
                 const std::vector<DelayedScaling>* states, size_t index, int64_t block_dim) {
   if (!c.on() || !x.defined()) return x;
@@ -67,8 +72,7 @@ at::Tensor cast(const Fp8Cast& c, const at::Tensor& x, const std::string& format
     return kernels::fp8_quantize_dequantize_block(x, format, block_dim, /*power_2_scale=*/true);
   }
   if (states == nullptr) return kernels::fp8_quantize_dequantize(x, format, c.recipe->margin);
-  TORCH_CHECK(index < states->size(), "FP8 delayed scaling: no state for tensor ", index);
-  const auto& s = (*states)[index];
+  const auto& s = state_at(*states, index);
   return kernels::fp8_quantize_dequantize_delayed(x, format, s.amax_history, s.scale,
                                                   c.recipe->margin, c.recipe->amax_compute_algo);
 }
@@ -140,8 +144,7 @@ GemmOperand fp8_data(const Fp8Cast& c, const at::Tensor& x, const std::string& f
     std::tie(o.rowwise, data_t, o.scale_inv) =
         kernels::fp8_cast(x, format, c.recipe->margin, transpose);
   } else {
-    TORCH_CHECK(index < states->size(), "FP8 delayed scaling: no state for tensor ", index);
-    const auto& s = (*states)[index];
+    const auto& s = state_at(*states, index);
     std::tie(o.rowwise, data_t, o.scale_inv) =
         kernels::fp8_cast_delayed(x, format, s.amax_history, s.scale, c.recipe->margin,
                                   c.recipe->amax_compute_algo, transpose);
@@ -152,33 +155,21 @@ GemmOperand fp8_data(const Fp8Cast& c, const at::Tensor& x, const std::string& f
 
 }  // namespace
 
-GemmOperand Fp8Cast::forward_operand(const at::Tensor& x, size_t index, bool weight, bool rowwise,
-                                     bool columnwise) const {
+GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, bool weight,
+                             bool rowwise, bool columnwise) const {
   if (gemm_fp8) {
-    return fp8_data(*this, x, recipe->forward_format, state ? &state->forward : nullptr, index,
-                    columnwise);
+    const auto* states = state ? (backward ? &state->backward : &state->forward) : nullptr;
+    return fp8_data(*this, x, backward ? recipe->backward_format : recipe->forward_format, states,
+                    index, columnwise);
   }
   GemmOperand o;
   o.dtype = x.scalar_type();
   // One cast serves both uses but under block scaling (a delayed state takes one cast per use).
   const bool own_columnwise = columnwise && needs_columnwise();
-  if (rowwise || (columnwise && !own_columnwise)) o.rowwise = forward(x, index, weight);
-  if (columnwise) o.columnwise = own_columnwise ? this->columnwise(x, false) : o.rowwise;
-  if (!rowwise) o.rowwise = at::Tensor();
-  return o;
-}
-
-GemmOperand Fp8Cast::backward_operand(const at::Tensor& dy, size_t index, bool rowwise,
-                                      bool columnwise) const {
-  if (gemm_fp8) {
-    return fp8_data(*this, dy, recipe->backward_format, state ? &state->backward : nullptr, index,
-                    columnwise);
+  if (rowwise || (columnwise && !own_columnwise)) {
+    o.rowwise = backward ? this->backward(x, index) : forward(x, index, weight);
   }
-  GemmOperand o;
-  o.dtype = dy.scalar_type();
-  const bool own_columnwise = columnwise && needs_columnwise();
-  if (rowwise || (columnwise && !own_columnwise)) o.rowwise = backward(dy, index);
-  if (columnwise) o.columnwise = own_columnwise ? this->columnwise(dy, true) : o.rowwise;
+  if (columnwise) o.columnwise = own_columnwise ? this->columnwise(x, backward) : o.rowwise;
   if (!rowwise) o.rowwise = at::Tensor();
   return o;
 }

@@ -103,10 +103,14 @@ struct Fp8Cast {
   /// `index` (a weight: block scaling's 2-D blocks); FP8 data with gemm_fp8. `rowwise` /
   /// `columnwise`: which uses to fill.
   GemmOperand forward_operand(const at::Tensor& x, size_t index, bool weight, bool rowwise,
-                              bool columnwise) const;
+                              bool columnwise) const {
+    return operand(x, /*backward=*/false, index, weight, rowwise, columnwise);
+  }
   /// A gradient as the backward's GEMMs take it (the backward format).
   GemmOperand backward_operand(const at::Tensor& dy, size_t index, bool rowwise,
-                               bool columnwise) const;
+                               bool columnwise) const {
+    return operand(dy, /*backward=*/true, index, /*weight=*/false, rowwise, columnwise);
+  }
   /// x as the forward's FP8 GEMM sees it (the forward format); `index`: which of the op's forward
   /// tensors (its quantizer, for delayed scaling); `weight`: a weight (block scaling's 2-D
   /// blocks).
@@ -119,6 +123,10 @@ struct Fp8Cast {
   /// t [..., n] cast in blocks along its leading (row) dims, the forward's or the backward's
   /// format: the wgrad GEMM's operand under block scaling.
   at::Tensor columnwise(const at::Tensor& t, bool backward) const;
+
+ private:
+  GemmOperand operand(const at::Tensor& x, bool backward, size_t index, bool weight, bool rowwise,
+                      bool columnwise) const;
 };
 
 /// The cast for an op's forward now: the autocast's recipe when enabled, else off. Under

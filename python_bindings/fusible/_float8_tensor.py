@@ -15,7 +15,7 @@ _ALIASING = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 
 
 def _written(func, args, kwargs):
-    """(original, high-precision stand-in) index pairs of the arguments func writes into."""
+    """Where func's written arguments are: a position in args, else a keyword name."""
     out = []
     for i, arg in enumerate(func._schema.arguments):
         if arg.alias_info is not None and arg.alias_info.is_write:

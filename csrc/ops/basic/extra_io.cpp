@@ -1,9 +1,9 @@
 // AddExtraInput and MakeExtraOutput.
 #include "ops/basic/extra_io.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/ops/sum_to_size.h>
 
-#include <algorithm>
 #include <vector>
 
 #include "common/checks.h"
@@ -13,21 +13,16 @@ namespace fusible::ops {
 
 namespace {
 
-// The shape input + extra broadcasts to (torch's rules), or an error naming both.
+// The shape input + extra broadcasts to (at::infer_size), or an error naming the op.
 std::vector<int64_t> broadcast_shape(const at::Tensor& input, const at::Tensor& extra) {
-  const auto a = input.sizes(), b = extra.sizes();
-  const size_t n = std::max(a.size(), b.size());
-  std::vector<int64_t> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
-    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    TORCH_CHECK(da == db || da == 1 || db == 1,
-                "AddExtraInput: expected an extra input that "
-                "broadcasts with the input's shape ",
-                a, ", got ", b);
-    out[i] = da == 1 ? db : da;
+  try {
+    return at::infer_size(input.sizes(), extra.sizes());
+  } catch (const c10::Error&) {
+    TORCH_CHECK(false,
+                "AddExtraInput: expected an extra input that broadcasts with the input's "
+                "shape ",
+                input.sizes(), ", got ", extra.sizes());
   }
-  return out;
 }
 
 }  // namespace

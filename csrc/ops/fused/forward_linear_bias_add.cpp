@@ -22,9 +22,13 @@ at::Tensor linear_then_add(AddExtraInput& add, OperationContext& add_ctx, const 
                            const GemmOperand& w, const std::optional<at::Tensor>& b, double alpha,
                            const at::Tensor& extra, const ForwardArgs& args) {
   TORCH_CHECK(extra.defined(), add.type_name(), ": expected an extra input tensor");
-  auto out_shape = x.rowwise.sizes().vec();
-  out_shape.back() = w.rowwise.size(0);
-  if (extra.scalar_type() != x.dtype || !extra.sizes().equals(out_shape)) {
+  // The GEMM's output shape is x's with the last dim out_features (no vector built per call).
+  const auto xs = x.rowwise.sizes();
+  const bool same_shape =
+      extra.dim() == static_cast<int64_t>(xs.size()) &&
+      extra.sizes().slice(0, xs.size() - 1).equals(xs.slice(0, xs.size() - 1)) &&
+      extra.size(-1) == w.rowwise.size(0);
+  if (extra.scalar_type() != x.dtype || !same_shape) {
     // The add op's own forward casts and broadcasts as it needs (rare: a residual in another
     // dtype or shape).
     auto y = gemms::forward(x, w, std::nullopt);
