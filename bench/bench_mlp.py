@@ -118,6 +118,31 @@ def kernel_table(fn):
     )
 
 
+def idle_gaps(fn, top=6):
+    """Where the GPU idles during one call of fn (torch.profiler, after a warm-up call): the span
+    from the first kernel's start to the last one's end, the busy time, and the largest gaps
+    with the kernels on either side."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    gaps, busy, end = [], 0.0, kernels[0][0]
+    for (start, stop, name), prev in zip(kernels, [None] + kernels[:-1]):
+        if prev is not None and start > end:
+            gaps.append((start - end, prev[2][:50], name[:50]))
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    lines = [f"span {(end - kernels[0][0]) / 1e3:.3f} ms, busy {busy / 1e3:.3f} ms"]
+    lines += [f"  gap {g:7.1f} us after {a} before {b}" for g, a, b in sorted(gaps)[::-1][:top]]
+    return "\n".join(lines)
+
+
 def fp8_errors(models, params, x, dy):
     """Relative (Frobenius) error of fusible FP8's y and gradients against eager bf16's."""
     out = {}
@@ -169,6 +194,7 @@ def run_part(name, reps, profile=False):
             with torch.no_grad():
                 print(f"== {name} {label}: kernels of one forward\n{kernel_table(lambda: fn(x))}")
             print(f"== {name} {label}: kernels of one forward+backward\n{kernel_table(fresh_step)}")
+            print(f"== {name} {label}: GPU idle in one forward+backward\n{idle_gaps(fresh_step)}")
     return rows, fp8_errors(models, params, x, dy)
 
 

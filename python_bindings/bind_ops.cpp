@@ -1,6 +1,8 @@
 // pybind11 classes for the C++ operations. The Python package wraps each in a torch.nn.Module.
 #include <fusible/fusible.h>
 #include <fusible/ops/parameter_utils.h>
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "bindings.h"
@@ -73,7 +75,11 @@ void bind_ops(py::module_& m) {
   py::class_<Bias, BasicOperation, std::shared_ptr<Bias>>(m, "Bias").def(
       py::init<int64_t, OptDevice, OptDtype>());
   py::class_<BasicLinear, BasicOperation, std::shared_ptr<BasicLinear>>(m, "BasicLinear")
-      .def(py::init<int64_t, int64_t, OptDevice, OptDtype>());
+      .def(py::init<int64_t, int64_t, OptDevice, OptDtype>())
+      // hook(dw) -> the weight's gradient for autograd, or None; None clears it.
+      .def("set_main_grad_hook", &BasicLinear::set_main_grad_hook, py::arg("hook"))
+      .def_property_readonly("accumulates_into_main_grad",
+                             &BasicLinear::accumulates_into_main_grad);
   py::class_<LayerNorm, BasicOperation, std::shared_ptr<LayerNorm>>(m, "LayerNorm")
       .def(py::init<std::vector<int64_t>, double, OptDevice, OptDtype, bool>());
   py::class_<RMSNorm, BasicOperation, std::shared_ptr<RMSNorm>>(m, "RMSNorm")
@@ -86,25 +92,42 @@ void bind_ops(py::module_& m) {
       .def(py::init<std::string, std::string>());
   py::class_<GatedActivation, BasicOperation, std::shared_ptr<GatedActivation>>(m,
                                                                                 "GatedActivation")
-      .def(py::init<std::string, std::string>());
+      .def(py::init<std::string, std::string, int64_t>());
   // The concrete classes, so that a fusion matching e.g. GELU by type sees Python-built ones.
 #define FUSIBLE_BIND_ACTIVATION(Name, Base) \
   py::class_<Name, Base, std::shared_ptr<Name>>(m, #Name).def(py::init<>());
+#define FUSIBLE_BIND_GATED(Name) \
+  py::class_<Name, GatedActivation, std::shared_ptr<Name>>(m, #Name).def(py::init<int64_t>());
   FUSIBLE_BIND_ACTIVATION(GELU, ElementwiseActivation)
   FUSIBLE_BIND_ACTIVATION(QGELU, ElementwiseActivation)
   FUSIBLE_BIND_ACTIVATION(ReLU, ElementwiseActivation)
   FUSIBLE_BIND_ACTIVATION(SReLU, ElementwiseActivation)
   FUSIBLE_BIND_ACTIVATION(SiLU, ElementwiseActivation)
-  FUSIBLE_BIND_ACTIVATION(GLU, GatedActivation)
-  FUSIBLE_BIND_ACTIVATION(GEGLU, GatedActivation)
-  FUSIBLE_BIND_ACTIVATION(QGEGLU, GatedActivation)
-  FUSIBLE_BIND_ACTIVATION(ReGLU, GatedActivation)
-  FUSIBLE_BIND_ACTIVATION(SReGLU, GatedActivation)
-  FUSIBLE_BIND_ACTIVATION(SwiGLU, GatedActivation)
+  FUSIBLE_BIND_GATED(GLU)
+  FUSIBLE_BIND_GATED(GEGLU)
+  FUSIBLE_BIND_GATED(QGEGLU)
+  FUSIBLE_BIND_GATED(ReGLU)
+  FUSIBLE_BIND_GATED(SReGLU)
+  FUSIBLE_BIND_GATED(SwiGLU)
 #undef FUSIBLE_BIND_ACTIVATION
-  py::class_<ClampedSwiGLU, BasicOperation, std::shared_ptr<ClampedSwiGLU>>(m, "ClampedSwiGLU")
-      .def(py::init<double, double>());
-  py::class_<ScaledSwiGLU, BasicOperation, std::shared_ptr<ScaledSwiGLU>>(m, "ScaledSwiGLU")
+#undef FUSIBLE_BIND_GATED
+  py::class_<ParamGatedActivation, BasicOperation, std::shared_ptr<ParamGatedActivation>>(
+      m, "ParamGatedActivation");
+  py::class_<ClampedSwiGLU, ParamGatedActivation, std::shared_ptr<ClampedSwiGLU>>(m,
+                                                                                  "ClampedSwiGLU")
+      .def(py::init<double, double, double, int64_t>());
+  py::class_<SiTUGLU, ParamGatedActivation, std::shared_ptr<SiTUGLU>>(m, "SiTUGLU")
+      .def(py::init<double, double, int64_t>());
+  py::class_<RowScaledActivation, BasicOperation, std::shared_ptr<RowScaledActivation>>(
+      m, "RowScaledActivation");
+  py::class_<ScaledSwiGLU, RowScaledActivation, std::shared_ptr<ScaledSwiGLU>>(m, "ScaledSwiGLU")
+      .def(py::init<int64_t>());
+  py::class_<ScaledSiTUGLU, RowScaledActivation, std::shared_ptr<ScaledSiTUGLU>>(m, "ScaledSiTUGLU")
+      .def(py::init<double, double, int64_t>());
+  py::class_<ScaledClampedQGeGLU, RowScaledActivation, std::shared_ptr<ScaledClampedQGeGLU>>(
+      m, "ScaledClampedQGeGLU")
+      .def(py::init<double, double, double, int64_t>());
+  py::class_<ScaledSReLU, RowScaledActivation, std::shared_ptr<ScaledSReLU>>(m, "ScaledSReLU")
       .def(py::init<>());
   py::class_<AddExtraInput, BasicOperation, std::shared_ptr<AddExtraInput>>(m, "AddExtraInput")
       .def(py::init<bool>());

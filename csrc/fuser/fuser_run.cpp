@@ -143,7 +143,11 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
                   i, ", got ", r.grad_params[k].size());
       for (size_t s = 0; s < r.grad_params[k].size(); ++s) {
         const auto& g = r.grad_params[k][s];
-        if (g.defined()) grads[1 + pp[s]] = ops::cast_to(g, call.param_dtypes[pp[s]]);
+        if (!g.defined()) continue;
+        auto taken = p.op->is_fused()
+                         ? p.op->basic_ops().at(k)->take_param_grad(s, g)
+                         : static_cast<ops::BasicOperation&>(*p.op).take_param_grad(s, g);
+        if (taken.defined()) grads[1 + pp[s]] = ops::cast_to(taken, call.param_dtypes[pp[s]]);
       }
       const auto& sources = routing.inputs[i];
       TORCH_CHECK(r.grad_extra_inputs[k].empty() || r.grad_extra_inputs[k].size() == sources.size(),

@@ -1,5 +1,5 @@
-// Activations and the GLU family (plain, clamped, per-row scaled), forward and backward, computed
-// in fp32 registers (fp64 for fp64) from the storage dtype, written once in it.
+// Activations and the GLU family (plain, clamped, SiTU, per-row scaled), forward and backward,
+// computed in fp32 registers (fp64 for fp64) from the storage dtype, written once in it.
 #include "kernels/activation_math.cuh"
 #include "kernels/cuda_map.cuh"
 
@@ -28,30 +28,52 @@ struct ActBwd {  // (dy, x) -> dy * act'(x)
   __device__ A operator()(A dy, A x) const { return dy * act_derivative(kind, x); }
 };
 
-// One gated pair (a, b): the value act(a) * b' and the partial derivatives.
+// One gated pair (a, b): the value and the partial derivatives.
 template <typename A>
 struct Gate {
   GluParams p;
   __device__ A value(A a, A b) const {
-    if (!p.clamped) return act_value(p.act, a) * b;
-    const A lim = A(p.limit);
-    const A ac = a < lim ? a : lim;
-    const A bc = b < -lim ? -lim : (b > lim ? lim : b);
-    return ac * sigmoid(A(p.alpha) * ac) * (bc + A(1));
+    switch (p.mode) {
+      case GluMode::kPlain:
+        return act_value(p.act, a) * b;
+      case GluMode::kClamped: {
+        const A lim = A(p.limit);
+        const A ac = a < lim ? a : lim;
+        const A bc = b < -lim ? -lim : (b > lim ? lim : b);
+        return ac * sigmoid(A(p.alpha) * ac) * (bc + A(p.offset));
+      }
+      case GluMode::kSitu: {
+        const A b1 = A(p.beta1), b2 = A(p.beta2);
+        return b1 * cuda::tanh_(a / b1) * sigmoid(a) * b2 * cuda::tanh_(b / b2);
+      }
+    }
+    return A(0);
   }
   // d value / da, d value / db.
   __device__ void grads(A a, A b, A& da, A& db) const {
-    if (!p.clamped) {
-      da = act_derivative(p.act, a) * b;
-      db = act_value(p.act, a);
-      return;
+    switch (p.mode) {
+      case GluMode::kPlain:
+        da = act_derivative(p.act, a) * b;
+        db = act_value(p.act, a);
+        return;
+      case GluMode::kClamped: {
+        const A lim = A(p.limit), al = A(p.alpha);
+        const A ac = a < lim ? a : lim;
+        const A bc = b < -lim ? -lim : (b > lim ? lim : b);
+        const A s = sigmoid(al * ac);
+        da = a <= lim ? (bc + A(p.offset)) * (s + al * ac * s * (A(1) - s)) : A(0);
+        db = (b >= -lim && b <= lim) ? ac * s : A(0);
+        return;
+      }
+      case GluMode::kSitu: {
+        const A b1 = A(p.beta1), b2 = A(p.beta2);
+        const A ta = cuda::tanh_(a / b1), tb = cuda::tanh_(b / b2), s = sigmoid(a);
+        const A up = b2 * tb;
+        da = up * ((A(1) - ta * ta) * s + b1 * ta * s * (A(1) - s));
+        db = b1 * ta * s * (A(1) - tb * tb);
+        return;
+      }
     }
-    const A lim = A(p.limit), al = A(p.alpha);
-    const A ac = a < lim ? a : lim;
-    const A bc = b < -lim ? -lim : (b > lim ? lim : b);
-    const A s = sigmoid(al * ac);
-    da = a <= lim ? (bc + A(1)) * (s + al * ac * s * (A(1) - s)) : A(0);
-    db = (b >= -lim && b <= lim) ? ac * s : A(0);
   }
 };
 

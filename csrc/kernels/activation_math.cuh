@@ -16,9 +16,15 @@ __device__ __forceinline__ A exp_(A x) {
     return exp(x);
   }
 }
-template <typename A>
+// kApprox: the SFU's tanh (relative error below 2^-10.9), for bf16 data, whose rounding (2^-9)
+// hides it; tanhf's software sequence makes the GELU backward compute-bound on Hopper.
+template <typename A, bool kApprox = false>
 __device__ __forceinline__ A tanh_(A x) {
-  if constexpr (std::is_same_v<A, float>) {
+  if constexpr (std::is_same_v<A, float> && kApprox) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+  } else if constexpr (std::is_same_v<A, float>) {
     return tanhf(x);
   } else {
     return tanh(x);
@@ -48,11 +54,11 @@ __device__ __forceinline__ A act_value(ActKind k, A x) {
   return A(0);
 }
 
-template <typename A>
+template <typename A, bool kApprox = false>
 __device__ __forceinline__ A act_derivative(ActKind k, A x) {
   switch (k) {
     case ActKind::kGelu: {
-      const A t = tanh_(A(kGeluC) * (x + A(kGeluA) * x * x * x));
+      const A t = tanh_<A, kApprox>(A(kGeluC) * (x + A(kGeluA) * x * x * x));
       return A(0.5) * (A(1) + t) +
              A(0.5) * x * (A(1) - t * t) * A(kGeluC) * (A(1) + A(3 * kGeluA) * x * x);
     }

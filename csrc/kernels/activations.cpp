@@ -7,6 +7,7 @@
 #include <ATen/ops/tanh.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <string_view>
 
 #include "common/checks.h"
@@ -51,6 +52,19 @@ void check_glu_grad(const char* op, const at::Tensor& dy, const at::Tensor& x) {
   expected.back() /= 2;
   TORCH_CHECK(dy.sizes().equals(expected), op, ": expected dy of shape ", at::IntArrayRef(expected),
               ", got ", dy.sizes());
+}
+
+void check_clamped_params(const char* op, double limit, double alpha, double offset) {
+  TORCH_CHECK_VALUE(std::isfinite(limit) && limit >= 0, op, ": expected a finite limit >= 0, got ",
+                    limit);
+  TORCH_CHECK_VALUE(std::isfinite(alpha) && std::isfinite(offset), op,
+                    ": expected finite alpha and offset, got alpha=", alpha, ", offset=", offset);
+}
+
+void check_situ_params(const char* op, double beta1, double beta2) {
+  TORCH_CHECK_VALUE(std::isfinite(beta1) && beta1 > 0 && std::isfinite(beta2) && beta2 > 0, op,
+                    ": expected finite beta1 > 0 and beta2 > 0, got beta1=", beta1,
+                    ", beta2=", beta2);
 }
 
 void check_scales(const char* op, const at::Tensor& x, const at::Tensor& scales) {
@@ -155,45 +169,129 @@ at::Tensor glu_bwd(const at::Tensor& dy, const at::Tensor& x, c10::string_view k
       .to(x.scalar_type());
 }
 
+// One gated pair's value and partial derivatives, on the halves in the accumulation dtype.
+struct GateTerms {
+  at::Tensor value, da, db;
+};
+
 // ClampedSwiGLU (GPT-OSS): a <- min(a, limit), b <- clamp(b, -limit, limit),
-// y = a * sigmoid(alpha * a) * (b + 1). Clamped elements pass no gradient.
-at::Tensor clamped_swiglu_fwd(const at::Tensor& x, double limit, double alpha) {
-  const auto [a, b] = split_halves("clamped_swiglu_fwd", x);
+// y = a * sigmoid(alpha * a) * (b + offset). Clamped elements pass no gradient.
+GateTerms clamped_terms(const at::Tensor& a, const at::Tensor& b, double limit, double alpha,
+                        double offset) {
   const auto ac = a.clamp_max(limit);
-  return (ac * at::sigmoid(alpha * ac) * (b.clamp(-limit, limit) + 1)).to(x.scalar_type());
+  const auto bc = b.clamp(-limit, limit) + offset;
+  const auto s = at::sigmoid(alpha * ac);
+  return {ac * s * bc, bc * (s + alpha * ac * s * (1 - s)) * (a <= limit),
+          ac * s * ((b >= -limit) & (b <= limit))};
 }
 
-at::Tensor clamped_swiglu_bwd(const at::Tensor& dy, const at::Tensor& x, double limit,
-                              double alpha) {
+// SiTUGLU: gate(a) = beta1 tanh(a / beta1) sigmoid(a), up(b) = beta2 tanh(b / beta2).
+GateTerms situ_terms(const at::Tensor& a, const at::Tensor& b, double beta1, double beta2) {
+  const auto ta = at::tanh(a / beta1), tb = at::tanh(b / beta2), s = at::sigmoid(a);
+  const auto gate = beta1 * ta * s, up = beta2 * tb;
+  return {gate * up, up * ((1 - ta * ta) * s + beta1 * ta * s * (1 - s)), gate * (1 - tb * tb)};
+}
+
+GateTerms swiglu_terms(const at::Tensor& a, const at::Tensor& b) {
+  const auto act = act_value(Act::kSilu, a);
+  return {act * b, b * act_derivative(Act::kSilu, a), act};
+}
+
+at::Tensor clamped_swiglu_fwd(const at::Tensor& x, double limit, double alpha, double offset) {
+  reference::check_clamped_params("clamped_swiglu_fwd", limit, alpha, offset);
+  const auto [a, b] = split_halves("clamped_swiglu_fwd", x);
+  return clamped_terms(a, b, limit, alpha, offset).value.to(x.scalar_type());
+}
+
+at::Tensor clamped_swiglu_bwd(const at::Tensor& dy, const at::Tensor& x, double limit, double alpha,
+                              double offset) {
+  reference::check_clamped_params("clamped_swiglu_bwd", limit, alpha, offset);
   const auto [a, b] = split_halves("clamped_swiglu_bwd", x);
   check_glu_grad("clamped_swiglu_bwd", dy, x);
+  const auto t = clamped_terms(a, b, limit, alpha, offset);
   const auto dyf = upcast(dy);
-  const auto ac = a.clamp_max(limit);
-  const auto bc = b.clamp(-limit, limit);
-  const auto s = at::sigmoid(alpha * ac);
-  const auto da = dyf * (bc + 1) * (s + alpha * ac * s * (1 - s)) * (a <= limit);
-  const auto db = dyf * ac * s * ((b >= -limit) & (b <= limit));
-  return at::cat({da, db}, -1).to(x.scalar_type());
+  return at::cat({dyf * t.da, dyf * t.db}, -1).to(x.scalar_type());
 }
 
-// y = scales[..., None] * swiglu(x).
+at::Tensor situglu_fwd(const at::Tensor& x, double beta1, double beta2) {
+  reference::check_situ_params("situglu_fwd", beta1, beta2);
+  const auto [a, b] = split_halves("situglu_fwd", x);
+  return situ_terms(a, b, beta1, beta2).value.to(x.scalar_type());
+}
+
+at::Tensor situglu_bwd(const at::Tensor& dy, const at::Tensor& x, double beta1, double beta2) {
+  reference::check_situ_params("situglu_bwd", beta1, beta2);
+  const auto [a, b] = split_halves("situglu_bwd", x);
+  check_glu_grad("situglu_bwd", dy, x);
+  const auto t = situ_terms(a, b, beta1, beta2);
+  const auto dyf = upcast(dy);
+  return at::cat({dyf * t.da, dyf * t.db}, -1).to(x.scalar_type());
+}
+
+// y = scales[..., None] * gate(x) for the gate `terms` computes from x's halves.
+template <typename Terms>
+at::Tensor scaled_fwd(const char* op, const at::Tensor& x, const at::Tensor& scales,
+                      Terms&& terms) {
+  check_scales(op, x, scales);
+  const auto [a, b] = split_halves(op, x);
+  return (upcast(scales).unsqueeze(-1) * terms(a, b).value).to(x.scalar_type());
+}
+
+// -> (dx, dscales = sum over the last dim of dy * gate(x)).
+template <typename Terms>
+std::tuple<at::Tensor, at::Tensor> scaled_bwd(const char* op, const at::Tensor& dy,
+                                              const at::Tensor& x, const at::Tensor& scales,
+                                              Terms&& terms) {
+  check_scales(op, x, scales);
+  const auto [a, b] = split_halves(op, x);
+  check_glu_grad(op, dy, x);
+  const auto dyf = upcast(dy);
+  const auto dys = dyf * upcast(scales).unsqueeze(-1);
+  const auto t = terms(a, b);
+  const auto dx = at::cat({dys * t.da, dys * t.db}, -1);
+  return {dx.to(x.scalar_type()), (dyf * t.value).sum(-1).to(scales.scalar_type())};
+}
+
 at::Tensor scaled_swiglu_fwd(const at::Tensor& x, const at::Tensor& scales) {
-  check_scales("scaled_swiglu_fwd", x, scales);
-  const auto [a, b] = split_halves("scaled_swiglu_fwd", x);
-  return (upcast(scales).unsqueeze(-1) * act_value(Act::kSilu, a) * b).to(x.scalar_type());
+  return scaled_fwd("scaled_swiglu_fwd", x, scales, swiglu_terms);
 }
 
 std::tuple<at::Tensor, at::Tensor> scaled_swiglu_bwd(const at::Tensor& dy, const at::Tensor& x,
                                                      const at::Tensor& scales) {
-  check_scales("scaled_swiglu_bwd", x, scales);
-  const auto [a, b] = split_halves("scaled_swiglu_bwd", x);
-  check_glu_grad("scaled_swiglu_bwd", dy, x);
-  const auto dyf = upcast(dy);
-  const auto s = upcast(scales).unsqueeze(-1);
-  const auto act = act_value(Act::kSilu, a);
-  const auto dx = at::cat({dyf * s * b * act_derivative(Act::kSilu, a), dyf * s * act}, -1);
-  const auto dscales = (dyf * act * b).sum(-1);
-  return {dx.to(x.scalar_type()), dscales.to(scales.scalar_type())};
+  return scaled_bwd("scaled_swiglu_bwd", dy, x, scales, swiglu_terms);
+}
+
+at::Tensor scaled_situglu_fwd(const at::Tensor& x, const at::Tensor& scales, double beta1,
+                              double beta2) {
+  reference::check_situ_params("scaled_situglu_fwd", beta1, beta2);
+  return scaled_fwd("scaled_situglu_fwd", x, scales,
+                    [&](const auto& a, const auto& b) { return situ_terms(a, b, beta1, beta2); });
+}
+
+std::tuple<at::Tensor, at::Tensor> scaled_situglu_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                                      const at::Tensor& scales, double beta1,
+                                                      double beta2) {
+  reference::check_situ_params("scaled_situglu_bwd", beta1, beta2);
+  return scaled_bwd("scaled_situglu_bwd", dy, x, scales,
+                    [&](const auto& a, const auto& b) { return situ_terms(a, b, beta1, beta2); });
+}
+
+at::Tensor scaled_clamped_swiglu_fwd(const at::Tensor& x, const at::Tensor& scales, double limit,
+                                     double alpha, double offset) {
+  reference::check_clamped_params("scaled_clamped_swiglu_fwd", limit, alpha, offset);
+  return scaled_fwd("scaled_clamped_swiglu_fwd", x, scales, [&](const auto& a, const auto& b) {
+    return clamped_terms(a, b, limit, alpha, offset);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> scaled_clamped_swiglu_bwd(const at::Tensor& dy,
+                                                             const at::Tensor& x,
+                                                             const at::Tensor& scales, double limit,
+                                                             double alpha, double offset) {
+  reference::check_clamped_params("scaled_clamped_swiglu_bwd", limit, alpha, offset);
+  return scaled_bwd("scaled_clamped_swiglu_bwd", dy, x, scales, [&](const auto& a, const auto& b) {
+    return clamped_terms(a, b, limit, alpha, offset);
+  });
 }
 
 }  // namespace
@@ -207,6 +305,12 @@ TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("clamped_swiglu_bwd", &clamped_swiglu_bwd);
   m.impl("scaled_swiglu_fwd", &scaled_swiglu_fwd);
   m.impl("scaled_swiglu_bwd", &scaled_swiglu_bwd);
+  m.impl("situglu_fwd", &situglu_fwd);
+  m.impl("situglu_bwd", &situglu_bwd);
+  m.impl("scaled_situglu_fwd", &scaled_situglu_fwd);
+  m.impl("scaled_situglu_bwd", &scaled_situglu_bwd);
+  m.impl("scaled_clamped_swiglu_fwd", &scaled_clamped_swiglu_fwd);
+  m.impl("scaled_clamped_swiglu_bwd", &scaled_clamped_swiglu_bwd);
 }
 
 }  // namespace fusible::kernels

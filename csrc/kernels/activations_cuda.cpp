@@ -1,5 +1,5 @@
 // The activation family on CUDA: torch-facing wrappers around activation_kernels.cu (one kernel per
-// op, fp32 math in registers; ScaledSwiGLU's backward adds a row-sum kernel for dscales).
+// op, fp32 math in registers; the scaled GLUs' backward adds a row-sum kernel for dscales).
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -105,11 +105,22 @@ GluParams gated(const char* op, c10::string_view kind) {
   return p;
 }
 
-GluParams clamped(double limit, double alpha) {
+GluParams clamped(const char* op, double limit, double alpha, double offset) {
+  reference::check_clamped_params(op, limit, alpha, offset);
   GluParams p;
-  p.clamped = true;
+  p.mode = GluMode::kClamped;
   p.limit = limit;
   p.alpha = alpha;
+  p.offset = offset;
+  return p;
+}
+
+GluParams situ(const char* op, double beta1, double beta2) {
+  reference::check_situ_params(op, beta1, beta2);
+  GluParams p;
+  p.mode = GluMode::kSitu;
+  p.beta1 = beta1;
+  p.beta2 = beta2;
   return p;
 }
 
@@ -121,26 +132,74 @@ at::Tensor glu_bwd_cuda(const at::Tensor& dy, const at::Tensor& x, c10::string_v
   return glu_bwd_impl("glu_bwd", dy, x, gated("glu_bwd", kind), {});
 }
 
-at::Tensor clamped_swiglu_fwd_cuda(const at::Tensor& x, double limit, double alpha) {
-  return glu_fwd_impl("clamped_swiglu_fwd", x, clamped(limit, alpha), {});
+at::Tensor clamped_swiglu_fwd_cuda(const at::Tensor& x, double limit, double alpha, double offset) {
+  return glu_fwd_impl("clamped_swiglu_fwd", x, clamped("clamped_swiglu_fwd", limit, alpha, offset),
+                      {});
 }
 
 at::Tensor clamped_swiglu_bwd_cuda(const at::Tensor& dy, const at::Tensor& x, double limit,
-                                   double alpha) {
-  return glu_bwd_impl("clamped_swiglu_bwd", dy, x, clamped(limit, alpha), {});
+                                   double alpha, double offset) {
+  return glu_bwd_impl("clamped_swiglu_bwd", dy, x,
+                      clamped("clamped_swiglu_bwd", limit, alpha, offset), {});
+}
+
+at::Tensor situglu_fwd_cuda(const at::Tensor& x, double beta1, double beta2) {
+  return glu_fwd_impl("situglu_fwd", x, situ("situglu_fwd", beta1, beta2), {});
+}
+
+at::Tensor situglu_bwd_cuda(const at::Tensor& dy, const at::Tensor& x, double beta1, double beta2) {
+  return glu_bwd_impl("situglu_bwd", dy, x, situ("situglu_bwd", beta1, beta2), {});
+}
+
+at::Tensor scaled_fwd(const char* op, const at::Tensor& x, const at::Tensor& scales,
+                      const GluParams& p) {
+  reference::check_scales(op, x, scales);
+  return glu_fwd_impl(op, x, p, scales);
+}
+
+std::tuple<at::Tensor, at::Tensor> scaled_bwd(const char* op, const at::Tensor& dy,
+                                              const at::Tensor& x, const at::Tensor& scales,
+                                              const GluParams& p) {
+  reference::check_scales(op, x, scales);
+  at::Tensor dscales;
+  auto dx = glu_bwd_impl(op, dy, x, p, scales, &dscales);
+  return {dx, dscales.to(scales.scalar_type())};
 }
 
 at::Tensor scaled_swiglu_fwd_cuda(const at::Tensor& x, const at::Tensor& scales) {
-  reference::check_scales("scaled_swiglu_fwd", x, scales);
-  return glu_fwd_impl("scaled_swiglu_fwd", x, GluParams{}, scales);
+  return scaled_fwd("scaled_swiglu_fwd", x, scales, GluParams{});
 }
 
 std::tuple<at::Tensor, at::Tensor> scaled_swiglu_bwd_cuda(const at::Tensor& dy, const at::Tensor& x,
                                                           const at::Tensor& scales) {
-  reference::check_scales("scaled_swiglu_bwd", x, scales);
-  at::Tensor dscales;
-  auto dx = glu_bwd_impl("scaled_swiglu_bwd", dy, x, GluParams{}, scales, &dscales);
-  return {dx, dscales.to(scales.scalar_type())};
+  return scaled_bwd("scaled_swiglu_bwd", dy, x, scales, GluParams{});
+}
+
+at::Tensor scaled_situglu_fwd_cuda(const at::Tensor& x, const at::Tensor& scales, double beta1,
+                                   double beta2) {
+  return scaled_fwd("scaled_situglu_fwd", x, scales, situ("scaled_situglu_fwd", beta1, beta2));
+}
+
+std::tuple<at::Tensor, at::Tensor> scaled_situglu_bwd_cuda(const at::Tensor& dy,
+                                                           const at::Tensor& x,
+                                                           const at::Tensor& scales, double beta1,
+                                                           double beta2) {
+  return scaled_bwd("scaled_situglu_bwd", dy, x, scales, situ("scaled_situglu_bwd", beta1, beta2));
+}
+
+at::Tensor scaled_clamped_swiglu_fwd_cuda(const at::Tensor& x, const at::Tensor& scales,
+                                          double limit, double alpha, double offset) {
+  return scaled_fwd("scaled_clamped_swiglu_fwd", x, scales,
+                    clamped("scaled_clamped_swiglu_fwd", limit, alpha, offset));
+}
+
+std::tuple<at::Tensor, at::Tensor> scaled_clamped_swiglu_bwd_cuda(const at::Tensor& dy,
+                                                                  const at::Tensor& x,
+                                                                  const at::Tensor& scales,
+                                                                  double limit, double alpha,
+                                                                  double offset) {
+  return scaled_bwd("scaled_clamped_swiglu_bwd", dy, x, scales,
+                    clamped("scaled_clamped_swiglu_bwd", limit, alpha, offset));
 }
 
 }  // namespace
@@ -154,6 +213,12 @@ TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
   m.impl("clamped_swiglu_bwd", &clamped_swiglu_bwd_cuda);
   m.impl("scaled_swiglu_fwd", &scaled_swiglu_fwd_cuda);
   m.impl("scaled_swiglu_bwd", &scaled_swiglu_bwd_cuda);
+  m.impl("situglu_fwd", &situglu_fwd_cuda);
+  m.impl("situglu_bwd", &situglu_bwd_cuda);
+  m.impl("scaled_situglu_fwd", &scaled_situglu_fwd_cuda);
+  m.impl("scaled_situglu_bwd", &scaled_situglu_bwd_cuda);
+  m.impl("scaled_clamped_swiglu_fwd", &scaled_clamped_swiglu_fwd_cuda);
+  m.impl("scaled_clamped_swiglu_bwd", &scaled_clamped_swiglu_bwd_cuda);
 }
 
 }  // namespace fusible::kernels

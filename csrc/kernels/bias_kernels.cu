@@ -53,7 +53,8 @@ __global__ void bias_grad_kernel(const T* dy,                     // [rows, cols
         cuda::Vec<T, VEC> g;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const A gj = to_acc(d.v[j]) * cuda::act_derivative(act, to_acc(p.v[j]));
+          const A gj = to_acc(d.v[j]) * cuda::act_derivative<A, std::is_same_v<T, __nv_bfloat16>>(
+                                            act, to_acc(p.v[j]));
           g.v[j] = from_acc<T>(gj);
           sum[j] += gj;  // unrounded: dbias as accurate as the fp32 (fp64) math allows
         }

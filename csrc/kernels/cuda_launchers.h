@@ -76,13 +76,19 @@ constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
 constexpr double kGeluA = 0.044715;
 constexpr double kQGeluAlpha = 1.702;
 
-/// A gated activation over [a | b] halves: act(a) * b, or with clamped (ClampedSwiGLU):
-/// a' = min(a, limit), b' = clamp(b, -limit, limit), a' * sigmoid(alpha * a') * (b' + 1).
+/// A gated activation over [a | b] halves: act(a) * b, or
+/// - kClamped (ClampedSwiGLU): a' = min(a, limit), b' = clamp(b, -limit, limit),
+///   a' * sigmoid(alpha * a') * (b' + offset);
+/// - kSitu (SiTUGLU): beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2).
+enum class GluMode { kPlain, kClamped, kSitu };
 struct GluParams {
   ActKind act = ActKind::kSilu;
-  bool clamped = false;
+  GluMode mode = GluMode::kPlain;
   double limit = 0;
   double alpha = 0;
+  double offset = 1;
+  double beta1 = 0;
+  double beta2 = 0;
 };
 
 /// y = act(x), n elements.

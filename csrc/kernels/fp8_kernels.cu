@@ -36,12 +36,25 @@ __device__ __forceinline__ void block_amax_into(float m, float* amax) {
   }
 }
 
-// amax over num_vecs vectors of VEC elements (16-byte loads where VEC > 1).
+// amax over num_vecs vectors of VEC elements (16-byte loads where VEC > 1), kUnroll independent
+// loads in flight per thread: one per thread leaves Hopper's memory system short of requests.
 template <typename T, int VEC>
 __global__ void amax_kernel(const T* __restrict__ x, int64_t num_vecs, float* __restrict__ amax) {
+  constexpr int kUnroll = 4;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   float m = 0.f;
-  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < num_vecs;
-       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (; v + (kUnroll - 1) * stride < num_vecs; v += kUnroll * stride) {
+    cuda::Vec<T, VEC> xv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) xv[u] = cuda::load_vec<T, VEC>(x + (v + u * stride) * VEC);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv[u].v[j])));
+    }
+  }
+  for (; v < num_vecs; v += stride) {
     const auto xv = cuda::load_vec<T, VEC>(x + v * VEC);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv.v[j])));
@@ -99,11 +112,14 @@ __device__ __forceinline__ uint8_t fp8_bits(float v, float fmax, bool e4m3) {
   return __nv_cvt_float_to_fp8(c, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2);
 }
 
-constexpr int kTile = 64;  // cast_transpose_kernel's tile: 64 x 64 elements, 256 threads
+// cast_transpose_kernel's tile: 128 rows x 64 columns, 256 threads. 128 rows make each row of the
+// transpose one 128-byte line; the shared tile's 65-byte pitch keeps the column reads free of bank
+// conflicts.
+constexpr int kTileRows = 128, kTileCols = 64, kTilePitch = kTileCols + 1;
 
 // x [rows, cols] (cols and, with data_t, rows multiples of V) to FP8 data [rows, cols] and, where
-// data_t is given, its transpose [cols, rows], one 64 x 64 tile per block through shared memory;
-// each thread moves V-element vectors (V = 8: 16-byte bf16 loads, 8-byte FP8 stores).
+// data_t is given, its transpose [cols, rows], one tile per block through shared memory; each
+// thread moves V-element vectors (V = 8: 16-byte bf16 loads, 8-byte FP8 stores).
 // The scale is *scale (delayed scaling; the tile's amax then goes into *amax) or comes from *amax
 // (current scaling); block 0 writes 1 / scale.
 template <typename T, int V>
@@ -113,16 +129,18 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restri
                                       const float* __restrict__ scale,
                                       float* __restrict__ scale_inv, float fmax,
                                       float margin_factor, bool e4m3) {
-  constexpr int kLanes = kTile / V;                // threads per tile row
+  constexpr int kLanes = kTileCols / V;            // threads per tile row
   constexpr int kRowsPerPass = kThreads / kLanes;  // tile rows per pass
-  __shared__ uint8_t tile[kTile][kTile + 4];
-  const int64_t r0 = blockIdx.x / col_tiles * kTile, c0 = blockIdx.x % col_tiles * kTile;
+  constexpr int kLanesT = kTileRows / V;           // threads per transposed row (a tile column)
+  constexpr int kColsPerPass = kThreads / kLanesT;
+  __shared__ uint8_t tile[kTileRows * kTilePitch];
+  const int64_t r0 = blockIdx.x / col_tiles * kTileRows, c0 = blockIdx.x % col_tiles * kTileCols;
   const float s = scale != nullptr ? *scale : scale_from(*amax, fmax, margin_factor, 1.f);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.f / s;
   const int lane = threadIdx.x % kLanes, row_in_pass = threadIdx.x / kLanes;
   float m = 0.f;
 #pragma unroll
-  for (int pass = 0; pass < kTile / kRowsPerPass; ++pass) {
+  for (int pass = 0; pass < kTileRows / kRowsPerPass; ++pass) {
     const int lr = row_in_pass + kRowsPerPass * pass;
     const int64_t r = r0 + lr, c = c0 + lane * V;
     if (r < rows && c < cols) {
@@ -133,21 +151,22 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restri
         const float f = static_cast<float>(cuda::to_acc(v.v[j]));
         m = amax_with(m, f);
         q.v[j] = fp8_bits(f * s, fmax, e4m3);
-        tile[lr][lane * V + j] = q.v[j];
+        tile[lr * kTilePitch + lane * V + j] = q.v[j];
       }
       cuda::store_vec<uint8_t, V>(data + r * cols + c, q);
     }
   }
   if (data_t != nullptr) {
     __syncthreads();
+    const int lane_t = threadIdx.x % kLanesT, col_in_pass = threadIdx.x / kLanesT;
 #pragma unroll
-    for (int pass = 0; pass < kTile / kRowsPerPass; ++pass) {
-      const int lc = row_in_pass + kRowsPerPass * pass;
-      const int64_t c = c0 + lc, r = r0 + lane * V;
+    for (int pass = 0; pass < kTileCols / kColsPerPass; ++pass) {
+      const int lc = col_in_pass + kColsPerPass * pass;
+      const int64_t c = c0 + lc, r = r0 + lane_t * V;
       if (c < cols && r < rows) {
         cuda::Vec<uint8_t, V> q;
 #pragma unroll
-        for (int j = 0; j < V; ++j) q.v[j] = tile[lane * V + j][lc];
+        for (int j = 0; j < V; ++j) q.v[j] = tile[(lane_t * V + j) * kTilePitch + lc];
         cuda::store_vec<uint8_t, V>(data_t + c * rows + r, q);
       }
     }
@@ -183,8 +202,8 @@ void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int6
     using T = decltype(tag);
     const auto* tx = static_cast<const T*>(x);
     if (n > 0 && scale == nullptr) launch_amax(tx, n, amax, num_sms, stream);  // current: first
-    const int64_t col_tiles = cols > 0 ? (cols + kTile - 1) / kTile : 1;
-    const int64_t blocks = n > 0 ? (rows + kTile - 1) / kTile * col_tiles : 1;
+    const int64_t col_tiles = cols > 0 ? (cols + kTileCols - 1) / kTileCols : 1;
+    const int64_t blocks = n > 0 ? (rows + kTileRows - 1) / kTileRows * col_tiles : 1;
     // 16-bit inputs in 8-element vectors (16 bytes) where the rows (and, transposing, the row
     // count) allow; else 4.
     const bool wide = sizeof(T) <= 2 && cols % 8 == 0 && (data_t == nullptr || rows % 8 == 0);

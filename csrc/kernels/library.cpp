@@ -74,14 +74,33 @@ TORCH_LIBRARY(fusible, m) {
   m.def("glu_fwd(Tensor x, str kind) -> Tensor");
   // Its backward -> dx [..., 2H].
   m.def("glu_bwd(Tensor dy, Tensor x, str kind) -> Tensor");
-  // ClampedSwiGLU: a = min(a, limit), b = clamp(b, -limit, limit), y = a*sigmoid(alpha*a)*(b+1).
-  m.def("clamped_swiglu_fwd(Tensor x, float limit, float alpha) -> Tensor");
+  // ClampedSwiGLU: a = min(a, limit), b = clamp(b, -limit, limit),
+  // y = a * sigmoid(alpha * a) * (b + offset).
+  m.def("clamped_swiglu_fwd(Tensor x, float limit, float alpha, float offset=1.0) -> Tensor");
   // Its backward -> dx.
-  m.def("clamped_swiglu_bwd(Tensor dy, Tensor x, float limit, float alpha) -> Tensor");
+  m.def(
+      "clamped_swiglu_bwd(Tensor dy, Tensor x, float limit, float alpha, float offset=1.0) -> "
+      "Tensor");
+  // SiTUGLU: y = beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2) (beta1, beta2 > 0).
+  m.def("situglu_fwd(Tensor x, float beta1=4.0, float beta2=25.0) -> Tensor");
+  // Its backward -> dx.
+  m.def("situglu_bwd(Tensor dy, Tensor x, float beta1=4.0, float beta2=25.0) -> Tensor");
   // ScaledSwiGLU: y = scales[..., None] * swiglu(x). scales: x's shape without the last dim.
   m.def("scaled_swiglu_fwd(Tensor x, Tensor scales) -> Tensor");
   // Its backward -> (dx, dscales).
   m.def("scaled_swiglu_bwd(Tensor dy, Tensor x, Tensor scales) -> (Tensor, Tensor)");
+  // ScaledSiTUGLU: y = scales[..., None] * situglu(x); backward -> (dx, dscales).
+  m.def("scaled_situglu_fwd(Tensor x, Tensor scales, float beta1=4.0, float beta2=25.0) -> Tensor");
+  m.def(
+      "scaled_situglu_bwd(Tensor dy, Tensor x, Tensor scales, float beta1=4.0, float beta2=25.0) "
+      "-> (Tensor, Tensor)");
+  // ScaledClampedQGeGLU: y = scales[..., None] * clamped_swiglu(x); backward -> (dx, dscales).
+  m.def(
+      "scaled_clamped_swiglu_fwd(Tensor x, Tensor scales, float limit=7.0, float alpha=1.702, "
+      "float offset=1.0) -> Tensor");
+  m.def(
+      "scaled_clamped_swiglu_bwd(Tensor dy, Tensor x, Tensor scales, float limit=7.0, "
+      "float alpha=1.702, float offset=1.0) -> (Tensor, Tensor)");
 
   // y = scale * x (also ConstantScale's backward).
   m.def("scale_fwd(Tensor x, float scale) -> Tensor");
@@ -151,6 +170,12 @@ TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
                            "clamped_swiglu_bwd",
                            "scaled_swiglu_fwd",
                            "scaled_swiglu_bwd",
+                           "situglu_fwd",
+                           "situglu_bwd",
+                           "scaled_situglu_fwd",
+                           "scaled_situglu_bwd",
+                           "scaled_clamped_swiglu_fwd",
+                           "scaled_clamped_swiglu_bwd",
                            "scale_fwd",
                            "add_fwd",
                            "add_",

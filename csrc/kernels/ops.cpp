@@ -121,13 +121,21 @@ T glu_bwd(CT dy, CT x, const std::string& kind) {
   FUSIBLE_OP("glu_bwd", T(CT, CT, c10::string_view));
   return op.call(dy, x, kind);
 }
-T clamped_swiglu_fwd(CT x, double limit, double alpha) {
-  FUSIBLE_OP("clamped_swiglu_fwd", T(CT, double, double));
-  return op.call(x, limit, alpha);
+T clamped_swiglu_fwd(CT x, double limit, double alpha, double offset) {
+  FUSIBLE_OP("clamped_swiglu_fwd", T(CT, double, double, double));
+  return op.call(x, limit, alpha, offset);
 }
-T clamped_swiglu_bwd(CT dy, CT x, double limit, double alpha) {
-  FUSIBLE_OP("clamped_swiglu_bwd", T(CT, CT, double, double));
-  return op.call(dy, x, limit, alpha);
+T clamped_swiglu_bwd(CT dy, CT x, double limit, double alpha, double offset) {
+  FUSIBLE_OP("clamped_swiglu_bwd", T(CT, CT, double, double, double));
+  return op.call(dy, x, limit, alpha, offset);
+}
+T situglu_fwd(CT x, double beta1, double beta2) {
+  FUSIBLE_OP("situglu_fwd", T(CT, double, double));
+  return op.call(x, beta1, beta2);
+}
+T situglu_bwd(CT dy, CT x, double beta1, double beta2) {
+  FUSIBLE_OP("situglu_bwd", T(CT, CT, double, double));
+  return op.call(dy, x, beta1, beta2);
 }
 T scaled_swiglu_fwd(CT x, CT scales) {
   FUSIBLE_OP("scaled_swiglu_fwd", T(CT, CT));
@@ -136,6 +144,22 @@ T scaled_swiglu_fwd(CT x, CT scales) {
 T2 scaled_swiglu_bwd(CT dy, CT x, CT scales) {
   FUSIBLE_OP("scaled_swiglu_bwd", T2(CT, CT, CT));
   return op.call(dy, x, scales);
+}
+T scaled_situglu_fwd(CT x, CT scales, double beta1, double beta2) {
+  FUSIBLE_OP("scaled_situglu_fwd", T(CT, CT, double, double));
+  return op.call(x, scales, beta1, beta2);
+}
+T2 scaled_situglu_bwd(CT dy, CT x, CT scales, double beta1, double beta2) {
+  FUSIBLE_OP("scaled_situglu_bwd", T2(CT, CT, CT, double, double));
+  return op.call(dy, x, scales, beta1, beta2);
+}
+T scaled_clamped_swiglu_fwd(CT x, CT scales, double limit, double alpha, double offset) {
+  FUSIBLE_OP("scaled_clamped_swiglu_fwd", T(CT, CT, double, double, double));
+  return op.call(x, scales, limit, alpha, offset);
+}
+T2 scaled_clamped_swiglu_bwd(CT dy, CT x, CT scales, double limit, double alpha, double offset) {
+  FUSIBLE_OP("scaled_clamped_swiglu_bwd", T2(CT, CT, CT, double, double, double));
+  return op.call(dy, x, scales, limit, alpha, offset);
 }
 T scale_fwd(CT x, double scale) {
   FUSIBLE_OP("scale_fwd", T(CT, double));

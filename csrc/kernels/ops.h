@@ -88,14 +88,27 @@ at::Tensor activation_bwd(const at::Tensor& dy, const at::Tensor& x, const std::
 /// kind in {glu, geglu, qgeglu, reglu, sreglu, swiglu}. x: [..., 2H] -> [..., H].
 at::Tensor glu_fwd(const at::Tensor& x, const std::string& kind);
 at::Tensor glu_bwd(const at::Tensor& dy, const at::Tensor& x, const std::string& kind);
-at::Tensor clamped_swiglu_fwd(const at::Tensor& x, double limit, double alpha);
-at::Tensor clamped_swiglu_bwd(const at::Tensor& dy, const at::Tensor& x, double limit,
-                              double alpha);
+at::Tensor clamped_swiglu_fwd(const at::Tensor& x, double limit, double alpha, double offset);
+at::Tensor clamped_swiglu_bwd(const at::Tensor& dy, const at::Tensor& x, double limit, double alpha,
+                              double offset);
+at::Tensor situglu_fwd(const at::Tensor& x, double beta1, double beta2);
+at::Tensor situglu_bwd(const at::Tensor& dy, const at::Tensor& x, double beta1, double beta2);
 /// scales: x's shape without the last dim.
 at::Tensor scaled_swiglu_fwd(const at::Tensor& x, const at::Tensor& scales);
 /// -> (dx, dscales).
 std::tuple<at::Tensor, at::Tensor> scaled_swiglu_bwd(const at::Tensor& dy, const at::Tensor& x,
                                                      const at::Tensor& scales);
+at::Tensor scaled_situglu_fwd(const at::Tensor& x, const at::Tensor& scales, double beta1,
+                              double beta2);
+std::tuple<at::Tensor, at::Tensor> scaled_situglu_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                                      const at::Tensor& scales, double beta1,
+                                                      double beta2);
+at::Tensor scaled_clamped_swiglu_fwd(const at::Tensor& x, const at::Tensor& scales, double limit,
+                                     double alpha, double offset);
+std::tuple<at::Tensor, at::Tensor> scaled_clamped_swiglu_bwd(const at::Tensor& dy,
+                                                             const at::Tensor& x,
+                                                             const at::Tensor& scales, double limit,
+                                                             double alpha, double offset);
 
 at::Tensor scale_fwd(const at::Tensor& x, double scale);
 /// x + other in x's dtype.

@@ -114,6 +114,12 @@ class BasicOperation : public FusibleOperation {
   /// ops defined in Python can report the parameters Python registered.
   virtual std::vector<at::Tensor> op_parameters() const { return parameters(/*recurse=*/false); }
 
+  /// What autograd receives as the gradient of parameter `index` (op_parameters() order), given
+  /// the one this op's backward computed (in the compute dtype; the fuser casts the result to the
+  /// parameter's dtype): by default that gradient; an op may send it elsewhere and return what
+  /// autograd gets instead (undefined: no gradient), as BasicLinear's main_grad.
+  virtual at::Tensor take_param_grad(size_t index, const at::Tensor& grad) { return grad; }
+
   void pre_first_forward(const at::Tensor& input) override;
   /// Materializes this op's meta parameters in place on `device`; returns whether any was meta.
   bool materialize_meta_parameters(c10::Device device);

@@ -24,11 +24,22 @@ def _srelu(x):
     return F.relu(x) ** 2
 
 
-def _clamped_swiglu(x, limit=7.0, alpha=1.702):
+def _clamped_swiglu(x, limit=7.0, alpha=1.702, offset=1.0):
     a, b = _halves(x)
     a = a.clamp(max=limit)
     b = b.clamp(-limit, limit)
-    return a * torch.sigmoid(alpha * a) * (b + 1)
+    return a * torch.sigmoid(alpha * a) * (b + offset)
+
+
+def _situglu(x, beta1=4.0, beta2=25.0):
+    a, b = _halves(x)
+    return beta1 * torch.tanh(a / beta1) * torch.sigmoid(a) * beta2 * torch.tanh(b / beta2)
+
+
+def _deinterleave(x, k):
+    """te.ops' glu_interleave_size layout (blocks of k a-columns, then k b-columns) to [a | b]."""
+    n = x.shape[-1]
+    return x.reshape(-1, n // (2 * k), 2, k).transpose(1, 2).reshape(x.shape)
 
 
 class Spec:
@@ -107,6 +118,50 @@ SPECS = [
         "ScaledSwiGLU",
         lambda d, t: ops.ScaledSwiGLU(),
         lambda x, p, e: e[0].unsqueeze(-1) * F.silu(_halves(x)[0]) * _halves(x)[1],
+        extra_shapes=((3, 4),),
+    ),
+    Spec(
+        "ClampedSwiGLU_offset_interleaved",
+        lambda d, t: ops.ClampedSwiGLU(
+            limit=1.5, alpha=1.3, glu_linear_offset=0.25, glu_interleave_size=4
+        ),
+        lambda x, p, e: _clamped_swiglu(_deinterleave(x, 4), 1.5, 1.3, 0.25),
+    ),
+    Spec(
+        "SwiGLU_interleaved",
+        lambda d, t: ops.SwiGLU(glu_interleave_size=2),
+        lambda x, p, e: F.silu(_halves(_deinterleave(x, 2))[0]) * _halves(_deinterleave(x, 2))[1],
+    ),
+    Spec("SiTUGLU", lambda d, t: ops.SiTUGLU(), lambda x, p, e: _situglu(x)),
+    Spec(
+        "SiTUGLU_small_betas_interleaved",
+        lambda d, t: ops.SiTUGLU(beta1=0.7, beta2=1.2, glu_interleave_size=4),
+        lambda x, p, e: _situglu(_deinterleave(x, 4), 0.7, 1.2),
+    ),
+    Spec(
+        "ScaledSwiGLU_interleaved",
+        lambda d, t: ops.ScaledSwiGLU(8),
+        lambda x, p, e: e[0].unsqueeze(-1)
+        * F.silu(_halves(_deinterleave(x, 8))[0])
+        * _halves(_deinterleave(x, 8))[1],
+        extra_shapes=((3, 4),),
+    ),
+    Spec(
+        "ScaledSiTUGLU",
+        lambda d, t: ops.ScaledSiTUGLU(beta1=0.9, beta2=1.5),
+        lambda x, p, e: e[0].unsqueeze(-1) * _situglu(x, 0.9, 1.5),
+        extra_shapes=((3, 4),),
+    ),
+    Spec(
+        "ScaledClampedQGeGLU_interleaved",
+        lambda d, t: ops.ScaledClampedQGeGLU(4, limit=1.5, alpha=1.702, glu_linear_offset=0.5),
+        lambda x, p, e: e[0].unsqueeze(-1) * _clamped_swiglu(_deinterleave(x, 4), 1.5, 1.702, 0.5),
+        extra_shapes=((3, 4),),
+    ),
+    Spec(
+        "ScaledSReLU",
+        lambda d, t: ops.ScaledSReLU(),
+        lambda x, p, e: e[0].unsqueeze(-1) * _srelu(x),
         extra_shapes=((3, 4),),
     ),
     Spec(

@@ -98,12 +98,13 @@ def test_a_python_op_may_assign_to_save():
 @pytest.mark.parametrize(
     "make, keyword",
     [
-        (lambda: ops.SwiGLU(glu_interleave_size=32), "glu_interleave_size"),
-        (lambda: ops.GEGLU(glu_interleave_size=32), "glu_interleave_size"),
-        (lambda: ops.ClampedSwiGLU(glu_interleave_size=32), "glu_interleave_size"),
-        (lambda: ops.ClampedSwiGLU(glu_linear_offset=0.0), "glu_linear_offset"),
-        (lambda: ops.ScaledSwiGLU(glu_interleave_size=32), "glu_interleave_size"),
         (lambda: ops.ScaledSwiGLU(activation_recompute_in_mlp=True), "activation_recompute_in_mlp"),
+        (
+            lambda: ops.ScaledSiTUGLU(activation_recompute_in_mlp=True),
+            "activation_recompute_in_mlp",
+        ),
+        (lambda: ops.ScaledSReLU(activation_recompute_in_mlp=True), "activation_recompute_in_mlp"),
+        (lambda: ops.SiTUGLU(cache_quantized_input=True), "cache_quantized_input"),
     ],
 )
 def test_unimplemented_te_keywords_raise_not_implemented(make, keyword):

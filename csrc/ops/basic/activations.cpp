@@ -1,7 +1,10 @@
-// Activation ops through fusible::activation_* / glu_* / clamped_swiglu_* / scaled_swiglu_*.
+// Activation ops through the fusible::activation_* / glu_* / *swiglu_* / *situglu_* kernels.
 #include "ops/basic/activations.h"
 
+#include <ATen/ops/sum.h>
+
 #include "common/checks.h"
+#include "kernels/activations.h"
 #include "kernels/ops.h"
 
 namespace fusible::ops {
@@ -42,61 +45,173 @@ std::pair<at::Tensor, std::vector<at::Tensor>> ElementwiseActivation::op_backwar
           {}};
 }
 
+GluLayout::GluLayout(int64_t interleave_size) : k_(interleave_size) {
+  TORCH_CHECK_VALUE(k_ >= 0, "glu_interleave_size: expected a positive size or None, got ", k_);
+}
+
+at::Tensor GluLayout::to_halves(const char* op, const at::Tensor& x) const {
+  check_even_last_dim(op, x);
+  if (k_ == 0 || x.numel() == 0) return x;
+  TORCH_CHECK(x.size(-1) % (2 * k_) == 0, op, ": glu_interleave_size=", k_,
+              " expects the last dim to be a multiple of ", 2 * k_, ", got shape ", shape_str(x));
+  const int64_t blocks = x.size(-1) / (2 * k_);
+  return x.reshape({x.numel() / x.size(-1), blocks, 2, k_}).transpose(1, 2).reshape(x.sizes());
+}
+
+at::Tensor GluLayout::from_halves(const at::Tensor& dx) const {
+  if (k_ == 0 || dx.numel() == 0) return dx;
+  const int64_t blocks = dx.size(-1) / (2 * k_);
+  return dx.reshape({dx.numel() / dx.size(-1), 2, blocks, k_}).transpose(1, 2).reshape(dx.sizes());
+}
+
 at::Tensor GatedActivation::op_forward(OperationContext& ctx, const at::Tensor& x,
                                        const ForwardArgs& args) {
   ctx.compute_dtype = activation_dtype(type_name().c_str(), x, args);
-  check_even_last_dim(type_name().c_str(), x);
-  const auto xc = cast_to(x, ctx.compute_dtype);
+  const auto xc = layout_.to_halves(type_name().c_str(), cast_to(x, ctx.compute_dtype));
   if (ctx.requires_grad) ctx.save_for_backward({xc});
   return kernels::glu_fwd(xc, kind_);
 }
 
 std::pair<at::Tensor, std::vector<at::Tensor>> GatedActivation::op_backward(OperationContext& ctx,
                                                                             const at::Tensor& dy) {
-  return {kernels::glu_bwd(cast_to(dy, ctx.compute_dtype), ctx.saved_tensors.at(0), kind_), {}};
-}
-
-at::Tensor ClampedSwiGLU::op_forward(OperationContext& ctx, const at::Tensor& x,
-                                     const ForwardArgs& args) {
-  ctx.compute_dtype = activation_dtype("ClampedSwiGLU", x, args);
-  check_even_last_dim("ClampedSwiGLU", x);
-  const auto xc = cast_to(x, ctx.compute_dtype);
-  if (ctx.requires_grad) ctx.save_for_backward({xc});
-  return kernels::clamped_swiglu_fwd(xc, limit_, alpha_);
-}
-
-std::pair<at::Tensor, std::vector<at::Tensor>> ClampedSwiGLU::op_backward(OperationContext& ctx,
-                                                                          const at::Tensor& dy) {
-  return {kernels::clamped_swiglu_bwd(cast_to(dy, ctx.compute_dtype), ctx.saved_tensors.at(0),
-                                      limit_, alpha_),
+  return {layout_.from_halves(
+              kernels::glu_bwd(cast_to(dy, ctx.compute_dtype), ctx.saved_tensors.at(0), kind_)),
           {}};
 }
 
-at::Tensor ScaledSwiGLU::fuser_forward(const std::vector<OperationContext*>& ctxs,
-                                       const at::Tensor& input, const TensorLists& extra_inputs,
-                                       TensorLists&, const ForwardArgs& args) {
-  auto& ctx = *ctxs.at(0);
-  ctx.compute_dtype = activation_dtype("ScaledSwiGLU", input, args);
-  check_even_last_dim("ScaledSwiGLU", input);
-  const auto& scales = extra_inputs.at(0).at(0);
-  FUSIBLE_CHECK_FLOATING("ScaledSwiGLU", "scales", scales);
-  TORCH_CHECK(scales.sizes().equals(input.sizes().slice(0, input.dim() - 1)),
-              "ScaledSwiGLU: expected scales of shape ", input.sizes().slice(0, input.dim() - 1),
-              " (the input's shape without the last dim), got ", scales.sizes());
-  const auto xc = cast_to(input, ctx.compute_dtype);
-  if (ctx.requires_grad) ctx.save_for_backward({xc, scales});
-  return kernels::scaled_swiglu_fwd(xc, scales);
+at::Tensor ParamGatedActivation::op_forward(OperationContext& ctx, const at::Tensor& x,
+                                            const ForwardArgs& args) {
+  ctx.compute_dtype = activation_dtype(type_name().c_str(), x, args);
+  const auto xc = layout_.to_halves(type_name().c_str(), cast_to(x, ctx.compute_dtype));
+  if (ctx.requires_grad) ctx.save_for_backward({xc});
+  return gate_fwd(xc);
 }
 
-BackwardResult ScaledSwiGLU::fuser_backward(const std::vector<OperationContext*>& ctxs,
-                                            const at::Tensor& grad_output, const TensorLists&) {
+std::pair<at::Tensor, std::vector<at::Tensor>> ParamGatedActivation::op_backward(
+    OperationContext& ctx, const at::Tensor& dy) {
+  return {layout_.from_halves(gate_bwd(cast_to(dy, ctx.compute_dtype), ctx.saved_tensors.at(0))),
+          {}};
+}
+
+ClampedSwiGLU::ClampedSwiGLU(double limit, double alpha, double offset, int64_t interleave_size)
+    : ParamGatedActivation("ClampedSwiGLU", interleave_size),
+      limit_(limit),
+      alpha_(alpha),
+      offset_(offset) {
+  kernels::reference::check_clamped_params("ClampedSwiGLU", limit, alpha, offset);
+}
+
+at::Tensor ClampedSwiGLU::gate_fwd(const at::Tensor& x) const {
+  return kernels::clamped_swiglu_fwd(x, limit_, alpha_, offset_);
+}
+
+at::Tensor ClampedSwiGLU::gate_bwd(const at::Tensor& dy, const at::Tensor& x) const {
+  return kernels::clamped_swiglu_bwd(dy, x, limit_, alpha_, offset_);
+}
+
+SiTUGLU::SiTUGLU(double beta1, double beta2, int64_t interleave_size)
+    : ParamGatedActivation("SiTUGLU", interleave_size), beta1_(beta1), beta2_(beta2) {
+  kernels::reference::check_situ_params("SiTUGLU", beta1, beta2);
+}
+
+at::Tensor SiTUGLU::gate_fwd(const at::Tensor& x) const {
+  return kernels::situglu_fwd(x, beta1_, beta2_);
+}
+
+at::Tensor SiTUGLU::gate_bwd(const at::Tensor& dy, const at::Tensor& x) const {
+  return kernels::situglu_bwd(dy, x, beta1_, beta2_);
+}
+
+at::Tensor RowScaledActivation::fuser_forward(const std::vector<OperationContext*>& ctxs,
+                                              const at::Tensor& input,
+                                              const TensorLists& extra_inputs, TensorLists&,
+                                              const ForwardArgs& args) {
+  const std::string name = type_name();
+  const char* op = name.c_str();
+  auto& ctx = *ctxs.at(0);
+  ctx.compute_dtype = activation_dtype(op, input, args);
+  const auto& scales = extra_inputs.at(0).at(0);
+  FUSIBLE_CHECK_FLOATING(op, "scales", scales);
+  TORCH_CHECK(input.dim() >= 1 && scales.sizes().equals(input.sizes().slice(0, input.dim() - 1)),
+              op, ": expected scales of shape ",
+              input.sizes().slice(0, std::max<int64_t>(input.dim() - 1, 0)),
+              " (the input's shape without the last dim), got ", scales.sizes());
+  auto xc = cast_to(input, ctx.compute_dtype);
+  if (gated_) xc = layout_.to_halves(op, xc);
+  if (ctx.requires_grad) ctx.save_for_backward({xc, scales});
+  return scaled_fwd(xc, scales);
+}
+
+BackwardResult RowScaledActivation::fuser_backward(const std::vector<OperationContext*>& ctxs,
+                                                   const at::Tensor& grad_output,
+                                                   const TensorLists&) {
   auto& ctx = *ctxs.at(0);
   const auto& s = ctx.saved_tensors;
-  auto [dx, dscales] =
-      kernels::scaled_swiglu_bwd(cast_to(grad_output, ctx.compute_dtype), s.at(0), s.at(1));
+  auto [dx, dscales] = scaled_bwd(cast_to(grad_output, ctx.compute_dtype), s.at(0), s.at(1));
   const bool scales_need_grad =
       !ctx.extra_input_requires_grad.empty() && ctx.extra_input_requires_grad[0];
-  return {dx, {{}}, {{scales_need_grad ? dscales : at::Tensor()}}};
+  return {
+      gated_ ? layout_.from_halves(dx) : dx, {{}}, {{scales_need_grad ? dscales : at::Tensor()}}};
+}
+
+at::Tensor ScaledSwiGLU::scaled_fwd(const at::Tensor& x, const at::Tensor& scales) const {
+  return kernels::scaled_swiglu_fwd(x, scales);
+}
+
+std::tuple<at::Tensor, at::Tensor> ScaledSwiGLU::scaled_bwd(const at::Tensor& dy,
+                                                            const at::Tensor& x,
+                                                            const at::Tensor& scales) const {
+  return kernels::scaled_swiglu_bwd(dy, x, scales);
+}
+
+ScaledSiTUGLU::ScaledSiTUGLU(double beta1, double beta2, int64_t interleave_size)
+    : RowScaledActivation("ScaledSiTUGLU", true, interleave_size), beta1_(beta1), beta2_(beta2) {
+  kernels::reference::check_situ_params("ScaledSiTUGLU", beta1, beta2);
+}
+
+at::Tensor ScaledSiTUGLU::scaled_fwd(const at::Tensor& x, const at::Tensor& scales) const {
+  return kernels::scaled_situglu_fwd(x, scales, beta1_, beta2_);
+}
+
+std::tuple<at::Tensor, at::Tensor> ScaledSiTUGLU::scaled_bwd(const at::Tensor& dy,
+                                                             const at::Tensor& x,
+                                                             const at::Tensor& scales) const {
+  return kernels::scaled_situglu_bwd(dy, x, scales, beta1_, beta2_);
+}
+
+ScaledClampedQGeGLU::ScaledClampedQGeGLU(double limit, double alpha, double offset,
+                                         int64_t interleave_size)
+    : RowScaledActivation("ScaledClampedQGeGLU", true, interleave_size),
+      limit_(limit),
+      alpha_(alpha),
+      offset_(offset) {
+  kernels::reference::check_clamped_params("ScaledClampedQGeGLU", limit, alpha, offset);
+}
+
+at::Tensor ScaledClampedQGeGLU::scaled_fwd(const at::Tensor& x, const at::Tensor& scales) const {
+  return kernels::scaled_clamped_swiglu_fwd(x, scales, limit_, alpha_, offset_);
+}
+
+std::tuple<at::Tensor, at::Tensor> ScaledClampedQGeGLU::scaled_bwd(const at::Tensor& dy,
+                                                                   const at::Tensor& x,
+                                                                   const at::Tensor& scales) const {
+  return kernels::scaled_clamped_swiglu_bwd(dy, x, scales, limit_, alpha_, offset_);
+}
+
+// Composed from the SReLU kernels and ATen: the row scale is one broadcast multiply.
+at::Tensor ScaledSReLU::scaled_fwd(const at::Tensor& x, const at::Tensor& scales) const {
+  return (kernels::activation_fwd(x, "srelu") * scales.unsqueeze(-1)).to(x.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor> ScaledSReLU::scaled_bwd(const at::Tensor& dy,
+                                                           const at::Tensor& x,
+                                                           const at::Tensor& scales) const {
+  const auto acc = at::promote_types(x.scalar_type(), at::kFloat);
+  const auto dyf = dy.to(acc);
+  auto dx =
+      kernels::activation_bwd((dyf * scales.to(acc).unsqueeze(-1)).to(x.scalar_type()), x, "srelu");
+  auto dscales = (dyf * kernels::activation_fwd(x, "srelu").to(acc)).sum(-1);
+  return {dx, dscales.to(scales.scalar_type())};
 }
 
 }  // namespace fusible::ops

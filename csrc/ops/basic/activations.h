@@ -1,6 +1,6 @@
 // Activations: elementwise (GELU, QGELU, ReLU, SReLU, SiLU), gated on halves of the last dim
-// (GLU, GEGLU, QGEGLU, ReGLU, SReGLU, SwiGLU), ClampedSwiGLU and ScaledSwiGLU (scales as extra
-// input).
+// (GLU, GEGLU, QGEGLU, ReGLU, SReGLU, SwiGLU, ClampedSwiGLU, SiTUGLU), and scaled by a per-row
+// extra input (ScaledSwiGLU, ScaledSiTUGLU, ScaledClampedQGeGLU, ScaledSReLU).
 #pragma once
 
 #include "ops/fusible_operation.h"
@@ -31,14 +31,30 @@ class ElementwiseActivation : public BasicOperation {
   std::string kind_;
 };
 
+/// The GLU family's input layout: x's last dim holds [a | b] halves, or with te.ops'
+/// glu_interleave_size = k > 0, alternating blocks of k columns [a_1..a_k, b_1..b_k, a_k+1..].
+class GluLayout {
+ public:
+  explicit GluLayout(int64_t interleave_size = 0);
+  int64_t interleave_size() const { return k_; }
+  /// x (last dim even, and a multiple of 2k when interleaved) as [a | b] halves.
+  at::Tensor to_halves(const char* op, const at::Tensor& x) const;
+  /// The inverse, for the gradient of x.
+  at::Tensor from_halves(const at::Tensor& dx) const;
+
+ private:
+  int64_t k_;
+};
+
 /// x = [a, b] on the last dim; y = act(a) * b (the first half is gated).
 class GatedActivation : public BasicOperation {
  public:
   FUSIBLE_CLONEABLE_OP
-  GatedActivation(std::string type_name, std::string kind)
-      : BasicOperation(std::move(type_name)), kind_(std::move(kind)) {}
+  GatedActivation(std::string type_name, std::string kind, int64_t interleave_size = 0)
+      : BasicOperation(std::move(type_name)), kind_(std::move(kind)), layout_(interleave_size) {}
   /// Kernel kind: glu, geglu, qgeglu, reglu, sreglu or swiglu.
   const std::string& kind() const { return kind_; }
+  int64_t glu_interleave_size() const { return layout_.interleave_size(); }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
@@ -46,6 +62,7 @@ class GatedActivation : public BasicOperation {
 
  private:
   std::string kind_;
+  GluLayout layout_;
 };
 
 #define FUSIBLE_ACTIVATION_CLASS(Name, Base, kind) \
@@ -54,49 +71,169 @@ class GatedActivation : public BasicOperation {
     FUSIBLE_CLONEABLE_OP                           \
     Name() : Base(#Name, kind) {}                  \
   };
+#define FUSIBLE_GATED_CLASS(Name, kind)                                                           \
+  class Name : public GatedActivation {                                                           \
+   public:                                                                                        \
+    FUSIBLE_CLONEABLE_OP                                                                          \
+    explicit Name(int64_t interleave_size = 0) : GatedActivation(#Name, kind, interleave_size) {} \
+  };
 
 FUSIBLE_ACTIVATION_CLASS(GELU, ElementwiseActivation, "gelu")
 FUSIBLE_ACTIVATION_CLASS(QGELU, ElementwiseActivation, "qgelu")
 FUSIBLE_ACTIVATION_CLASS(ReLU, ElementwiseActivation, "relu")
 FUSIBLE_ACTIVATION_CLASS(SReLU, ElementwiseActivation, "srelu")
 FUSIBLE_ACTIVATION_CLASS(SiLU, ElementwiseActivation, "silu")
-FUSIBLE_ACTIVATION_CLASS(GLU, GatedActivation, "glu")
-FUSIBLE_ACTIVATION_CLASS(GEGLU, GatedActivation, "geglu")
-FUSIBLE_ACTIVATION_CLASS(QGEGLU, GatedActivation, "qgeglu")
-FUSIBLE_ACTIVATION_CLASS(ReGLU, GatedActivation, "reglu")
-FUSIBLE_ACTIVATION_CLASS(SReGLU, GatedActivation, "sreglu")
-FUSIBLE_ACTIVATION_CLASS(SwiGLU, GatedActivation, "swiglu")
+FUSIBLE_GATED_CLASS(GLU, "glu")
+FUSIBLE_GATED_CLASS(GEGLU, "geglu")
+FUSIBLE_GATED_CLASS(QGEGLU, "qgeglu")
+FUSIBLE_GATED_CLASS(ReGLU, "reglu")
+FUSIBLE_GATED_CLASS(SReGLU, "sreglu")
+FUSIBLE_GATED_CLASS(SwiGLU, "swiglu")
 #undef FUSIBLE_ACTIVATION_CLASS
+#undef FUSIBLE_GATED_CLASS
 
-/// GPT-OSS SwiGLU: a = min(a, limit), b = clamp(b, -limit, limit), y = a*sigmoid(alpha*a)*(b+1).
-class ClampedSwiGLU : public BasicOperation {
+/// A GLU whose gate has parameters (ClampedSwiGLU, SiTUGLU): the kernels are the subclass's.
+class ParamGatedActivation : public BasicOperation {
  public:
-  FUSIBLE_CLONEABLE_OP
-  explicit ClampedSwiGLU(double limit = 7.0, double alpha = 1.702)
-      : BasicOperation("ClampedSwiGLU"), limit_(limit), alpha_(alpha) {}
-  double limit() const { return limit_; }
-  double alpha() const { return alpha_; }
+  ParamGatedActivation(std::string type_name, int64_t interleave_size)
+      : BasicOperation(std::move(type_name)), layout_(interleave_size) {}
+  int64_t glu_interleave_size() const { return layout_.interleave_size(); }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
 
+ protected:
+  /// On [a | b] halves in the compute dtype.
+  virtual at::Tensor gate_fwd(const at::Tensor& x) const = 0;
+  virtual at::Tensor gate_bwd(const at::Tensor& dy, const at::Tensor& x) const = 0;
+
  private:
-  double limit_;
-  double alpha_;
+  GluLayout layout_;
 };
 
-/// y = scales[..., None] * swiglu(x); scales (extra input 0) has x's shape without the last dim.
-class ScaledSwiGLU : public BasicOperation {
+/// GPT-OSS SwiGLU: a = min(a, limit), b = clamp(b, -limit, limit),
+/// y = a * sigmoid(alpha * a) * (b + offset) (te.ops' glu_linear_offset).
+class ClampedSwiGLU : public ParamGatedActivation {
  public:
   FUSIBLE_CLONEABLE_OP
-  ScaledSwiGLU() : BasicOperation("ScaledSwiGLU", /*num_extra_inputs=*/1) {}
+  explicit ClampedSwiGLU(double limit = 7.0, double alpha = 1.702, double offset = 1.0,
+                         int64_t interleave_size = 0);
+  double limit() const { return limit_; }
+  double alpha() const { return alpha_; }
+  double glu_linear_offset() const { return offset_; }
+
+ protected:
+  at::Tensor gate_fwd(const at::Tensor& x) const override;
+  at::Tensor gate_bwd(const at::Tensor& dy, const at::Tensor& x) const override;
+
+ private:
+  double limit_, alpha_, offset_;
+};
+
+/// SiTU GLU: y = beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2).
+class SiTUGLU : public ParamGatedActivation {
+ public:
+  FUSIBLE_CLONEABLE_OP
+  explicit SiTUGLU(double beta1 = 4.0, double beta2 = 25.0, int64_t interleave_size = 0);
+  double beta1() const { return beta1_; }
+  double beta2() const { return beta2_; }
+
+ protected:
+  at::Tensor gate_fwd(const at::Tensor& x) const override;
+  at::Tensor gate_bwd(const at::Tensor& dy, const at::Tensor& x) const override;
+
+ private:
+  double beta1_, beta2_;
+};
+
+/// y = scales[..., None] * f(x) for an activation f; scales (extra input 0) has x's shape without
+/// the last dim; the backward gives dscales = sum over the last dim of dy * f(x).
+class RowScaledActivation : public BasicOperation {
+ public:
+  RowScaledActivation(std::string type_name, bool gated, int64_t interleave_size)
+      : BasicOperation(std::move(type_name), /*num_extra_inputs=*/1),
+        gated_(gated),
+        layout_(interleave_size) {}
+  int64_t glu_interleave_size() const { return layout_.interleave_size(); }
   at::Tensor fuser_forward(const std::vector<OperationContext*>& ctxs, const at::Tensor& input,
                            const TensorLists& extra_inputs, TensorLists& extra_outputs,
                            const ForwardArgs& args) override;
   BackwardResult fuser_backward(const std::vector<OperationContext*>& ctxs,
                                 const at::Tensor& grad_output,
                                 const TensorLists& grad_extra_outputs) override;
+
+ protected:
+  /// x in the compute dtype ([a | b] halves for a GLU).
+  virtual at::Tensor scaled_fwd(const at::Tensor& x, const at::Tensor& scales) const = 0;
+  /// -> (dx, dscales).
+  virtual std::tuple<at::Tensor, at::Tensor> scaled_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                                        const at::Tensor& scales) const = 0;
+
+ private:
+  bool gated_;
+  GluLayout layout_;
+};
+
+/// y = scales[..., None] * swiglu(x).
+class ScaledSwiGLU : public RowScaledActivation {
+ public:
+  FUSIBLE_CLONEABLE_OP
+  explicit ScaledSwiGLU(int64_t interleave_size = 0)
+      : RowScaledActivation("ScaledSwiGLU", true, interleave_size) {}
+
+ protected:
+  at::Tensor scaled_fwd(const at::Tensor& x, const at::Tensor& scales) const override;
+  std::tuple<at::Tensor, at::Tensor> scaled_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                                const at::Tensor& scales) const override;
+};
+
+/// y = scales[..., None] * situglu(x).
+class ScaledSiTUGLU : public RowScaledActivation {
+ public:
+  FUSIBLE_CLONEABLE_OP
+  explicit ScaledSiTUGLU(double beta1 = 4.0, double beta2 = 25.0, int64_t interleave_size = 0);
+  double beta1() const { return beta1_; }
+  double beta2() const { return beta2_; }
+
+ protected:
+  at::Tensor scaled_fwd(const at::Tensor& x, const at::Tensor& scales) const override;
+  std::tuple<at::Tensor, at::Tensor> scaled_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                                const at::Tensor& scales) const override;
+
+ private:
+  double beta1_, beta2_;
+};
+
+/// y = scales[..., None] * clamped_swiglu(x) (te.ops' ScaledClampedQGeGLU).
+class ScaledClampedQGeGLU : public RowScaledActivation {
+ public:
+  FUSIBLE_CLONEABLE_OP
+  explicit ScaledClampedQGeGLU(double limit = 7.0, double alpha = 1.702, double offset = 1.0,
+                               int64_t interleave_size = 0);
+  double limit() const { return limit_; }
+  double alpha() const { return alpha_; }
+  double glu_linear_offset() const { return offset_; }
+
+ protected:
+  at::Tensor scaled_fwd(const at::Tensor& x, const at::Tensor& scales) const override;
+  std::tuple<at::Tensor, at::Tensor> scaled_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                                const at::Tensor& scales) const override;
+
+ private:
+  double limit_, alpha_, offset_;
+};
+
+/// y = scales[..., None] * max(x, 0)^2 (elementwise: the output keeps x's shape).
+class ScaledSReLU : public RowScaledActivation {
+ public:
+  FUSIBLE_CLONEABLE_OP
+  ScaledSReLU() : RowScaledActivation("ScaledSReLU", false, 0) {}
+
+ protected:
+  at::Tensor scaled_fwd(const at::Tensor& x, const at::Tensor& scales) const override;
+  std::tuple<at::Tensor, at::Tensor> scaled_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                                const at::Tensor& scales) const override;
 };
 
 }  // namespace fusible::ops

@@ -86,6 +86,11 @@ GemmOperand BasicLinear::saved_weight(const OperationContext& ctx) {
   return saved_operand(ctx, 1, /*hp_columnwise=*/false);  // the dgrad's
 }
 
+at::Tensor BasicLinear::take_param_grad(size_t index, const at::Tensor& grad) {
+  if (!main_grad_hook_) return grad;
+  return main_grad_hook_(grad).value_or(at::Tensor());
+}
+
 at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,
                                    const ForwardArgs& args) {
   const auto [xo, wo] = prepare_forward(ctx, x, args);

@@ -1,6 +1,9 @@
 // BasicLinear: y = x W^T, no bias (Linear composes it with Bias).
 #pragma once
 
+#include <functional>
+#include <optional>
+
 #include "kernels/ops.h"
 #include "ops/fusible_operation.h"
 #include "ops/linear_gemms.h"
@@ -19,6 +22,13 @@ class BasicLinear : public BasicOperation {
   /// The registered weight (a call computes with the call's own, OperationContext::params).
   at::Tensor& weight() { return *parameters_.find("weight"); }
   void reset_parameters() override;
+  /// Megatron's weight.main_grad (te.ops' accumulate_into_main_grad): the backward hands the
+  /// weight gradient (in the compute dtype) to `hook`, which accumulates it where it belongs and
+  /// returns what autograd gets as the weight's gradient (nullopt: none). An empty hook: off.
+  using MainGradHook = std::function<std::optional<at::Tensor>(const at::Tensor& dw)>;
+  void set_main_grad_hook(MainGradHook hook) { main_grad_hook_ = std::move(hook); }
+  bool accumulates_into_main_grad() const { return static_cast<bool>(main_grad_hook_); }
+  at::Tensor take_param_grad(size_t index, const at::Tensor& grad) override;
   std::pair<int64_t, int64_t> num_quantizers() const override { return {2, 1}; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
@@ -58,6 +68,7 @@ class BasicLinear : public BasicOperation {
  private:
   int64_t in_features_;
   int64_t out_features_;
+  MainGradHook main_grad_hook_;
 };
 
 }  // namespace fusible::ops

@@ -3,6 +3,8 @@
 Each class keeps its constructor arguments as attributes: `_make_cpp` rebuilds the C++ op from them
 (copies, pickling) and `extra_repr` shows them."""
 
+import weakref
+
 import torch
 
 from .. import _C, quantization
@@ -101,7 +103,12 @@ class BasicLinear(BasicOperation):
         device: where the weight lives (None: see API.md; "meta" defers allocation).
         dtype: weight dtype (None: torch's default dtype).
         tensor_parallel_mode, tensor_parallel_group, sequence_parallel,
-        rng_state_tracker_function, accumulate_into_main_grad, userbuffers_options: te.ops
+        accumulate_into_main_grad (bool): the backward adds the weight gradient into
+            `weight.main_grad` (Megatron's buffer; RuntimeError when missing) instead of
+            `weight.grad`, or overwrites it where `weight.overwrite_main_grad` is set; autograd
+            then gets a dummy gradient where the weight has `grad_added_to_main_grad` (set to
+            True; zeros where `weight.zero_out_wgrad`), else none (te.ops' convention).
+        rng_state_tracker_function, userbuffers_options: te.ops
             keywords, accepted at their defaults only (NotImplementedError otherwise).
     """
 
@@ -127,10 +134,10 @@ class BasicLinear(BasicOperation):
             tensor_parallel_group=(tensor_parallel_group, None),
             sequence_parallel=(sequence_parallel, False),
             rng_state_tracker_function=(rng_state_tracker_function, None),
-            accumulate_into_main_grad=(accumulate_into_main_grad, False),
             userbuffers_options=(userbuffers_options, None),
         )
         self.in_features, self.out_features = int(in_features), int(out_features)
+        self.accumulate_into_main_grad = bool(accumulate_into_main_grad)
         super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
         # Under quantized_model_init: the weight in FP8 now, or when materialized.
         self._fp8_weight_format = quantization.model_init_format()
@@ -140,7 +147,43 @@ class BasicLinear(BasicOperation):
             quantize_fp8_weights(self)
 
     def _make_cpp(self, device, dtype):
-        return _C.BasicLinear(self.in_features, self.out_features, device, dtype)
+        cpp = _C.BasicLinear(self.in_features, self.out_features, device, dtype)
+        if self.accumulate_into_main_grad:
+            cpp.set_main_grad_hook(_main_grad_hook(weakref.ref(self)))
+        return cpp
+
+
+def _main_grad_hook(op_ref):
+    """BasicLinear's backward hook under accumulate_into_main_grad (te.ops' semantics)."""
+
+    def hook(dw):
+        weight = op_ref().weight
+        if hasattr(weight, "__fsdp_param__"):
+            weight.main_grad = weight.get_main_grad()
+        main_grad = getattr(weight, "main_grad", None)
+        if main_grad is None:
+            raise RuntimeError(
+                "BasicLinear operation is configured with accumulate_into_main_grad=True, "
+                "but weight parameter does not have a valid main_grad attribute"
+            )
+        if tuple(main_grad.shape) != tuple(dw.shape):
+            raise RuntimeError(
+                f"BasicLinear: weight.main_grad has shape {tuple(main_grad.shape)}, expected "
+                f"the weight's {tuple(dw.shape)}"
+            )
+        with torch.no_grad():
+            if getattr(weight, "overwrite_main_grad", False):
+                main_grad.copy_(dw)
+                return main_grad  # te.ops returns main_grad itself as the weight's gradient
+            main_grad.add_(dw)
+        if not hasattr(weight, "grad_added_to_main_grad"):
+            return None
+        weight.grad_added_to_main_grad = True
+        if getattr(weight, "zero_out_wgrad", False):
+            return torch.zeros_like(weight)
+        return torch.empty_like(weight)
+
+    return hook
 
 
 class Quantize(BasicOperation):
@@ -244,20 +287,37 @@ class L2Normalization(BasicOperation):
         return _C.L2Normalization(self.eps)
 
 
+def _interleave_size(name, glu_interleave_size):
+    """te.ops' glu_interleave_size (None: plain [a | b] halves) as the C++ ops take it (0)."""
+    if glu_interleave_size is None:
+        return 0
+    if isinstance(glu_interleave_size, bool) or int(glu_interleave_size) != glu_interleave_size:
+        raise TypeError(f"{name}: glu_interleave_size must be an int or None")
+    if glu_interleave_size <= 0:
+        raise ValueError(
+            f"{name}: glu_interleave_size must be positive or None, got {glu_interleave_size}"
+        )
+    return int(glu_interleave_size)
+
+
+def _no_recompute(name, activation_recompute_in_mlp):
+    reject_unsupported(name, activation_recompute_in_mlp=(activation_recompute_in_mlp, False))
+
+
 def _activation(name, doc, gated=False):
     """A Python face for the C++ activation class `name` (the concrete class, so C++ fusions
-    match it by type). Gated ones take te.ops' glu_interleave_size (at its default only)."""
+    match it by type). Gated ones take te.ops' glu_interleave_size."""
     cpp_cls = getattr(_C, name)
 
     if gated:
 
         def __init__(self, *, cache_quantized_input=False, glu_interleave_size=None):
-            reject_unsupported(
-                name,
-                cache_quantized_input=(cache_quantized_input, False),
-                glu_interleave_size=(glu_interleave_size, None),
-            )
-            BasicOperation.__init__(self, cpp_cls())
+            reject_unsupported(name, cache_quantized_input=(cache_quantized_input, False))
+            self.glu_interleave_size = glu_interleave_size
+            BasicOperation.__init__(self, self._make_cpp(None, None))
+
+        def _make_cpp(self, device, dtype):
+            return cpp_cls(_interleave_size(name, self.glu_interleave_size))
 
     else:
 
@@ -265,12 +325,20 @@ def _activation(name, doc, gated=False):
             reject_unsupported(name, cache_quantized_input=(cache_quantized_input, False))
             BasicOperation.__init__(self, cpp_cls())
 
-    def _make_cpp(self, device, dtype):
-        return cpp_cls()
+        def _make_cpp(self, device, dtype):
+            return cpp_cls()
 
-    keywords = "cache_quantized_input, glu_interleave_size" if gated else "cache_quantized_input"
-    doc += f"\n\n    Args:\n        {keywords}: te.ops keywords, at their defaults only."
+    if gated:
+        doc += (
+            "\n\n    Args:\n        glu_interleave_size (int or None): x's last dim holds"
+            " alternating blocks\n            of that many a and b columns (te.ops' layout)."
+            "\n        cache_quantized_input: te.ops keyword, at its default only."
+        )
+    else:
+        doc += "\n\n    Args:\n        cache_quantized_input: te.ops keyword, at its default only."
     attrs = {"__init__": __init__, "_make_cpp": _make_cpp, "__doc__": doc, "__module__": __name__}
+    if gated:
+        attrs["_repr_fields"] = ("glu_interleave_size",)
     return type(name, (BasicOperation,), attrs)
 
 
@@ -290,36 +358,59 @@ SwiGLU = _activation("SwiGLU", _GATED.format("silu"), gated=True)
 
 class ClampedSwiGLU(BasicOperation):
     """GPT-OSS SwiGLU: a = min(a, limit), b = clamp(b, -limit, limit),
-    y = a * sigmoid(alpha * a) * (b + 1).
+    y = a * sigmoid(alpha * a) * (b + glu_linear_offset).
 
     Args:
-        limit (float), alpha (float): as above.
-        cache_quantized_input, glu_interleave_size, glu_linear_offset (the +1 above): te.ops
-            keywords, accepted at their defaults only.
+        limit (float), alpha (float), glu_linear_offset (float): as above.
+        glu_interleave_size (int or None): as SwiGLU's.
+        cache_quantized_input: te.ops keyword, at its default only.
     """
 
-    _repr_fields = ("limit", "alpha")
+    _repr_fields = ("limit", "alpha", "glu_linear_offset", "glu_interleave_size")
 
     def __init__(
         self,
         *,
         limit=7.0,
         alpha=1.702,
+        glu_linear_offset=1.0,
         cache_quantized_input=False,
         glu_interleave_size=None,
-        glu_linear_offset=1.0,
     ):
-        reject_unsupported(
-            "ClampedSwiGLU",
-            cache_quantized_input=(cache_quantized_input, False),
-            glu_interleave_size=(glu_interleave_size, None),
-            glu_linear_offset=(glu_linear_offset, 1.0),
-        )
+        reject_unsupported("ClampedSwiGLU", cache_quantized_input=(cache_quantized_input, False))
         self.limit, self.alpha = float(limit), float(alpha)
+        self.glu_linear_offset = float(glu_linear_offset)
+        self.glu_interleave_size = glu_interleave_size
         super().__init__(self._make_cpp(None, None))
 
     def _make_cpp(self, device, dtype):
-        return _C.ClampedSwiGLU(self.limit, self.alpha)
+        k = _interleave_size("ClampedSwiGLU", self.glu_interleave_size)
+        return _C.ClampedSwiGLU(self.limit, self.alpha, self.glu_linear_offset, k)
+
+
+class SiTUGLU(BasicOperation):
+    """SiTU GLU: y = beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2) on halves [a, b]
+    (|y| <= beta1 * beta2).
+
+    Args:
+        beta1, beta2 (float > 0): the gate's and the linear half's caps.
+        glu_interleave_size (int or None): as SwiGLU's.
+        cache_quantized_input: te.ops keyword, at its default only.
+    """
+
+    _repr_fields = ("beta1", "beta2", "glu_interleave_size")
+
+    def __init__(
+        self, *, beta1=4.0, beta2=25.0, cache_quantized_input=False, glu_interleave_size=None
+    ):
+        reject_unsupported("SiTUGLU", cache_quantized_input=(cache_quantized_input, False))
+        self.beta1, self.beta2 = float(beta1), float(beta2)
+        self.glu_interleave_size = glu_interleave_size
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        k = _interleave_size("SiTUGLU", self.glu_interleave_size)
+        return _C.SiTUGLU(self.beta1, self.beta2, k)
 
 
 class ScaledSwiGLU(BasicOperation):
@@ -327,20 +418,92 @@ class ScaledSwiGLU(BasicOperation):
     dim.
 
     Args:
-        glu_interleave_size, activation_recompute_in_mlp: te.ops keywords, accepted at their
-            defaults only.
+        glu_interleave_size (int or None): as SwiGLU's.
+        activation_recompute_in_mlp: te.ops keyword, at its default only.
     """
 
-    def __init__(self, *, glu_interleave_size=None, activation_recompute_in_mlp=False):
-        reject_unsupported(
-            "ScaledSwiGLU",
-            glu_interleave_size=(glu_interleave_size, None),
-            activation_recompute_in_mlp=(activation_recompute_in_mlp, False),
-        )
+    _repr_fields = ("glu_interleave_size",)
+
+    def __init__(self, glu_interleave_size=None, *, activation_recompute_in_mlp=False):
+        _no_recompute("ScaledSwiGLU", activation_recompute_in_mlp)
+        self.glu_interleave_size = glu_interleave_size
         super().__init__(self._make_cpp(None, None))
 
     def _make_cpp(self, device, dtype):
-        return _C.ScaledSwiGLU()
+        return _C.ScaledSwiGLU(_interleave_size("ScaledSwiGLU", self.glu_interleave_size))
+
+
+class ScaledSiTUGLU(BasicOperation):
+    """y = scales[..., None] * situglu(x) (SiTUGLU's formula); scales (extra input 0) has x's
+    shape without the last dim.
+
+    Args:
+        glu_interleave_size (int or None): as SwiGLU's.
+        beta1, beta2 (float > 0): as SiTUGLU's.
+        activation_recompute_in_mlp: te.ops keyword, at its default only.
+    """
+
+    _repr_fields = ("beta1", "beta2", "glu_interleave_size")
+
+    def __init__(
+        self, glu_interleave_size=None, *, activation_recompute_in_mlp=False, beta1=4.0, beta2=25.0
+    ):
+        _no_recompute("ScaledSiTUGLU", activation_recompute_in_mlp)
+        self.beta1, self.beta2 = float(beta1), float(beta2)
+        self.glu_interleave_size = glu_interleave_size
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        k = _interleave_size("ScaledSiTUGLU", self.glu_interleave_size)
+        return _C.ScaledSiTUGLU(self.beta1, self.beta2, k)
+
+
+class ScaledClampedQGeGLU(BasicOperation):
+    """y = scales[..., None] * ClampedSwiGLU's formula (te.ops' name for the clamped quick-GELU
+    GLU); scales (extra input 0) has x's shape without the last dim.
+
+    Args:
+        glu_interleave_size (int or None): as SwiGLU's.
+        limit, alpha, glu_linear_offset (float): as ClampedSwiGLU's.
+        activation_recompute_in_mlp: te.ops keyword, at its default only.
+    """
+
+    _repr_fields = ("limit", "alpha", "glu_linear_offset", "glu_interleave_size")
+
+    def __init__(
+        self,
+        glu_interleave_size=None,
+        *,
+        activation_recompute_in_mlp=False,
+        limit=7.0,
+        alpha=1.702,
+        glu_linear_offset=1.0,
+    ):
+        _no_recompute("ScaledClampedQGeGLU", activation_recompute_in_mlp)
+        self.limit, self.alpha = float(limit), float(alpha)
+        self.glu_linear_offset = float(glu_linear_offset)
+        self.glu_interleave_size = glu_interleave_size
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        k = _interleave_size("ScaledClampedQGeGLU", self.glu_interleave_size)
+        return _C.ScaledClampedQGeGLU(self.limit, self.alpha, self.glu_linear_offset, k)
+
+
+class ScaledSReLU(BasicOperation):
+    """y = scales[..., None] * max(x, 0)^2; scales (extra input 0) has x's shape without the last
+    dim.
+
+    Args:
+        activation_recompute_in_mlp: te.ops keyword, at its default only.
+    """
+
+    def __init__(self, *, activation_recompute_in_mlp=False):
+        _no_recompute("ScaledSReLU", activation_recompute_in_mlp)
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        return _C.ScaledSReLU()
 
 
 class AddExtraInput(BasicOperation):
@@ -402,9 +565,10 @@ class Linear(FusedOperation):
         in_features (int), out_features (int): sizes of x's and y's last dim.
         bias (bool): add a learnable bias.
         device, dtype: of the parameters (None: see API.md; "meta" defers allocation).
+        accumulate_into_main_grad (bool): as BasicLinear's.
         tensor_parallel_mode, tensor_parallel_group, sequence_parallel,
-        rng_state_tracker_function, accumulate_into_main_grad: te.ops keywords, accepted at their
-            defaults only (NotImplementedError otherwise).
+        rng_state_tracker_function: te.ops keywords, accepted at their defaults only
+            (NotImplementedError otherwise).
     """
 
     def __init__(
@@ -427,11 +591,18 @@ class Linear(FusedOperation):
             tensor_parallel_group=(tensor_parallel_group, None),
             sequence_parallel=(sequence_parallel, False),
             rng_state_tracker_function=(rng_state_tracker_function, None),
-            accumulate_into_main_grad=(accumulate_into_main_grad, False),
         )
         self.in_features, self.out_features = int(in_features), int(out_features)
         device, dtype = _device(device), _dtype(dtype)
-        basic = [BasicLinear(self.in_features, self.out_features, device=device, dtype=dtype)]
+        basic = [
+            BasicLinear(
+                self.in_features,
+                self.out_features,
+                device=device,
+                dtype=dtype,
+                accumulate_into_main_grad=accumulate_into_main_grad,
+            )
+        ]
         if bias:
             basic.append(Bias(self.out_features, device=device, dtype=dtype))
         super().__init__(basic, _cpp=_C.Linear(*[op._cpp for op in basic]))
