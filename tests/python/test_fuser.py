@@ -154,8 +154,8 @@ class TestOperationFuser:
     def test_unsupported_keywords(self):
         with pytest.raises(NotImplementedError, match="tensor_parallel_mode"):
             ops.Linear(4, 4, tensor_parallel_mode="row")
-        with pytest.raises(NotImplementedError, match="accumulate_into_main_grad"):
-            ops.BasicLinear(4, 4, accumulate_into_main_grad=True)
+        with pytest.raises(NotImplementedError, match="userbuffers_options"):
+            ops.BasicLinear(4, 4, userbuffers_options={})
 
 
 class TestShapesAndDtypes:

@@ -136,9 +136,9 @@ def test_grad_added_to_main_grad_convention_and_overwrite():
 def test_main_grad_in_a_fused_mlp_with_other_ops():
     torch.manual_seed(0)
     seq = ops.Sequential(
-        ops.Linear(8, 16, dtype=D, accumulate_into_main_grad=True),
+        ops.Linear(8, 16, device="cpu", dtype=D, accumulate_into_main_grad=True),
         ops.GELU(),
-        ops.Linear(16, 8, dtype=D),
+        ops.Linear(16, 8, device="cpu", dtype=D),
     )
     fc1 = seq[0]
     fc1.weight.main_grad = torch.zeros_like(fc1.weight)
@@ -152,7 +152,7 @@ def test_main_grad_in_a_fused_mlp_with_other_ops():
 
 
 def test_missing_main_grad_is_a_clear_error():
-    lin = ops.BasicLinear(8, 6, dtype=D, accumulate_into_main_grad=True)
+    lin = ops.BasicLinear(8, 6, device="cpu", dtype=D, accumulate_into_main_grad=True)
     y = lin(torch.randn(2, 8, dtype=D))
     with pytest.raises(RuntimeError, match="main_grad"):
         y.sum().backward()

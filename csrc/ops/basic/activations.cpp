@@ -1,6 +1,7 @@
 // Activation ops through the fusible::activation_* / glu_* / *swiglu_* / *situglu_* kernels.
 #include "ops/basic/activations.h"
 
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/sum.h>
 
 #include "common/checks.h"
@@ -198,9 +199,12 @@ std::tuple<at::Tensor, at::Tensor> ScaledClampedQGeGLU::scaled_bwd(const at::Ten
   return kernels::scaled_clamped_swiglu_bwd(dy, x, scales, limit_, alpha_, offset_);
 }
 
-// Composed from the SReLU kernels and ATen: the row scale is one broadcast multiply.
+// ATen in the accumulation dtype (one rounding per output): y = s * relu(x)^2,
+// dx = dy * s * 2 relu(x), dscales = sum of dy * relu(x)^2.
 at::Tensor ScaledSReLU::scaled_fwd(const at::Tensor& x, const at::Tensor& scales) const {
-  return (kernels::activation_fwd(x, "srelu") * scales.unsqueeze(-1)).to(x.scalar_type());
+  const auto acc = at::promote_types(x.scalar_type(), at::kFloat);
+  const auto r = x.to(acc).clamp_min(0);
+  return (r * r * scales.to(acc).unsqueeze(-1)).to(x.scalar_type());
 }
 
 std::tuple<at::Tensor, at::Tensor> ScaledSReLU::scaled_bwd(const at::Tensor& dy,
@@ -208,10 +212,9 @@ std::tuple<at::Tensor, at::Tensor> ScaledSReLU::scaled_bwd(const at::Tensor& dy,
                                                            const at::Tensor& scales) const {
   const auto acc = at::promote_types(x.scalar_type(), at::kFloat);
   const auto dyf = dy.to(acc);
-  auto dx =
-      kernels::activation_bwd((dyf * scales.to(acc).unsqueeze(-1)).to(x.scalar_type()), x, "srelu");
-  auto dscales = (dyf * kernels::activation_fwd(x, "srelu").to(acc)).sum(-1);
-  return {dx, dscales.to(scales.scalar_type())};
+  const auto r = x.to(acc).clamp_min(0);
+  auto dx = (dyf * scales.to(acc).unsqueeze(-1) * 2 * r).to(x.scalar_type());
+  return {dx, (dyf * r * r).sum(-1).to(scales.scalar_type())};
 }
 
 }  // namespace fusible::ops
