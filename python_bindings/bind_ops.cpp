@@ -129,6 +129,9 @@ void bind_ops(py::module_& m) {
       .def(py::init<double, double, double, int64_t>());
   py::class_<ScaledSReLU, RowScaledActivation, std::shared_ptr<ScaledSReLU>>(m, "ScaledSReLU")
       .def(py::init<>());
+  py::class_<ScaledTanhSReLU, RowScaledActivation, std::shared_ptr<ScaledTanhSReLU>>(
+      m, "ScaledTanhSReLU")
+      .def(py::init<double>());
   py::class_<AddExtraInput, BasicOperation, std::shared_ptr<AddExtraInput>>(m, "AddExtraInput")
       .def(py::init<bool>());
   py::class_<MakeExtraOutput, BasicOperation, std::shared_ptr<MakeExtraOutput>>(m,

@@ -74,18 +74,13 @@ at::Tensor call_python_forward(const py::object& self, bool fuser_level,
                                const TensorLists& extra_inputs, TensorLists& extra_outputs,
                                const std::string& name) {
   const AutogradKeysOn with_autograd;  // the fuser runs below autograd; user code does not
+  // Through the Python base classes' _call_op_forward / _call_fuser_forward: they add te.ops'
+  // keywords and the call's op_kwargs (fusible/ops/_base.py).
   if (!fuser_level) {
-    auto r = self.attr("op_forward")(context_object(ctxs[0]), input,
-                                     py::arg("prev_op_grad_output_quantizer") = py::none(),
-                                     py::arg("next_op_input_quantizer") = py::none());
+    auto r = self.attr("_call_op_forward")(context_object(ctxs[0]), input);
     return tensor_or_undefined(r, name + ".op_forward");
   }
-  py::list kwargs;
-  for (size_t i = 0; i < ctxs.size(); ++i) kwargs.append(py::dict());
-  auto r = self.attr("fuser_forward")(
-      context_list(ctxs), input, py::arg("basic_op_extra_inputs") = tensor_lists(extra_inputs),
-      py::arg("prev_op_grad_output_quantizer") = py::none(),
-      py::arg("next_op_input_quantizer") = py::none(), py::arg("basic_op_kwargs") = kwargs);
+  auto r = self.attr("_call_fuser_forward")(context_list(ctxs), input, tensor_lists(extra_inputs));
   const auto what = name + ".fuser_forward";
   const auto t = result_tuple(r, 2, what + " (output, extra outputs per basic op)");
   std::vector<size_t> sizes;

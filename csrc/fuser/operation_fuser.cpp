@@ -14,6 +14,7 @@
 
 #include "common/checks.h"
 #include "fuser/fuser_call.h"
+#include "ops/quantization.h"
 
 namespace fusible::fuser {
 
@@ -193,13 +194,17 @@ ops::OpList run_fusions(ops::OpList list, ops::FusionPass pass, const ops::Fusio
 std::shared_ptr<const Plan> OperationFuser::plan_for(
     int64_t first_backward, const std::vector<at::ScalarType>& param_dtypes) {
   const auto version = ops::FusionRegistry::instance().version();
+  // Fusion functions see the recipe kind (te.ops re-fuses when it changes).
+  const auto& autocast = ops::fp8_autocast();
+  const std::string recipe = autocast.enabled && autocast.recipe ? autocast.recipe->kind : "";
   if (plan_ && plan_first_backward_ == first_backward && plan_registry_version_ == version &&
-      plan_param_dtypes_ == param_dtypes) {
+      plan_param_dtypes_ == param_dtypes && plan_recipe_ == recipe) {
     return plan_;
   }
   ops::OpList list(basic_ops_.begin(), basic_ops_.end());
   ops::FusionContext fctx;
   fctx.first_backward = first_backward;
+  fctx.recipe = recipe;
   for (size_t i = 0; i < basic_ops_.size(); ++i) {
     fctx.basic_index[basic_ops_[i].get()] = static_cast<int64_t>(i);
     auto& dtypes = fctx.param_dtypes[basic_ops_[i].get()];
@@ -214,6 +219,7 @@ std::shared_ptr<const Plan> OperationFuser::plan_for(
   plan_ = std::move(plan);
   plan_first_backward_ = first_backward;
   plan_registry_version_ = version;
+  plan_recipe_ = recipe;
   plan_param_dtypes_ = param_dtypes;
   return plan_;
 }

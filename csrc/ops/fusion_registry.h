@@ -16,9 +16,9 @@ namespace fusible::ops {
 
 using OpList = std::vector<std::shared_ptr<FusibleOperation>>;
 
-/// What a fusion function may look at besides the ops (the quantization recipe, later).
+/// What a fusion function may look at besides the ops.
 struct FusionContext {
-  /// Name of the active quantization recipe, empty when none.
+  /// The FP8 autocast recipe's kind ("current", "delayed", "block"), empty when FP8 is off.
   std::string recipe;
   /// First basic op whose backward runs (ops before it need no backward fusion).
   int64_t first_backward = 0;

@@ -78,12 +78,37 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
         )
     cpp = None
     if enabled:
-        cpp = _cpp_recipe(recipe if recipe is not None else _recipe.Float8CurrentScaling())
+        recipe = recipe if recipe is not None else _recipe.Float8CurrentScaling()
+        cpp = _cpp_recipe(recipe)
     prev = _C._exchange_fp8_autocast(bool(enabled), cpp)
+    prev_recipe = getattr(_autocast_recipe, "value", None)
+    _autocast_recipe.value = recipe if enabled else None
     try:
         yield
     finally:
         _C._exchange_fp8_autocast(*prev)
+        _autocast_recipe.value = prev_recipe
+
+
+# The recipe object of this thread's innermost autocast (fusion functions receive it).
+_autocast_recipe = threading.local()
+
+
+def active_recipe(kind):
+    """The recipe object in effect for a fusion pass whose C++ recipe kind is `kind` (None: FP8
+    off): the autocast's own object, or a default one of that kind (an autocast entered from
+    C++)."""
+    if not kind:
+        return None
+    recipe = getattr(_autocast_recipe, "value", None)
+    if recipe is not None and recipe._kind == kind:
+        return recipe
+    defaults = {
+        "current": _recipe.Float8CurrentScaling,
+        "delayed": _recipe.DelayedScaling,
+        "block": _recipe.Float8BlockScaling,
+    }
+    return defaults[kind]() if kind in defaults else kind
 
 
 _model_init = threading.local()

@@ -165,6 +165,12 @@ SPECS = [
         extra_shapes=((3, 4),),
     ),
     Spec(
+        "ScaledTanhSReLU",
+        lambda d, t: ops.ScaledTanhSReLU(tanh_clamp_scale=0.8),
+        lambda x, p, e: e[0].unsqueeze(-1) * (0.8 * torch.tanh(F.relu(x) / 0.8)) ** 2,
+        extra_shapes=((3, 4),),
+    ),
+    Spec(
         "AddExtraInput",
         lambda d, t: ops.AddExtraInput(),
         lambda x, p, e: x + e[0],

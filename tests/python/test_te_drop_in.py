@@ -233,3 +233,34 @@ def test_te_ops_state_dict_round_trip():
     lin = ops.Linear(6, 4, device="cpu", dtype=D)
     lin.load_state_dict(ref.state_dict(), strict=True)
     assert torch.equal(lin.weight, ref.weight)
+
+
+def test_attributes_te_fusion_functions_read():
+    lin = ops.BasicLinear(4, 4, device="cpu")
+    assert lin.tensor_parallel_mode is None and lin.tensor_parallel_size == 1
+    assert lin.sequence_parallel is False and lin._accumulate_into_main_grad is False
+    assert ops.AddExtraInput(in_place=True)._in_place is True
+    assert ops.MakeExtraOutput()._in_place is False
+    assert ops.Dropout(0.25).dropout_probability == 0.25
+    assert ops.Reshape((2, -1))._shape == (2, -1)
+    clamped = ops.ScaledClampedQGeGLU(limit=3.0, glu_linear_offset=0.5)._clamped
+    assert (clamped.limit, clamped.alpha, clamped.glu_linear_offset) == (3.0, 1.702, 0.5)
+
+
+# te.ops' ops.basic at TransformerEngine 2.20 (the newest release read), less the names of the
+# grouped (issue 15) and tensor-parallel (issue 16) work.
+TE_BASIC = """GELU GEGLU GLU QGELU QGEGLU ReLU ReGLU SReLU ScaledSReLU ScaledTanhSReLU SReGLU SiLU
+AddExtraInput BasicLinear Bias ConstantScale Dropout Identity L2Normalization LayerNorm
+MakeExtraOutput Quantize Reshape RMSNorm ClampedSwiGLU ScaledClampedQGeGLU ScaledSiTUGLU
+ScaledSwiGLU SiTUGLU SwiGLU""".split()
+TE_FUSED = """BackwardActivationBias BackwardAddRMSNorm BackwardLinearAdd BackwardLinearScale
+ForwardLinearBiasActivation ForwardLinearBiasAdd ForwardLinearScaleAdd""".split()
+
+
+def test_every_te_ops_name_outside_the_grouped_and_parallel_work_exists():
+    basic = importlib.import_module("fusible.ops.basic")
+    fused = importlib.import_module("fusible.ops.fused")
+    assert [n for n in TE_BASIC if not hasattr(basic, n) or not hasattr(ops, n)] == []
+    assert [n for n in TE_FUSED if not hasattr(fused, n)] == []
+    for name in ("Linear", "Sequential", "BasicOperation", "FusedOperation", "FusibleOperation"):
+        assert hasattr(ops, name)

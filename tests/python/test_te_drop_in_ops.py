@@ -76,6 +76,8 @@ def test_situglu_is_bounded_by_the_betas():
         (lambda: ops.SwiGLU(glu_interleave_size=0), "glu_interleave_size", ValueError),
         (lambda: ops.SwiGLU(glu_interleave_size=2.5), "glu_interleave_size", TypeError),
         (lambda: ops.ClampedSwiGLU(limit=-1.0), "limit", ValueError),
+        (lambda: ops.ScaledTanhSReLU(tanh_clamp_scale=0.0), "tanh_clamp_scale", ValueError),
+        (lambda: ops.ScaledTanhSReLU(), "tanh_clamp_scale", TypeError),  # required, as in te
     ],
 )
 def test_bad_parameters_are_refused_at_construction(make, match, error):

@@ -3,6 +3,9 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/sum.h>
+#include <ATen/ops/tanh.h>
+
+#include <cmath>
 
 #include "common/checks.h"
 #include "kernels/activations.h"
@@ -215,6 +218,31 @@ std::tuple<at::Tensor, at::Tensor> ScaledSReLU::scaled_bwd(const at::Tensor& dy,
   const auto r = x.to(acc).clamp_min(0);
   auto dx = (dyf * scales.to(acc).unsqueeze(-1) * 2 * r).to(x.scalar_type());
   return {dx, (dyf * r * r).sum(-1).to(scales.scalar_type())};
+}
+
+ScaledTanhSReLU::ScaledTanhSReLU(double tanh_clamp_scale)
+    : RowScaledActivation("ScaledTanhSReLU", false, 0), c_(tanh_clamp_scale) {
+  TORCH_CHECK_VALUE(std::isfinite(c_) && c_ > 0,
+                    "ScaledTanhSReLU: expected a finite tanh_clamp_scale > 0, got ", c_);
+}
+
+// ATen in the accumulation dtype, as ScaledSReLU: g = (c t)^2 with t = tanh(relu(x) / c);
+// dg/dx = 2 c t (1 - t^2) where x > 0.
+at::Tensor ScaledTanhSReLU::scaled_fwd(const at::Tensor& x, const at::Tensor& scales) const {
+  const auto acc = at::promote_types(x.scalar_type(), at::kFloat);
+  const auto ct = c_ * at::tanh(x.to(acc).clamp_min(0) / c_);
+  return (ct * ct * scales.to(acc).unsqueeze(-1)).to(x.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor> ScaledTanhSReLU::scaled_bwd(const at::Tensor& dy,
+                                                               const at::Tensor& x,
+                                                               const at::Tensor& scales) const {
+  const auto acc = at::promote_types(x.scalar_type(), at::kFloat);
+  const auto dyf = dy.to(acc);
+  const auto t = at::tanh(x.to(acc).clamp_min(0) / c_);
+  const auto dg = 2 * c_ * t * (1 - t * t);  // zero where x <= 0 (t = 0 there)
+  auto dx = (dyf * scales.to(acc).unsqueeze(-1) * dg).to(x.scalar_type());
+  return {dx, (dyf * (c_ * c_) * t * t).sum(-1).to(scales.scalar_type())};
 }
 
 }  // namespace fusible::ops

@@ -236,4 +236,21 @@ class ScaledSReLU : public RowScaledActivation {
                                                 const at::Tensor& scales) const override;
 };
 
+/// y = scales[..., None] * (c tanh(max(x, 0) / c))^2, c = tanh_clamp_scale > 0: a squared ReLU
+/// that saturates at c^2 (te.ops' ScaledTanhSReLU).
+class ScaledTanhSReLU : public RowScaledActivation {
+ public:
+  FUSIBLE_CLONEABLE_OP
+  explicit ScaledTanhSReLU(double tanh_clamp_scale);
+  double tanh_clamp_scale() const { return c_; }
+
+ protected:
+  at::Tensor scaled_fwd(const at::Tensor& x, const at::Tensor& scales) const override;
+  std::tuple<at::Tensor, at::Tensor> scaled_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                                const at::Tensor& scales) const override;
+
+ private:
+  double c_;
+};
+
 }  // namespace fusible::ops

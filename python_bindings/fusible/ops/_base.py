@@ -2,6 +2,7 @@
 start as the C++ op's own tensors (one autograd leaf, one storage) and each call passes the
 module's current ones (DESIGN.md, "Parameters are call inputs")."""
 
+import contextvars
 import weakref
 
 import torch
@@ -139,6 +140,7 @@ class FusibleOperation(torch.nn.Module):
     def _attach(self, cpp_op):
         self._cpp = cpp_op
         self._fuser = None  # single-op fuser for plain op(x) calls, made on first use
+        self.__dict__.pop("_pre_hooks", None)  # its te.ops pre-forward calls, likewise
         cpp_op._py_module = weakref.ref(self)  # fusion functions see the user's own objects
 
     def _param_sources(self):
@@ -302,6 +304,84 @@ class FusibleOperation(torch.nn.Module):
         return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._repr_fields)
 
 
+# te.ops' per-op keyword arguments of the call in progress ({id(basic op): kwargs}); set only by a
+# call that passes some, read by the Python ops' forward (_call_op_forward / _call_fuser_forward).
+_OP_KWARGS = contextvars.ContextVar("fusible_op_kwargs", default=None)
+
+
+def _kwargs_of(op):
+    kwargs = _OP_KWARGS.get()
+    return kwargs.get(id(op), {}) if kwargs else {}
+
+
+def run_with_op_kwargs(basic_ops, kwargs_list, run):
+    """run() with kwargs_list[i] reaching basic_ops[i]'s op_forward (te.ops' basic_op_kwargs).
+    Built-in ops take none: TypeError, as te.ops' built-in op_forward raises."""
+    if kwargs_list is None:
+        return run()
+    kwargs_list = list(kwargs_list)
+    if len(kwargs_list) != len(basic_ops):
+        raise ValueError(
+            f"basic_op_kwargs: expected one dict per basic op ({len(basic_ops)}), "
+            f"got {len(kwargs_list)}"
+        )
+    mapping = {}
+    for op, kwargs in zip(basic_ops, kwargs_list):
+        if not kwargs:
+            continue
+        if op._builtin:
+            raise TypeError(
+                f"{type(op).__name__}.op_forward() got unexpected keyword arguments "
+                f"{sorted(kwargs)}: built-in ops take none"
+            )
+        mapping[id(op)] = dict(kwargs)
+    if not mapping:
+        return run()
+    token = _OP_KWARGS.set(mapping)
+    try:
+        return run()
+    finally:
+        _OP_KWARGS.reset(token)
+
+
+class PreForwardHooks:
+    """te.ops' pre_first_fuser_forward() (once per fuser, on its first call) and
+    pre_fuser_forward(requires_grad=...) (every call) for the Python basic ops of one fuser or
+    Sequential that define them; built-in ops need neither (C++ materializes parameters)."""
+
+    def __init__(self, basic_ops):
+        self._ops = [
+            op
+            for op in basic_ops
+            if not op._builtin
+            and (
+                _defines(type(op), BasicOperation, "pre_fuser_forward")
+                or _defines(type(op), BasicOperation, "pre_first_fuser_forward")
+            )
+        ]
+        self._basic = list(basic_ops) if self._ops else []
+        self._first = True
+
+    def __call__(self, input, extra_inputs):
+        if not self._ops:
+            return
+        if self._first:
+            for op in self._ops:
+                op.pre_first_fuser_forward()
+            self._first = False
+        # te.ops: an op requires backward from the first one whose input or parameters need
+        # gradients on.
+        grad = torch.is_grad_enabled()
+        needs = grad and (
+            input.requires_grad or any(getattr(e, "requires_grad", False) for e in extra_inputs)
+        )
+        wanted = {id(op) for op in self._ops}
+        for op in self._basic:
+            needs = needs or (grad and any(p.requires_grad for p in op.parameters()))
+            if id(op) in wanted:
+                op.pre_fuser_forward(requires_grad=bool(needs))
+
+
 def _defines(cls, base, name):
     """Whether a subclass of `base` (not base itself) defines method `name`."""
     return any(name in vars(c) for c in cls.__mro__ if issubclass(c, base) and c is not base)
@@ -387,6 +467,49 @@ class BasicOperation(FusibleOperation):
         for i, (channel, to_caller) in enumerate(outputs):
             if channel is not None:
                 self._cpp.set_extra_output_channel(i, channel, to_caller)
+
+    # te.ops' pre-forward protocol: no-ops unless a Python op defines them.
+    def pre_first_fuser_forward(self):
+        """Called once, before the first forward of each fuser holding this op."""
+
+    def pre_fuser_forward(self, *, requires_grad):
+        """Called before each fuser forward; requires_grad: whether this op's backward runs."""
+
+    # The C++ trampoline's entry points: te.ops' keywords plus this call's op_kwargs.
+    def _call_op_forward(self, ctx, input_):
+        return self.op_forward(
+            ctx,
+            input_,
+            prev_op_grad_output_quantizer=None,
+            next_op_input_quantizer=None,
+            **_kwargs_of(self),
+        )
+
+    def _call_fuser_forward(self, ctxs, input_, basic_op_extra_inputs):
+        return self.fuser_forward(
+            ctxs,
+            input_,
+            basic_op_extra_inputs=basic_op_extra_inputs,
+            prev_op_grad_output_quantizer=None,
+            next_op_input_quantizer=None,
+            basic_op_kwargs=[_kwargs_of(self)],
+        )
+
+    @_disable_dynamo
+    def forward(self, input, *extra_inputs, **kwargs):
+        """y = op(x, *extra_inputs); keywords go to op_forward (te.ops). With public extra
+        outputs, (y, *extra_outputs)."""
+        if not kwargs and self._builtin:
+            return FusibleOperation.forward(self, input, *extra_inputs)
+        hooks = self.__dict__.get("_pre_hooks")
+        if hooks is None:
+            hooks = self.__dict__["_pre_hooks"] = PreForwardHooks([self])
+        hooks(input, extra_inputs)
+        return run_with_op_kwargs(
+            [self],
+            [kwargs],
+            lambda: FusibleOperation.forward(self, input, *extra_inputs),
+        )
 
     # Built-in ops' own forward/backward, callable from Python fused ops.
     def op_forward(self, ctx, input_, **unused):
@@ -476,3 +599,37 @@ class FusedOperation(FusibleOperation):
 
     def _basic_op_list(self):
         return self.basic_ops
+
+    def pre_first_fuser_forward(self):
+        for op in self.basic_ops:
+            op.pre_first_fuser_forward()
+
+    def pre_fuser_forward(self, *, requires_grad):
+        for op in self.basic_ops:
+            op.pre_fuser_forward(requires_grad=requires_grad)
+
+    def _call_fuser_forward(self, ctxs, input_, basic_op_extra_inputs):
+        return self.fuser_forward(
+            ctxs,
+            input_,
+            basic_op_extra_inputs=basic_op_extra_inputs,
+            prev_op_grad_output_quantizer=None,
+            next_op_input_quantizer=None,
+            basic_op_kwargs=[_kwargs_of(op) for op in self.basic_ops],
+        )
+
+    @_disable_dynamo
+    def forward(self, input, *extra_inputs, basic_op_kwargs=None):
+        """y = op(x, *extra_inputs); basic_op_kwargs: one dict of op_forward keywords per basic op
+        (te.ops)."""
+        hooks = self.__dict__.get("_pre_hooks")
+        if hooks is None:
+            hooks = self.__dict__["_pre_hooks"] = PreForwardHooks(list(self.basic_ops))
+        hooks(input, extra_inputs)
+        if basic_op_kwargs is None:
+            return FusibleOperation.forward(self, input, *extra_inputs)
+        return run_with_op_kwargs(
+            list(self.basic_ops),
+            basic_op_kwargs,
+            lambda: FusibleOperation.forward(self, input, *extra_inputs),
+        )

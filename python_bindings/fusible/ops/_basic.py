@@ -49,6 +49,10 @@ class Reshape(BasicOperation):
     def _make_cpp(self, device, dtype):
         return _C.Reshape(list(self.shape))
 
+    @property
+    def _shape(self):  # te.ops' attribute name
+        return self.shape
+
 
 class ConstantScale(BasicOperation):
     """y = scale * x.
@@ -113,6 +117,17 @@ class BasicLinear(BasicOperation):
     """
 
     _repr_fields = ("in_features", "out_features")
+    # te.ops' attributes, which its fusion functions read: no tensor parallelism (issue 16) and
+    # no Userbuffers here.
+    tensor_parallel_mode = None
+    tensor_parallel_group = None
+    tensor_parallel_size = 1
+    sequence_parallel = False
+    _userbuffers_options = None
+
+    @property
+    def _accumulate_into_main_grad(self):  # te.ops' attribute name
+        return self.accumulate_into_main_grad
 
     def __init__(
         self,
@@ -489,6 +504,13 @@ class ScaledClampedQGeGLU(BasicOperation):
         k = _interleave_size("ScaledClampedQGeGLU", self.glu_interleave_size)
         return _C.ScaledClampedQGeGLU(self.limit, self.alpha, self.glu_linear_offset, k)
 
+    @property
+    def _clamped(self):
+        """te.ops' child ClampedSwiGLU (its fusion functions read limit, alpha and the offset)."""
+        return ClampedSwiGLU(
+            limit=self.limit, alpha=self.alpha, glu_linear_offset=self.glu_linear_offset
+        )
+
 
 class ScaledSReLU(BasicOperation):
     """y = scales[..., None] * max(x, 0)^2; scales (extra input 0) has x's shape without the last
@@ -504,6 +526,26 @@ class ScaledSReLU(BasicOperation):
 
     def _make_cpp(self, device, dtype):
         return _C.ScaledSReLU()
+
+
+class ScaledTanhSReLU(BasicOperation):
+    """y = scales[..., None] * (c tanh(max(x, 0) / c))^2 with c = tanh_clamp_scale: a squared
+    ReLU saturating at c^2; scales (extra input 0) has x's shape without the last dim.
+
+    Args:
+        tanh_clamp_scale (float > 0): c above (required, as in te.ops).
+        activation_recompute_in_mlp: te.ops keyword, at its default only.
+    """
+
+    _repr_fields = ("tanh_clamp_scale",)
+
+    def __init__(self, *, tanh_clamp_scale, activation_recompute_in_mlp=False):
+        _no_recompute("ScaledTanhSReLU", activation_recompute_in_mlp)
+        self.tanh_clamp_scale = float(tanh_clamp_scale)
+        super().__init__(self._make_cpp(None, None))
+
+    def _make_cpp(self, device, dtype):
+        return _C.ScaledTanhSReLU(self.tanh_clamp_scale)
 
 
 class AddExtraInput(BasicOperation):
@@ -522,6 +564,10 @@ class AddExtraInput(BasicOperation):
     def _make_cpp(self, device, dtype):
         return _C.AddExtraInput(self.in_place)
 
+    @property
+    def _in_place(self):  # te.ops' attribute name
+        return self.in_place
+
 
 class MakeExtraOutput(BasicOperation):
     """y = x and extra output 0 = x (the same tensor); dx = dy + d(extra).
@@ -539,6 +585,10 @@ class MakeExtraOutput(BasicOperation):
     def _make_cpp(self, device, dtype):
         return _C.MakeExtraOutput(self.in_place)
 
+    @property
+    def _in_place(self):  # te.ops' attribute name
+        return self.in_place
+
 
 class Dropout(BasicOperation):
     """Dropout with probability p in training mode, identity in eval mode.
@@ -555,6 +605,10 @@ class Dropout(BasicOperation):
 
     def _make_cpp(self, device, dtype):
         return _C.Dropout(self.p)
+
+    @property
+    def dropout_probability(self):  # te.ops' attribute name
+        return self.p
 
 
 class Linear(FusedOperation):

@@ -11,9 +11,12 @@ from torch import _disable_dynamo
 from .. import _C
 from . import _compile_support, fused
 from ._base import (
+    BasicOperation,
     FusibleOperation,
+    PreForwardHooks,
     call_parameters,
     check_tensors,
+    run_with_op_kwargs,
     split_outputs,
     unpack_outputs,
 )
@@ -53,6 +56,7 @@ class OperationFuser:
         self._ops = ops
         self._basic = _basic_wrappers(ops)
         self._cpp = cpp_fuser
+        self._pre_hooks = PreForwardHooks(self._basic)
         self._exported = cpp_fuser.exported()
         # Where each parameter of a call is read from, in the C++ fuser's order.
         self._param_sources = [src for op in ops for src in op._param_sources()]
@@ -79,11 +83,17 @@ class OperationFuser:
         return self._cpp.num_extra_outputs
 
     @_disable_dynamo
-    def __call__(self, input, *extra_inputs):
-        """y = fuser(x, *extra_inputs); with public extra outputs, (y, *extra_outputs)."""
+    def __call__(self, input, *extra_inputs, basic_op_kwargs=None):
+        """y = fuser(x, *extra_inputs); with public extra outputs, (y, *extra_outputs).
+        basic_op_kwargs: one dict of op_forward keywords per basic op (te.ops)."""
         check_tensors("OperationFuser", input, extra_inputs)
+        self._pre_hooks(input, extra_inputs)
         params = call_parameters(self._param_sources)
-        out = self._cpp.forward(input, list(extra_inputs), [], params)
+
+        def run():
+            return self._cpp.forward(input, list(extra_inputs), [], params)
+
+        out = run_with_op_kwargs(self._basic, basic_op_kwargs, run)
         return unpack_outputs(split_outputs(out, self._exported)[0])
 
     def extra_input_sources(self):
@@ -268,6 +278,8 @@ class Sequential(torch.nn.Module):
                     cpp.append_step(_plain_step(m), type(m).__name__)
             fusible = [m for m in self._modules.values() if isinstance(m, FusibleOperation)]
             self._param_sources = [src for m in fusible for src in m._param_sources()]
+            self._basic = [op for m in fusible for op in m._basic_op_list()]
+            self._pre_hooks = PreForwardHooks(self._basic)
             # Every hook dict of the ops: while all are empty (the usual case) one any() per call
             # tells that nothing changed, instead of four attribute reads per op.
             self._hook_dicts = tuple(
@@ -293,17 +305,27 @@ class Sequential(torch.nn.Module):
                 self._any_hook = any(hooks)
         return self._cpp
 
-    def forward(self, input, *extra_inputs, channel_inputs=None, return_dict=False):
+    def forward(self, input, *extra_inputs, op_kwargs=None, channel_inputs=None, return_dict=False):
+        """y = seq(x, *extra_inputs). op_kwargs: {basic op (or its index here): op_forward
+        keywords} (te.ops); channel_inputs: {channel name: tensor} feeding extra inputs by name;
+        return_dict: also return the named extra outputs as a dict."""
         check_tensors("Sequential", input, extra_inputs)
         if torch.compiler.is_compiling():  # one custom op: no graph break (_compile_support)
+            if op_kwargs:
+                raise NotImplementedError("Sequential: op_kwargs under torch.compile")
             return _compile_support.compiled_forward(
                 self, input, extra_inputs, channel_inputs, return_dict
             )
         # Dynamo never gets here (the branch above), so no _disable_dynamo wrapper on this path.
-        cpp = self._engine()  # also sets _param_sources
+        cpp = self._engine()  # also sets _param_sources, _basic and _pre_hooks
+        self._pre_hooks(input, extra_inputs)
         named_inputs = list(channel_inputs.items()) if channel_inputs else []
         params = call_parameters(self._param_sources)
-        outputs, named = self._run_engine(cpp, input, list(extra_inputs), named_inputs, params)
+        outputs, named = run_with_op_kwargs(
+            self._basic,
+            None if op_kwargs is None else self._op_kwargs_list(op_kwargs),
+            lambda: self._run_engine(cpp, input, list(extra_inputs), named_inputs, params),
+        )
         if return_dict:
             if len(named) != len(outputs) - 1:
                 raise ValueError(
@@ -312,6 +334,22 @@ class Sequential(torch.nn.Module):
                 )
             return outputs[0], dict(named)
         return unpack_outputs(outputs)
+
+    def _op_kwargs_list(self, op_kwargs):
+        """te.ops' op_kwargs ({op or index: kwargs}) as one dict per basic op of this Sequential."""
+        entries = self._entries()
+        by_id = {}
+        for key, kwargs in op_kwargs.items():
+            op = entries[key] if isinstance(key, int) else key
+            if not isinstance(op, BasicOperation):
+                raise ValueError(
+                    f"Sequential: op_kwargs key {key!r} is not a basic operation "
+                    f"(got {type(op).__name__})"
+                )
+            by_id[id(op)] = kwargs
+        if not by_id.keys() <= {id(op) for op in self._basic}:
+            raise ValueError("op_kwargs contains keys that are not in this Sequential")
+        return [by_id.get(id(op), {}) for op in self._basic]
 
     def _run_engine(self, cpp, input, extra_inputs, named_inputs, params):
         """One call of cpp (this Sequential's _engine()) with these parameters: (outputs, named

@@ -4,17 +4,27 @@ when a fuser builds a plan. f sees the user's own op objects (a Linear appears a
 import atexit
 
 from .. import _C
+from ..quantization import active_recipe
+from . import fused
 from ._base import FusibleOperation
 
 _ids = {}  # registered function -> its registry ids (a function may be registered twice)
 
 
 def _to_python(cpp_op):
+    """The Python op a fusion function sees: the user's own module for a basic op or a Python
+    fused op; for a built-in fused op made by an earlier fusion, its fused.<Name> face over the
+    user's basic ops (with `basic_ops`, as te.ops' fused ops)."""
     if isinstance(cpp_op, _C.PyFusedOperation):
         return cpp_op.python_object
     ref = getattr(cpp_op, "_py_module", None)
     module = ref() if ref is not None else None
-    return module if module is not None else cpp_op
+    if module is not None:
+        return module
+    face = getattr(fused, cpp_op.type_name, None) if cpp_op.is_fused else None
+    if face is not None:
+        return face._from_plan(cpp_op, [_to_python(b) for b in cpp_op.get_basic_ops()])
+    return cpp_op
 
 
 def _to_cpp(op, name):
@@ -34,14 +44,13 @@ def _register(f, pass_, prepend):
     name = getattr(f, "__name__", repr(f))
 
     def call(cpp_ops, *, recipe):
-        result = f([_to_python(o) for o in cpp_ops], recipe=recipe)
+        result = f([_to_python(o) for o in cpp_ops], recipe=active_recipe(recipe))
         if not isinstance(result, (list, tuple)):
             raise TypeError(f"fusion {name}: expected a list of ops, got {type(result).__name__}")
         # With each op its Python object: C++ keeps a Python fused op alive while a plan uses it.
         return [(_to_cpp(o, name), o) for o in result]
 
     _ids.setdefault(f, []).append(_C.register_fusion(call, pass_, bool(prepend), name))
-    return f
 
 
 def register_forward_fusion(f, prepend=False):
