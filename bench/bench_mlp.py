@@ -3,7 +3,8 @@
     Sequential(MakeExtraOutput, LayerNorm, Linear, GELU, Linear, AddExtraInput) with the residual
     routed through a channel. `fusible_fp8`: the same Sequential under
     fusible.autocast(recipe=Float8CurrentScaling()) (FP8 GEMMs), against eager and compiled bf16;
-    its relative error against eager bf16 (y and every gradient) is printed and recorded.
+    its relative error against eager bf16 (y and every gradient) is printed and recorded;
+    `fusible_fp8_block`: the same under Float8BlockScaling (block-scaled FP8 GEMMs; printed).
 Timing: CUDA events per repetition, warm-up first, median of many; every forward+backward starts
 with the parameters' and input's .grad cleared (as PERF.md's baselines.py), outside the timed span,
 so no gradient accumulation is timed or counted. Memory: the peak allocated during one
@@ -72,11 +73,16 @@ def make_models(T, H, F_, dev):
         with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
             return seq(x)  # the backward follows the forward's recipe
 
+    def fusible_fp8_block_fn(x):
+        with fusible.autocast(recipe=recipe.Float8BlockScaling()):
+            return seq(x)
+
     models = {
         "fusible": fusible_fn,
         "eager": eager_fn,
         "compile": torch.compile(eager_fn),
         "fusible_fp8": fusible_fp8_fn,
+        "fusible_fp8_block": fusible_fp8_block_fn,
     }
     return models, list(seq.parameters()), seq
 
@@ -143,10 +149,10 @@ def idle_gaps(fn, top=6):
     return "\n".join(lines)
 
 
-def fp8_errors(models, params, x, dy):
-    """Relative (Frobenius) error of fusible FP8's y and gradients against eager bf16's."""
+def fp8_errors(models, params, x, dy, label="fusible_fp8"):
+    """Relative (Frobenius) error of an FP8 model's y and gradients against eager bf16's."""
     out = {}
-    for label in ("eager", "fusible_fp8"):
+    for label in ("eager", label):
         for p in params:
             p.grad = None
         xg = x.clone().requires_grad_()
@@ -156,7 +162,7 @@ def fp8_errors(models, params, x, dy):
     names = ["y", "dx", "d_ln_w", "d_ln_b", "d_fc1_w", "d_fc1_b", "d_fc2_w", "d_fc2_b"]
     return {
         n: ((a.double() - b.double()).norm() / b.double().norm()).item()
-        for n, a, b in zip(names, out["fusible_fp8"], out["eager"])
+        for n, a, b in zip(names, out[label], out["eager"])
     }
 
 
@@ -190,12 +196,18 @@ def run_part(name, reps, profile=False):
         with torch.no_grad():
             rows[label]["kernels_fwd"] = cuda_kernels(lambda: fn(x))
         rows[label]["kernels_fwd_bwd"] = cuda_kernels(fresh_step)
-        if profile and label in ("fusible", "eager", "fusible_fp8"):
+        if profile and label in ("fusible", "eager", "fusible_fp8", "fusible_fp8_block"):
             with torch.no_grad():
                 print(f"== {name} {label}: kernels of one forward\n{kernel_table(lambda: fn(x))}")
             print(f"== {name} {label}: kernels of one forward+backward\n{kernel_table(fresh_step)}")
             print(f"== {name} {label}: GPU idle in one forward+backward\n{idle_gaps(fresh_step)}")
-    return rows, fp8_errors(models, params, x, dy)
+    errors = fp8_errors(models, params, x, dy)
+    block_errors = fp8_errors(models, params, x, dy, "fusible_fp8_block")
+    print(
+        f"{name}: fusible FP8 block scaling, relative error against eager bf16: "
+        + "  ".join(f"{k} {v:.2e}" for k, v in block_errors.items())
+    )
+    return rows, errors
 
 
 def latest_rows(results, parts):

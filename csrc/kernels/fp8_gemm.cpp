@@ -9,6 +9,7 @@
 #include "common/checks.h"
 #include "kernels/linear.h"
 #include "kernels/ops.h"
+#include "kernels/quantize_block.h"
 
 namespace fusible::kernels {
 
@@ -20,7 +21,7 @@ void check_fp8_gemm_args(const at::Tensor& a, const at::Tensor& a_scale_inv, con
                          const at::Tensor& b_scale_inv, at::ScalarType out_dtype,
                          const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& other, c10::string_view act,
-                         bool save_pre) {
+                         bool save_pre, int64_t a_block, int64_t b_block) {
   constexpr const char* op = "fp8_gemm";
   TORCH_CHECK_VALUE(is_fp8(a) && is_fp8(b), op,
                     ": expected a and b of dtype float8_e4m3fn or float8_e5m2, got ",
@@ -37,9 +38,14 @@ void check_fp8_gemm_args(const at::Tensor& a, const at::Tensor& a_scale_inv, con
         {"b_scale_inv", &b_scale_inv}}) {
     TORCH_CHECK_VALUE(s->scalar_type() == at::kFloat, op, ": expected a float32 ", name, ", got ",
                       s->scalar_type());
-    FUSIBLE_CHECK_DIM(op, name, (*s), 1);
     FUSIBLE_CHECK_SAME_DEVICE(op, "a", a, name, (*s));
   }
+  TORCH_CHECK_VALUE(a_block >= 0 && a_block <= 2 && b_block >= 0 && b_block <= 2 &&
+                        (a_block == 0) == (b_block == 0) && !(a_block == 2 && b_block == 2),
+                    op,
+                    ": expected a_block and b_block both 0 (per-tensor scales) or both block "
+                    "scales (1: 1x128, 2: 128x128; not both 2), got ",
+                    a_block, " and ", b_block);
   TORCH_CHECK_VALUE(out_dtype == at::kBFloat16 || out_dtype == at::kHalf || out_dtype == at::kFloat,
                     op, ": expected out_dtype bfloat16, float16 or float32, got ", out_dtype);
   if (bias) {
@@ -68,10 +74,32 @@ void check_fp8_gemm_args(const at::Tensor& a, const at::Tensor& a_scale_inv, con
 
 namespace {
 
-void check_scale_sizes(const at::Tensor& a_scale_inv, const at::Tensor& b_scale_inv) {
-  TORCH_CHECK_VALUE(a_scale_inv.numel() == 1 && b_scale_inv.numel() == 1,
-                    "fp8_gemm: expected one-element a_scale_inv and b_scale_inv, got ",
-                    a_scale_inv.numel(), " and ", b_scale_inv.numel(), " elements");
+// The scale_inv of an operand [rows, K] as its block mode says (concrete sizes: not for Meta).
+void check_scale_layout(const char* name, const at::Tensor& s, int64_t rows, int64_t k,
+                        int64_t block) {
+  if (block == 0) {
+    TORCH_CHECK_VALUE(s.dim() == 1 && s.numel() == 1, "fp8_gemm: expected a one-element ", name,
+                      " (per-tensor scale), got shape ", s.sizes());
+    return;
+  }
+  const auto want = block_scale_shape(rows, k, block);
+  TORCH_CHECK_VALUE(s.sizes().equals(want), "fp8_gemm: expected ", name, " of shape ",
+                    at::IntArrayRef(want), " (", block == 1 ? "1x128" : "128x128",
+                    " block scales), got ", s.sizes());
+}
+
+void check_scale_sizes(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+                       const at::Tensor& b_scale_inv, int64_t a_block, int64_t b_block) {
+  const int64_t k = a.size(-1), m = k > 0 ? a.numel() / k : 0;
+  check_scale_layout("a_scale_inv", a_scale_inv, m, k, a_block);
+  check_scale_layout("b_scale_inv", b_scale_inv, b.size(0), k, b_block);
+}
+
+// The operand [rows, K] dequantized into fp32 (exact: FP8 values times powers of two or one
+// fp32 scale).
+at::Tensor dequantize(const at::Tensor& t, const at::Tensor& scale_inv, int64_t block) {
+  if (block == 0) return t.to(at::kFloat) * scale_inv;
+  return reference::dequantize_block(t, scale_inv, block).reshape(t.sizes());
 }
 
 std::tuple<at::Tensor, at::Tensor> fp8_gemm_meta(const at::Tensor& a, const at::Tensor& a_scale_inv,
@@ -79,8 +107,10 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm_meta(const at::Tensor& a, const at::
                                                  at::ScalarType out_dtype,
                                                  const std::optional<at::Tensor>& bias,
                                                  const std::optional<at::Tensor>& other, double,
-                                                 c10::string_view act, bool save_pre, bool) {
-  check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, act, save_pre);
+                                                 c10::string_view act, bool save_pre, bool,
+                                                 int64_t a_block, int64_t b_block) {
+  check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, act, save_pre,
+                      a_block, b_block);
   auto shape = a.sym_sizes().vec();
   shape.back() = b.sym_size(0);
   const auto opts = a.options().dtype(out_dtype);
@@ -97,12 +127,14 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
                                             at::ScalarType out_dtype,
                                             const std::optional<at::Tensor>& bias,
                                             const std::optional<at::Tensor>& other, double alpha,
-                                            c10::string_view act, bool save_pre, bool) {
-  check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, act, save_pre);
-  check_scale_sizes(a_scale_inv, b_scale_inv);
+                                            c10::string_view act, bool save_pre, bool,
+                                            int64_t a_block, int64_t b_block) {
+  check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, act, save_pre,
+                      a_block, b_block);
+  check_scale_sizes(a, a_scale_inv, b, b_scale_inv, a_block, b_block);
   // The FP8 values dequantized exactly into fp32, one fp32 GEMM, the epilogue in fp32.
-  const auto af = a.to(at::kFloat) * a_scale_inv;
-  const auto bf = b.to(at::kFloat) * b_scale_inv;
+  const auto af = dequantize(a, a_scale_inv, a_block);
+  const auto bf = dequantize(b, b_scale_inv, b_block);
   auto d = at::matmul(af, bf.t());
   if (alpha != 1.0) d.mul_(alpha);
   if (bias) d.add_(bias->to(at::kFloat));

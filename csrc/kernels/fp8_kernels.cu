@@ -9,20 +9,16 @@
 #include <cfloat>
 
 #include "kernels/cuda_common.cuh"
+#include "kernels/fp8_math.cuh"
 
 namespace fusible::kernels {
 namespace {
 
+using cuda::amax_with;
+using cuda::fp8_bits;
+using cuda::fp8_max_of;
+
 constexpr int kThreads = 256;
-
-// The largest finite E4M3 / E5M2 value (kernels::fp8_max on the host side).
-constexpr float fp8_max_of(bool e4m3) { return e4m3 ? 448.f : 57344.f; }
-
-// m with |v| taken in; a NaN makes the amax non-finite (scale 1).
-__device__ __forceinline__ float amax_with(float m, float v) {
-  const float a = fabsf(v);
-  return isnan(a) ? INFINITY : fmaxf(m, a);
-}
 
 // The block's max of each thread's m into *amax (kThreads threads, all of them calling).
 __device__ __forceinline__ void block_amax_into(float m, float* amax) {
@@ -105,11 +101,6 @@ __global__ void qdq_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n
     }
     cuda::store_vec<T, VEC>(y + v * VEC, o);
   }
-}
-
-__device__ __forceinline__ uint8_t fp8_bits(float v, float fmax, bool e4m3) {
-  const float c = isnan(v) ? v : fminf(fmaxf(v, -fmax), fmax);  // NaN stays NaN
-  return __nv_cvt_float_to_fp8(c, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2);
 }
 
 // cast_transpose_kernel's tile: 128 rows x 64 columns, 256 threads. 128 rows make each row of the

@@ -144,7 +144,14 @@ TORCH_LIBRARY(fusible, m) {
       "fp8_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, ScalarType out_dtype, "
       "Tensor? bias=None, Tensor? other=None, float alpha=1.0, str act='none', bool "
       "save_pre=False, "
-      "bool fast_accum=False) -> (Tensor, Tensor)");
+      "bool fast_accum=False, int a_block=0, int b_block=0) -> (Tensor, Tensor)");
+  // Block-scaled FP8 cast (Float8BlockScaling) as cuBLASLt's block-scaled GEMMs read it: x as
+  // [M, K] in 1x128 (block_dim 1) or 128x128 (2) blocks with power-of-two scales -> (data,
+  // scale_inv [ceil(K/128), M rounded up to 4] or [ceil(M/128), ceil(K/128) rounded up to 4],
+  // data_t [K, M] (columnwise: x^T cast the same way), its scale_inv); parts not asked for [0].
+  m.def(
+      "fp8_cast_block(Tensor x, str format, int block_dim, bool rowwise=True, bool "
+      "columnwise=False) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 // Autograd: no op here has a derivative formula (the fuser's one autograd node differentiates whole
@@ -196,7 +203,8 @@ TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
                            "fp8_quantize_dequantize_block",
                            "fp8_cast",
                            "fp8_cast_delayed",
-                           "fp8_gemm"}) {
+                           "fp8_gemm",
+                           "fp8_cast_block"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }
 }

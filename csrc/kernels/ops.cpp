@@ -10,6 +10,7 @@ using T = at::Tensor;
 using CT = const at::Tensor&;
 using T2 = std::tuple<at::Tensor, at::Tensor>;
 using T3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 template <typename Sig>
 c10::TypedOperatorHandle<Sig> handle(const char* name) {
@@ -213,12 +214,19 @@ T3 fp8_cast_delayed(CT x, const std::string& format, CT amax_history, CT scale, 
 
 T2 fp8_gemm(CT a, CT a_scale_inv, CT b, CT b_scale_inv, at::ScalarType out_dtype,
             const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& other,
-            double alpha, const std::string& act, bool save_pre, bool fast_accum) {
-  FUSIBLE_OP("fp8_gemm",
-             T2(CT, CT, CT, CT, at::ScalarType, const std::optional<at::Tensor>&,
-                const std::optional<at::Tensor>&, double, c10::string_view, bool, bool));
+            double alpha, const std::string& act, bool save_pre, bool fast_accum, int64_t a_block,
+            int64_t b_block) {
+  FUSIBLE_OP("fp8_gemm", T2(CT, CT, CT, CT, at::ScalarType, const std::optional<at::Tensor>&,
+                            const std::optional<at::Tensor>&, double, c10::string_view, bool, bool,
+                            int64_t, int64_t));
   return op.call(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, alpha, act, save_pre,
-                 fast_accum);
+                 fast_accum, a_block, b_block);
+}
+
+T4 fp8_cast_block(CT x, const std::string& format, int64_t block_dim, bool rowwise,
+                  bool columnwise) {
+  FUSIBLE_OP("fp8_cast_block", T4(CT, c10::string_view, int64_t, bool, bool));
+  return op.call(x, format, block_dim, rowwise, columnwise);
 }
 
 }  // namespace fusible::kernels

@@ -9,11 +9,11 @@
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/exp2.h>
-#include <ATen/ops/floor.h>
+#include <ATen/ops/frexp.h>
 #include <ATen/ops/isfinite.h>
-#include <ATen/ops/log2.h>
+#include <ATen/ops/ldexp.h>
 #include <ATen/ops/ones_like.h>
+#include <ATen/ops/repeat_interleave.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
@@ -150,35 +150,48 @@ at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, c10::string_view
   return y.contiguous();
 }
 
+at::Tensor block_scales(const at::Tensor& x2d, double max, int64_t block_dim, bool power_2_scale) {
+  constexpr int64_t kBlock = 128;
+  const int64_t rows = x2d.size(0), cols = x2d.size(1);
+  const auto up = [](int64_t n) { return (n + kBlock - 1) / kBlock * kBlock; };
+  const int64_t prows = block_dim == 2 ? up(rows) : rows, pcols = up(cols);
+  // Zero padding to whole blocks: it changes no block's amax.
+  const auto padded = at::constant_pad_nd(x2d, {0, pcols - cols, 0, prows - rows}, 0);
+  const auto amax =
+      block_dim == 2
+          ? padded.view({prows / kBlock, kBlock, pcols / kBlock, kBlock}).abs().amax({1, 3})
+          : padded.view({prows, pcols / kBlock, kBlock}).abs().amax({2});
+  auto scale = scale_for(amax, max, 1.0, at::ones_like(amax));
+  if (power_2_scale) {
+    // Rounded down to a power of two through the exponent (exact, as the CUDA kernel): scale =
+    // m * 2^e with m in [0.5, 1) -> 2^(e - 1); at most 2^127 (scale is at most FLT_MAX).
+    const auto exponent = std::get<1>(at::frexp(scale));
+    scale = at::ldexp(at::ones_like(scale), exponent - 1);
+  }
+  return scale;
+}
+
+at::Tensor expand_block_scales(const at::Tensor& scale, int64_t rows, int64_t cols,
+                               int64_t block_dim) {
+  constexpr int64_t kBlock = 128;
+  auto s = scale.repeat_interleave(kBlock, 1).slice(1, 0, cols);
+  if (block_dim == 2) s = s.repeat_interleave(kBlock, 0).slice(0, 0, rows);
+  return s;
+}
+
 at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, c10::string_view format,
                                          int64_t block_dim, bool power_2_scale) {
   check_fp8_qdq_block_args(x, format, block_dim);
   if (x.numel() == 0) return x.clone();
-  constexpr int64_t kBlock = 128;
   const double max = fp8_max("fp8_quantize_dequantize_block", format);
   const auto fp8 = fp8_dtype("fp8_quantize_dequantize_block", format);
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
-  const auto up = [](int64_t n) { return (n + kBlock - 1) / kBlock * kBlock; };
-  const int64_t prows = block_dim == 2 ? up(rows) : rows, pcols = up(cols);
-  // Zero padding to whole blocks: it changes no block's amax.
-  const auto padded =
-      at::constant_pad_nd(xf.reshape({rows, cols}), {0, pcols - cols, 0, prows - rows}, 0);
-  const auto blocks = block_dim == 2 ? padded.view({prows / kBlock, kBlock, pcols / kBlock, kBlock})
-                                     : padded.view({prows, pcols / kBlock, kBlock});
-  const auto amax = block_dim == 2 ? blocks.abs().amax({1, 3}, /*keepdim=*/true)
-                                   : blocks.abs().amax({2}, /*keepdim=*/true);
-  auto scale = scale_for(amax, max, 1.0, at::ones_like(amax));
-  // Powers of two up to 2^127 (log2 of the largest float rounds to 128 in fp32).
-  if (power_2_scale) scale = at::exp2(at::floor(at::log2(scale))).clamp_max(std::ldexp(1.0, 127));
-  const auto q =
-      (blocks * scale).clamp(-max, max).to(fp8).to(xf.scalar_type()) * scale.reciprocal();
-  return q.reshape({prows, pcols})
-      .slice(0, 0, rows)
-      .slice(1, 0, cols)
-      .reshape(x.sizes())
-      .to(x.scalar_type())
-      .contiguous();
+  const auto x2d = xf.reshape({rows, cols});
+  const auto scale =
+      expand_block_scales(block_scales(x2d, max, block_dim, power_2_scale), rows, cols, block_dim);
+  const auto q = (x2d * scale).clamp(-max, max).to(fp8).to(xf.scalar_type()) * scale.reciprocal();
+  return q.reshape(x.sizes()).to(x.scalar_type()).contiguous();
 }
 
 Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose) {

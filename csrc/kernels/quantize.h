@@ -53,6 +53,14 @@ at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, c10::string_view
 /// a power of two with power_2_scale) and back.
 at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, c10::string_view format,
                                          int64_t block_dim, bool power_2_scale);
+/// The scale of each block of x2d [rows, cols] (float): [rows, ceil(cols / 128)] for 1x128
+/// blocks (block_dim 1), [ceil(rows / 128), ceil(cols / 128)] for 128x128 (block_dim 2); fp8_max /
+/// the block's amax, 1 where that is 0 or not finite, rounded down to a power of two with
+/// power_2_scale.
+at::Tensor block_scales(const at::Tensor& x2d, double max, int64_t block_dim, bool power_2_scale);
+/// Those scales repeated over their blocks: [rows, cols].
+at::Tensor expand_block_scales(const at::Tensor& scale, int64_t rows, int64_t cols,
+                               int64_t block_dim);
 /// x's FP8 data with current scaling (scale = fp8_max / amax(x) / 2^margin, 1 where amax is 0 or
 /// not finite), its transpose as [K, M] when `transpose`, and 1 / scale.
 Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose);

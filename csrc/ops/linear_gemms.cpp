@@ -6,31 +6,44 @@
 namespace fusible::ops::gemms {
 namespace {
 
-// The FP8 GEMM a @ b^T of two FP8 operands' data, in a's compute dtype. Forward GEMMs use
-// cuBLASLt's fast accumulation, the gradients' its exact one (TransformerEngine's choice).
-std::pair<at::Tensor, at::Tensor> fp8(const at::Tensor& a, const GemmOperand& a_of,
-                                      const at::Tensor& b, const GemmOperand& b_of,
+// The FP8 GEMM a @ b^T of two FP8 operands' data (each with its scale_inv and block code), in
+// a's compute dtype. Forward GEMMs use cuBLASLt's fast accumulation, the gradients' its exact one
+// (TransformerEngine's choice; block-scaled GEMMs take no fast accumulation).
+struct Fp8Side {
+  const at::Tensor& data;
+  const at::Tensor& scale_inv;
+  int64_t block;
+};
+
+std::pair<at::Tensor, at::Tensor> fp8(const Fp8Side& a, const Fp8Side& b, at::ScalarType dtype,
                                       const std::optional<at::Tensor>& bias,
                                       const std::optional<at::Tensor>& other, double alpha,
                                       const std::string& act, bool save_pre, bool fast_accum) {
-  TORCH_CHECK(a.defined() && b.defined(), "FP8 GEMM: an operand was not cast for this use");
-  auto [d, pre] = kernels::fp8_gemm(a, a_of.scale_inv, b, b_of.scale_inv, a_of.dtype, bias, other,
-                                    alpha, act, save_pre, fast_accum);
+  TORCH_CHECK(
+      a.data.defined() && b.data.defined() && a.scale_inv.defined() && b.scale_inv.defined(),
+      "FP8 GEMM: an operand was not cast for this use");
+  auto [d, pre] = kernels::fp8_gemm(a.data, a.scale_inv, b.data, b.scale_inv, dtype, bias, other,
+                                    alpha, act, save_pre, fast_accum, a.block, b.block);
   return {d, save_pre ? pre : at::Tensor()};
 }
+
+// The three uses (Hopper reads K contiguous): the forward's rows, the transposes the gradients'
+// GEMMs read.
+Fp8Side rows(const GemmOperand& o) { return {o.rowwise, o.scale_inv, o.block}; }
+Fp8Side cols(const GemmOperand& o) { return {o.columnwise, o.columnwise_scale_inv, o.block}; }
 
 }  // namespace
 
 at::Tensor forward(const GemmOperand& x, const GemmOperand& w,
                    const std::optional<at::Tensor>& bias) {
   if (!x.fp8()) return kernels::linear_fwd(x.rowwise, w.rowwise, bias);
-  return fp8(x.rowwise, x, w.rowwise, w, bias, std::nullopt, 1.0, "none", false, true).first;
+  return fp8(rows(x), rows(w), x.dtype, bias, std::nullopt, 1.0, "none", false, true).first;
 }
 
 std::pair<at::Tensor, at::Tensor> forward_act(const GemmOperand& x, const GemmOperand& w,
                                               const std::optional<at::Tensor>& bias,
                                               const std::string& act, bool save_pre) {
-  if (x.fp8()) return fp8(x.rowwise, x, w.rowwise, w, bias, std::nullopt, 1.0, act, save_pre, true);
+  if (x.fp8()) return fp8(rows(x), rows(w), x.dtype, bias, std::nullopt, 1.0, act, save_pre, true);
   if (!save_pre) return {kernels::linear_bias_act(x.rowwise, w.rowwise, bias, act), at::Tensor()};
   auto [y, pre] = kernels::linear_bias_act_fwd(x.rowwise, w.rowwise, bias, act);
   return {y, pre};
@@ -39,8 +52,7 @@ std::pair<at::Tensor, at::Tensor> forward_act(const GemmOperand& x, const GemmOp
 at::Tensor forward_add(const GemmOperand& x, const GemmOperand& w,
                        const std::optional<at::Tensor>& bias, const at::Tensor& other, double alpha,
                        bool in_place) {
-  if (x.fp8())
-    return fp8(x.rowwise, x, w.rowwise, w, bias, other, alpha, "none", false, true).first;
+  if (x.fp8()) return fp8(rows(x), rows(w), x.dtype, bias, other, alpha, "none", false, true).first;
   if (!in_place) return kernels::linear_add(x.rowwise, w.rowwise, bias, other, alpha);
   kernels::linear_add_(other, x.rowwise, w.rowwise, bias, alpha);
   return other;
@@ -48,16 +60,14 @@ at::Tensor forward_add(const GemmOperand& x, const GemmOperand& w,
 
 at::Tensor dgrad(const GemmOperand& dy, const GemmOperand& w, double alpha) {
   if (!dy.fp8()) return kernels::linear_dgrad(dy.rowwise, w.rowwise, alpha);
-  return fp8(dy.rowwise, dy, w.columnwise, w, std::nullopt, std::nullopt, alpha, "none", false,
-             false)
+  return fp8(rows(dy), cols(w), dy.dtype, std::nullopt, std::nullopt, alpha, "none", false, false)
       .first;
 }
 
 at::Tensor dgrad_add(const GemmOperand& dy, const GemmOperand& w, const at::Tensor& other,
                      double alpha) {
   if (!dy.fp8()) return kernels::linear_dgrad_add(dy.rowwise, w.rowwise, other, alpha);
-  return fp8(dy.rowwise, dy, w.columnwise, w, std::nullopt, other, alpha, "none", false, false)
-      .first;
+  return fp8(rows(dy), cols(w), dy.dtype, std::nullopt, other, alpha, "none", false, false).first;
 }
 
 std::pair<at::Tensor, at::Tensor> dgrad_act_bias(const GemmOperand& dy, const GemmOperand& w,
@@ -74,8 +84,7 @@ std::pair<at::Tensor, at::Tensor> dgrad_act_bias(const GemmOperand& dy, const Ge
 
 at::Tensor wgrad(const GemmOperand& dy, const GemmOperand& x, double alpha) {
   if (!dy.fp8()) return kernels::linear_wgrad(dy.columnwise, x.columnwise, alpha);
-  return fp8(dy.columnwise, dy, x.columnwise, x, std::nullopt, std::nullopt, alpha, "none", false,
-             false)
+  return fp8(cols(dy), cols(x), dy.dtype, std::nullopt, std::nullopt, alpha, "none", false, false)
       .first;
 }
 

@@ -128,9 +128,20 @@ at::Tensor Fp8Cast::columnwise(const at::Tensor& t, bool backward) const {
 }
 
 bool Fp8Cast::fp8_gemms_fit(int64_t m, int64_t k, int64_t n, at::ScalarType dtype) const {
-  if (!on() || recipe->kind == "block" || recipe->forward_format != "e4m3") return false;
-  if (dtype != at::kBFloat16 && dtype != at::kHalf && dtype != at::kFloat) return false;
+  if (!on() || recipe->forward_format != "e4m3") return false;
+  const bool block = recipe->kind == "block";
+  if (dtype != at::kBFloat16 && dtype != at::kHalf && (block || dtype != at::kFloat)) return false;
+  // Block scaling: 1x128 or 128x128 blocks, never 128x128 on both sides of a GEMM.
+  if (block && recipe->w_block_dim == 2 &&
+      (recipe->x_block_dim == 2 || recipe->grad_block_dim == 2)) {
+    return false;
+  }
   return m > 0 && m % 16 == 0 && k % 16 == 0 && n % 16 == 0;
+}
+
+int64_t Fp8Cast::gemm_block(bool backward, bool weight) const {
+  if (!gemm_fp8 || recipe->kind != "block") return 0;
+  return backward ? recipe->grad_block_dim : weight ? recipe->w_block_dim : recipe->x_block_dim;
 }
 
 namespace {
@@ -150,6 +161,26 @@ GemmOperand fp8_data(const Fp8Cast& c, const at::Tensor& x, const std::string& f
                                   c.recipe->amax_compute_algo, transpose);
   }
   if (transpose) o.columnwise = data_t;
+  o.columnwise_scale_inv = o.scale_inv;  // one per-tensor scale for both uses
+  return o;
+}
+
+// Block scaling: the rows and the transpose cast in their own blocks, each with its scales.
+GemmOperand fp8_block_data(const at::Tensor& x, const std::string& format, int64_t block,
+                           bool rowwise, bool columnwise) {
+  GemmOperand o;
+  o.dtype = x.scalar_type();
+  o.block = block;
+  auto [data, scale_inv, data_t, scale_inv_t] =
+      kernels::fp8_cast_block(x, format, block, rowwise, columnwise);
+  if (rowwise) {
+    o.rowwise = data;
+    o.scale_inv = scale_inv;
+  }
+  if (columnwise) {
+    o.columnwise = data_t;
+    o.columnwise_scale_inv = scale_inv_t;
+  }
   return o;
 }
 
@@ -158,9 +189,12 @@ GemmOperand fp8_data(const Fp8Cast& c, const at::Tensor& x, const std::string& f
 GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, bool weight,
                              bool rowwise, bool columnwise) const {
   if (gemm_fp8) {
+    const auto& format = backward ? recipe->backward_format : recipe->forward_format;
+    if (recipe->kind == "block") {
+      return fp8_block_data(x, format, gemm_block(backward, weight), rowwise, columnwise);
+    }
     const auto* states = state ? (backward ? &state->backward : &state->forward) : nullptr;
-    return fp8_data(*this, x, backward ? recipe->backward_format : recipe->forward_format, states,
-                    index, columnwise);
+    return fp8_data(*this, x, format, states, index, columnwise);
   }
   GemmOperand o;
   o.dtype = x.scalar_type();

@@ -75,12 +75,15 @@ Fp8Autocast exchange_fp8_autocast(Fp8Autocast autocast);
 ///   forward and dgrad GEMMs read, `columnwise` the one the wgrad GEMM reads (the same tensor but
 ///   under block scaling, which casts it along the other dim).
 /// - FP8 data: `rowwise` [..., K] and its transpose `columnwise` [K, M] (Hopper's FP8 GEMM reads
-///   both operands with K contiguous), `scale_inv` [1] fp32.
+///   both operands with K contiguous) with their fp32 scale_inv: per-tensor ([1], the same for
+///   both; block 0), or under block scaling each its own block scales (block 1: 1x128 blocks,
+///   2: 128x128; kernels/quantize_block.h).
 /// Either may be undefined where no GEMM reads it. `dtype`: the compute dtype, the GEMMs' output.
 struct GemmOperand {
-  at::Tensor rowwise, columnwise, scale_inv;
+  at::Tensor rowwise, columnwise, scale_inv, columnwise_scale_inv;
   at::ScalarType dtype = at::kFloat;
-  bool fp8() const { return scale_inv.defined(); }
+  int64_t block = 0;
+  bool fp8() const { return scale_inv.defined() || columnwise_scale_inv.defined(); }
 };
 
 /// What one op's forward quantized with, kept for its backward (which may run on another thread,
@@ -95,10 +98,14 @@ struct Fp8Cast {
   /// keep BasicLinear's (x, w) layout that Python fusions rely on).
   std::vector<at::Tensor> saved_scale_inv;
   bool on() const { return recipe != nullptr; }
-  /// Whether FP8 GEMMs take a linear's x [m, k] and w [n, k] in `dtype`: per-tensor scaling with
-  /// E4M3 forward (E5M2 x E5M2 has no GEMM; block scaling is emulated), bf16, fp16 or fp32, and
-  /// m, k, n multiples of 16 (the FP8 GEMM's 16-byte rows, transposes included).
+  /// Whether FP8 GEMMs take a linear's x [m, k] and w [n, k] in `dtype`: E4M3 forward (E5M2 x
+  /// E5M2 has no GEMM); per-tensor scaling in bf16, fp16 or fp32, block scaling (cuBLASLt's
+  /// block-scaled GEMMs) in bf16 or fp16; m, k, n multiples of 16 (the FP8 GEMM's 16-byte rows,
+  /// transposes included).
   bool fp8_gemms_fit(int64_t m, int64_t k, int64_t n, at::ScalarType dtype) const;
+  /// The block size code of a GEMM operand under this cast (GemmOperand::block): 0 unless block
+  /// scaling runs FP8 GEMMs, else the recipe's dim for a gradient, a weight or an input.
+  int64_t gemm_block(bool backward, bool weight) const;
   /// x (in the compute dtype) as the forward's GEMMs take it: the forward's cast of quantizer
   /// `index` (a weight: block scaling's 2-D blocks); FP8 data with gemm_fp8. `rowwise` /
   /// `columnwise`: which uses to fill.

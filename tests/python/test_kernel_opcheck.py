@@ -77,6 +77,12 @@ def _cases(device):
             for t in (True, False)
         ],
         (F.fp8_cast_delayed, (r(16, 32), "e4m3", r(4).abs(), r(1).abs(), 0.0, "max", True)),
+        # Whole 128x128 tiles in bf16 (the CUDA kernel), and a ragged fp32 shape (ATen).
+        *[
+            (F.fp8_cast_block, (r(256, 128).to(torch.bfloat16), "e4m3", d, True, True))
+            for d in (1, 2)
+        ],
+        (F.fp8_cast_block, (r(130, 200), "e5m2", 1, False, True)),
     ]
 
 
@@ -91,6 +97,13 @@ def _fp8_gemm_cases(device, r):
         (F.fp8_gemm, (a, sa, g, sg, torch.float32, None, None, 0.5)),
         (F.fp8_gemm, (a, sa, b, sb, bf, bias, r(2, 16, 48).to(bf), 1.0, "none", False, True)),
         *[(F.fp8_gemm, (a, sa, b, sb, bf, bias, None, 1.0, act, True)) for act in ("gelu", "relu")],
+        # Block scales: 1x128 rows of a, 128x128 tiles of b.
+        (
+            F.fp8_gemm,
+            (*F.fp8_cast_block(r(128, 128).to(bf), "e4m3", 1)[:2],)
+            + (*F.fp8_cast_block(r(256, 128).to(bf), "e4m3", 2)[:2],)
+            + (bf, None, None, 1.0, "none", False, False, 1, 2),
+        ),
     ]
 
 

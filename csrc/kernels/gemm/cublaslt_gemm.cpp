@@ -110,12 +110,14 @@ struct Key {
   Epilogue epilogue;
   cublasComputeType_t compute;
   uint32_t align_a, align_b, align_c, align_d;
+  int64_t a_block, b_block;  // FP8 scale modes (RowMajorGemm's)
   bool operator==(const Key& o) const {
     return std::tie(device, m, n, k, trans_a, trans_b, has_c, c_is_d, dtype, a_type, b_type,
-                    fast_accum, epilogue, compute, align_a, align_b, align_c, align_d) ==
-           std::tie(o.device, o.m, o.n, o.k, o.trans_a, o.trans_b, o.has_c, o.c_is_d, o.dtype,
-                    o.a_type, o.b_type, o.fast_accum, o.epilogue, o.compute, o.align_a, o.align_b,
-                    o.align_c, o.align_d);
+                    fast_accum, epilogue, compute, align_a, align_b, align_c, align_d, a_block,
+                    b_block) == std::tie(o.device, o.m, o.n, o.k, o.trans_a, o.trans_b, o.has_c,
+                                         o.c_is_d, o.dtype, o.a_type, o.b_type, o.fast_accum,
+                                         o.epilogue, o.compute, o.align_a, o.align_b, o.align_c,
+                                         o.align_d, o.a_block, o.b_block);
   }
 };
 struct KeyHash {
@@ -124,7 +126,7 @@ struct KeyHash {
     for (int64_t v : {int64_t(k.device), k.n, k.k, int64_t(k.trans_a), int64_t(k.trans_b),
                       int64_t(k.has_c), int64_t(k.c_is_d), int64_t(k.dtype),
                       int64_t(k.a_type) << 16 | int64_t(k.b_type) << 8 | int64_t(k.fast_accum),
-                      int64_t(k.epilogue), int64_t(k.compute),
+                      k.a_block << 4 | k.b_block, int64_t(k.epilogue), int64_t(k.compute),
                       int64_t(k.align_a) << 27 | int64_t(k.align_b) << 18 |
                           int64_t(k.align_c) << 9 | int64_t(k.align_d)}) {
       h = h * 1000003u ^ std::hash<int64_t>()(v);
@@ -202,7 +204,19 @@ bool can_run_fp8(const RowMajorGemm& g) {
     if (x->dim() == 2 && (x->size(1) * x->element_size()) % 16 != 0) return false;
   }
   for (const auto* s : {&g.a_scale_inv, &g.b_scale_inv}) {
-    if (!s->is_cuda() || s->scalar_type() != at::kFloat || s->numel() != 1) return false;
+    if (!s->is_cuda() || s->scalar_type() != at::kFloat || !s->is_contiguous()) return false;
+  }
+  if (g.a_block == 0 || g.b_block == 0) {
+    if (g.a_block != g.b_block || g.a_scale_inv.numel() != 1 || g.b_scale_inv.numel() != 1) {
+      return false;
+    }
+  } else {
+    // Block scaling (cuBLASLt on Hopper): no 128x128 x 128x128, the plain or bias epilogue only,
+    // no fast accumulation.
+    if (g.a_block == 2 && g.b_block == 2) return false;
+    if (g.epilogue != Epilogue::kNone && g.epilogue != Epilogue::kBias) return false;
+    if (g.fast_accum) return false;
+    if (!aligned16(g.a_scale_inv) || !aligned16(g.b_scale_inv)) return false;
   }
   if (g.a.size(0) == 0 || g.a.size(1) == 0 || g.b.size(0) == 0) return false;
   return !uses_aux(g.epilogue) || g.d.size(1) % 8 == 0;
@@ -270,6 +284,16 @@ std::unique_ptr<Prepared> prepare(const Key& key, const RowMajorGemm& g, cublasL
   if (fp8_type(key.a_type)) {
     const int8_t fast = key.fast_accum ? 1 : 0;
     set_attribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
+    if (key.a_block != 0) {
+      // cuBLASLt's A is our b, its B our a.
+      const auto mode = [](int64_t block) -> int32_t {
+        return block == 2 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                          : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      };
+      const int32_t a_mode = mode(key.b_block), b_mode = mode(key.a_block);
+      set_attribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode));
+      set_attribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode));
+    }
     if (key.epilogue != Epilogue::kNone) {
       const int32_t bias_type = type;  // FP8 kernels do not assume it
       set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
@@ -361,7 +385,9 @@ bool run_if_possible(const RowMajorGemm& g) {
                 alignment(g.b.data_ptr()),
                 alignment(g.a.data_ptr()),
                 alignment(c_ptr),
-                alignment(g.d.data_ptr())};
+                alignment(g.d.data_ptr()),
+                g.a_block,
+                g.b_block};
   auto handle = at::cuda::getCurrentCUDABlasLtHandle();
   const size_t workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
   auto* found = prepared(key, g, handle, workspace_size);

@@ -15,17 +15,16 @@ namespace {
 
 using gemm::Epilogue;
 
-std::tuple<at::Tensor, at::Tensor> fp8_gemm_cuda(const at::Tensor& a, const at::Tensor& a_scale_inv,
-                                                 const at::Tensor& b, const at::Tensor& b_scale_inv,
-                                                 at::ScalarType out_dtype,
-                                                 const std::optional<at::Tensor>& bias,
-                                                 const std::optional<at::Tensor>& other,
-                                                 double alpha, c10::string_view act, bool save_pre,
-                                                 bool fast_accum) {
-  check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, act, save_pre);
+std::tuple<at::Tensor, at::Tensor> fp8_gemm_cuda(
+    const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+    const at::Tensor& b_scale_inv, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& other, double alpha, c10::string_view act, bool save_pre,
+    bool fast_accum, int64_t a_block, int64_t b_block) {
+  check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, act, save_pre,
+                      a_block, b_block);
   const auto fallback = [&] {
     return reference::fp8_gemm(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, alpha, act,
-                               save_pre, fast_accum);
+                               save_pre, fast_accum, a_block, b_block);
   };
   gemm::RowMajorGemm g;
   g.a = gemm::rows(a);
@@ -34,7 +33,9 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm_cuda(const at::Tensor& a, const at::
   g.d = at::empty({g.a.size(0), b.size(0)}, a.options().dtype(out_dtype));
   g.a_scale_inv = a_scale_inv;
   g.b_scale_inv = b_scale_inv;
-  g.fast_accum = fast_accum;
+  g.a_block = a_block;
+  g.b_block = b_block;
+  g.fast_accum = fast_accum && a_block == 0;  // block-scaled GEMMs take no fast accumulation
   g.alpha = alpha;
   if (bias) {
     g.epilogue = Epilogue::kBias;

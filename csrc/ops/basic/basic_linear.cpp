@@ -54,7 +54,9 @@ std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContex
   if (ctx.requires_grad) {
     const auto& w_dgrad = ctx.fp8.gemm_fp8 ? wo.columnwise : wo.rowwise;
     ctx.save_for_backward({need_x ? xo.columnwise : at::Tensor(), need_w ? w_dgrad : at::Tensor()});
-    if (ctx.fp8.gemm_fp8) ctx.fp8.saved_scale_inv = {xo.scale_inv, wo.scale_inv};
+    if (ctx.fp8.gemm_fp8) {
+      ctx.fp8.saved_scale_inv = {xo.columnwise_scale_inv, wo.columnwise_scale_inv};
+    }
   }
   return {std::move(xo), std::move(wo)};
 }
@@ -69,7 +71,8 @@ GemmOperand saved_operand(const OperationContext& ctx, size_t i, bool hp_columnw
   const auto& t = ctx.saved_tensors.at(i);
   if (t.defined() && kernels::is_fp8(t)) {
     o.columnwise = t;
-    o.scale_inv = ctx.fp8.saved_scale_inv.at(i);
+    o.columnwise_scale_inv = ctx.fp8.saved_scale_inv.at(i);
+    o.block = ctx.fp8.gemm_block(/*backward=*/false, /*weight=*/i == 1);  // slots (x, w)
   } else {
     (hp_columnwise ? o.columnwise : o.rowwise) = t;
   }
