@@ -41,25 +41,48 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
                                   bool two_d, bool e4m3) {
   __shared__ alignas(16) T tile[kTile * kPitch];
   __shared__ float row_scale[kTile], col_scale[kTile], warp_max[kThreads / 32];
+  __shared__ float col_part[kThreads / 32][kTile];  // per warp: its rows' column maxima
   const int64_t col_tiles = cols / kTile;
   const int64_t rb = blockIdx.x / col_tiles, cb = blockIdx.x % col_tiles;
   const int64_t r0 = rb * kTile, c0 = cb * kTile;
   const float fmax = fp8_max_of(e4m3);
-  const int t = threadIdx.x;
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  constexpr int kVecsPerRow = kTile / kVec;  // 16: a row is held by 16 consecutive threads
 
-  // Load: 128 rows of 16 vectors; the tile's amax on the way.
-  float m = 0.f;
+  // Load: thread t holds columns (t % 16) * 8.. of rows t / 16 + 16 i. The amaxes in registers
+  // on the way: each row's by shuffles over its 16 threads, each column's per thread, then over
+  // the two half-warps and, in shared memory, over the warps.
+  float m = 0.f, cmax[kVec] = {};
+  const int cl = t % kVecsPerRow * kVec;  // this thread's first column
 #pragma unroll
   for (int i = 0; i < kTile * kTile / kVec / kThreads; ++i) {
-    const int v = t + kThreads * i, r = v / (kTile / kVec), c = v % (kTile / kVec) * kVec;
-    const auto xv = cuda::load_vec<T, kVec>(x + (r0 + r) * cols + c0 + c);
-    *reinterpret_cast<cuda::Vec<T, kVec>*>(&tile[r * kPitch + c]) = xv;
+    const int r = t / kVecsPerRow + kThreads / kVecsPerRow * i;
+    const auto xv = cuda::load_vec<T, kVec>(x + (r0 + r) * cols + c0 + cl);
+    *reinterpret_cast<cuda::Vec<T, kVec>*>(&tile[r * kPitch + cl]) = xv;
+    float rm = 0.f;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv.v[j])));
+    for (int j = 0; j < kVec; ++j) {
+      const float f = static_cast<float>(cuda::to_acc(xv.v[j]));
+      rm = amax_with(rm, f);
+      cmax[j] = amax_with(cmax[j], f);
+    }
+    m = fmaxf(m, rm);
+    if (!two_d) {
+      for (int o = kVecsPerRow / 2; o > 0; o /= 2) {
+        rm = fmaxf(rm, __shfl_xor_sync(0xffffffffu, rm, o));
+      }
+      if (t % kVecsPerRow == 0) row_scale[r] = rm;  // the row's amax, for now
+    }
   }
   if (two_d) {
     for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (t % 32 == 0) warp_max[t / 32] = m;
+    if (lane == 0) warp_max[warp] = m;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      cmax[j] = fmaxf(cmax[j], __shfl_xor_sync(0xffffffffu, cmax[j], kVecsPerRow));
+      if (lane < kVecsPerRow) col_part[warp][cl + j] = cmax[j];
+    }
   }
   __syncthreads();
   if (two_d) {
@@ -71,23 +94,14 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
       if (scale_inv) scale_inv[rb * round4(col_tiles) + cb] = 1.f / s;
       if (scale_inv_t) scale_inv_t[cb * round4(rows / kTile) + rb] = 1.f / s;
     }
-  } else {
-    // Two threads per row (64 elements each), then two per column.
-    const int half = t % 2, line = t / 2;
-    float mr = 0.f, mc = 0.f;
-    for (int j = 0; j < kTile / 2; ++j) {
-      mr = amax_with(mr, static_cast<float>(cuda::to_acc(tile[line * kPitch + half * 64 + j])));
-      mc = amax_with(mc, static_cast<float>(cuda::to_acc(tile[(half * 64 + j) * kPitch + line])));
-    }
-    mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, 1));
-    mc = fmaxf(mc, __shfl_xor_sync(0xffffffffu, mc, 1));
-    if (half == 0) {
-      const float sr = pow2_scale(mr, fmax), sc = pow2_scale(mc, fmax);
-      row_scale[line] = sr;
-      col_scale[line] = sc;
-      if (scale_inv) scale_inv[cb * round4(rows) + r0 + line] = 1.f / sr;
-      if (scale_inv_t) scale_inv_t[rb * round4(cols) + c0 + line] = 1.f / sc;
-    }
+  } else if (t < kTile) {  // thread t: row t's and column t's scales
+    float mc = col_part[0][t];
+    for (int w = 1; w < kThreads / 32; ++w) mc = fmaxf(mc, col_part[w][t]);
+    const float sr = pow2_scale(row_scale[t], fmax), sc = pow2_scale(mc, fmax);
+    row_scale[t] = sr;
+    col_scale[t] = sc;
+    if (scale_inv) scale_inv[cb * round4(rows) + r0 + t] = 1.f / sr;
+    if (scale_inv_t) scale_inv_t[rb * round4(cols) + c0 + t] = 1.f / sc;
   }
   __syncthreads();
 

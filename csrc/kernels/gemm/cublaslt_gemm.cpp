@@ -294,6 +294,11 @@ std::unique_ptr<Prepared> prepare(const Key& key, const RowMajorGemm& g, cublasL
       set_attribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode));
       set_attribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode));
     }
+    // The heuristic wants the scale pointers of block scales (each call sets its own again).
+    const void* a_scale = g.b_scale_inv.data_ptr();
+    const void* b_scale = g.a_scale_inv.data_ptr();
+    set_attribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale));
+    set_attribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale));
     if (key.epilogue != Epilogue::kNone) {
       const int32_t bias_type = type;  // FP8 kernels do not assume it
       set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
@@ -321,9 +326,12 @@ std::unique_ptr<Prepared> prepare(const Key& key, const RowMajorGemm& g, cublasL
   }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  FUSIBLE_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->desc.handle, p->a.handle,
-                                                        p->b.handle, p->c.handle, p->d.handle,
-                                                        pref.handle, 1, &result, &found));
+  const auto status =
+      cublasLtMatmulAlgoGetHeuristic(handle, p->desc.handle, p->a.handle, p->b.handle,
+                                     p->c.handle, p->d.handle, pref.handle, 1, &result, &found);
+  // A block-scaled problem this cuBLASLt declines runs the reference (cached as declined too).
+  if (key.a_block != 0 && status != CUBLAS_STATUS_SUCCESS) return nullptr;
+  FUSIBLE_CUBLASLT_CHECK(status);
   if (found == 0) return nullptr;
   p->algo = result.algo;
   return p;
