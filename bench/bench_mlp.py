@@ -224,13 +224,14 @@ def latest_rows(results, parts):
             for impl in ("fusible", "eager", "compile"):
                 row[impl] = results[part][impl][key]
             rows.append(row)
-    if "large" in parts:  # fusible FP8 (current scaling) against eager and compiled bf16
-        for suffix, key, unit in fields + fields_large[:1]:
-            row = {"workload": f"mlp_large_fp8_{suffix}", "unit": unit}
-            row["fusible"] = results["large"]["fusible_fp8"][key]
-            for impl in ("eager", "compile"):
-                row[impl] = results["large"][impl][key]
-            rows.append(row)
+    if "large" in parts:  # fusible FP8 (current, block scaling) against eager and compiled bf16
+        for name, impl_key in (("fp8", "fusible_fp8"), ("fp8_block", "fusible_fp8_block")):
+            for suffix, key, unit in fields + fields_large[:1]:
+                row = {"workload": f"mlp_large_{name}_{suffix}", "unit": unit}
+                row["fusible"] = results["large"][impl_key][key]
+                for impl in ("eager", "compile"):
+                    row[impl] = results["large"][impl][key]
+                rows.append(row)
     return rows
 
 
