@@ -327,8 +327,8 @@ std::unique_ptr<Prepared> prepare(const Key& key, const RowMajorGemm& g, cublasL
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const auto status =
-      cublasLtMatmulAlgoGetHeuristic(handle, p->desc.handle, p->a.handle, p->b.handle,
-                                     p->c.handle, p->d.handle, pref.handle, 1, &result, &found);
+      cublasLtMatmulAlgoGetHeuristic(handle, p->desc.handle, p->a.handle, p->b.handle, p->c.handle,
+                                     p->d.handle, pref.handle, 1, &result, &found);
   // A block-scaled problem this cuBLASLt declines runs the reference (cached as declined too).
   if (key.a_block != 0 && status != CUBLAS_STATUS_SUCCESS) return nullptr;
   FUSIBLE_CUBLASLT_CHECK(status);
