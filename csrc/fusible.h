@@ -10,6 +10,7 @@
 #include "ops/basic/bias.h"
 #include "ops/basic/dropout.h"
 #include "ops/basic/extra_io.h"
+#include "ops/basic/grouped_linear.h"
 #include "ops/basic/norms.h"
 #include "ops/basic/quantize.h"
 #include "ops/basic/simple_ops.h"

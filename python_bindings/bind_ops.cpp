@@ -80,6 +80,8 @@ void bind_ops(py::module_& m) {
       .def("set_main_grad_hook", &BasicLinear::set_main_grad_hook, py::arg("hook"))
       .def_property_readonly("accumulates_into_main_grad",
                              &BasicLinear::accumulates_into_main_grad);
+  py::class_<GroupedLinear, BasicOperation, std::shared_ptr<GroupedLinear>>(m, "GroupedLinear")
+      .def(py::init<int64_t, int64_t, int64_t, bool, OptDevice, OptDtype>());
   py::class_<LayerNorm, BasicOperation, std::shared_ptr<LayerNorm>>(m, "LayerNorm")
       .def(py::init<std::vector<int64_t>, double, OptDevice, OptDtype, bool>());
   py::class_<RMSNorm, BasicOperation, std::shared_ptr<RMSNorm>>(m, "RMSNorm")

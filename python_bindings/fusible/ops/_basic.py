@@ -201,6 +201,62 @@ def _main_grad_hook(op_ref):
     return hook
 
 
+class GroupedLinear(BasicOperation):
+    """The rows of x split into num_groups consecutive groups by split sizes (extra input 0: a 1-D
+    int32 or int64 tensor, one non-negative entry per group, summing to x's rows); group g computes
+    y_g = x_g W_g^T (+ b_g). Parameters weight0..weight{N-1} [out_features, in_features]
+    (kaiming-uniform as torch.nn.Linear), bias0..bias{N-1} [out_features] (zeros).
+
+    Args:
+        num_groups (int), in_features (int), out_features (int): as above.
+        bias (bool): add a learnable bias per group.
+        device, dtype: of the parameters (None: see API.md; "meta" defers allocation).
+        rng_state_tracker_function, accumulate_into_main_grad, single_grouped_weight,
+        single_grouped_bias, delay_wgrad_compute, scale_bias: te.ops keywords, accepted at their
+            defaults only (NotImplementedError otherwise).
+    """
+
+    _repr_fields = ("num_groups", "in_features", "out_features")
+
+    def __init__(
+        self,
+        num_groups,
+        in_features,
+        out_features,
+        *,
+        bias=True,
+        device=None,
+        dtype=None,
+        rng_state_tracker_function=None,
+        accumulate_into_main_grad=False,
+        single_grouped_weight=False,
+        single_grouped_bias=False,
+        delay_wgrad_compute=False,
+        scale_bias=False,
+    ):
+        reject_unsupported(
+            "GroupedLinear",
+            rng_state_tracker_function=(rng_state_tracker_function, None),
+            accumulate_into_main_grad=(accumulate_into_main_grad, False),
+            single_grouped_weight=(single_grouped_weight, False),
+            single_grouped_bias=(single_grouped_bias, False),
+            delay_wgrad_compute=(delay_wgrad_compute, False),
+            scale_bias=(scale_bias, False),
+        )
+        self.num_groups, self.in_features = int(num_groups), int(in_features)
+        self.out_features, self.use_bias = int(out_features), bool(bias)
+        super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
+
+    @property
+    def has_bias(self):  # te.ops' attribute name
+        return self.use_bias
+
+    def _make_cpp(self, device, dtype):
+        return _C.GroupedLinear(
+            self.num_groups, self.in_features, self.out_features, self.use_bias, device, dtype
+        )
+
+
 class Quantize(BasicOperation):
     """Casts x (forward=True) and/or the gradient dy (backward=True) to FP8 under an FP8
     autocast, with its recipe's formats; identity otherwise (te.ops' Quantize).

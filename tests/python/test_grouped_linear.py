@@ -1,0 +1,140 @@
+"""GroupedLinear (issue 15, first part): te.ops' semantics against a per-group float64
+reference, forward and every gradient; split-size checks; deferred init; te.ops keywords."""
+
+import pytest
+import torch
+from conftest import DEVICES, assert_close_to_ref
+from fusible import ops
+
+D = torch.float64
+
+
+def _reference(x, sizes, weights, biases):
+    """One torch.nn.functional.linear per group over its rows, concatenated (float64)."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = [
+        torch.nn.functional.linear(xg, w, b)
+        for xg, w, b in zip(rows.split(sizes.tolist()), weights, biases)
+    ]
+    return torch.cat(out).reshape(*x.shape[:-1], weights[0].shape[0])
+
+
+def _params(op):
+    weights = [getattr(op, f"weight{g}") for g in range(op.num_groups)]
+    biases = [getattr(op, f"bias{g}", None) for g in range(op.num_groups)]
+    return weights, biases
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("sizes", [[3, 0, 5, 2], [0, 10, 0, 0], [1, 2, 3, 4]])
+def test_against_per_group_float64(device, dtype, index_dtype, bias, sizes):
+    if device == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("bf16 GEMMs: the CUDA run covers them")
+    torch.manual_seed(0)
+    op = ops.GroupedLinear(4, 16, 24, bias=bias, device=device, dtype=dtype)
+    with torch.no_grad():
+        for p in op.parameters():
+            p.copy_(torch.randn_like(p, dtype=D).to(dtype) * 0.5)
+    x = torch.randn(2, 5, 16, dtype=D).to(device, dtype).requires_grad_()
+    split = torch.tensor(sizes, dtype=index_dtype, device=device)
+    y = op(x, split)
+    weights, biases = _params(op)
+    xr = x.detach().double().cpu().requires_grad_()
+    wr = [w.detach().double().cpu().requires_grad_() for w in weights]
+    br = [b.detach().double().cpu().requires_grad_() if b is not None else None for b in biases]
+    ref = _reference(xr, split.cpu(), wr, br)
+    assert y.shape == (2, 5, 24) and y.dtype == dtype
+    assert_close_to_ref(y, ref, dtype, gemm=True)
+    dy = torch.randn(ref.shape, dtype=D).to(dtype)
+    y.backward(dy.to(device))
+    ref.backward(dy.double())
+    got = [x.grad] + [w.grad for w in weights] + [b.grad for b in biases if b is not None]
+    want = [xr.grad] + [w.grad for w in wr] + [b.grad for b in br if b is not None]
+    for g, w in zip(got, want):
+        assert g is not None
+        assert_close_to_ref(g, w, dtype, gemm=True)
+    empty = [g for g, n in enumerate(sizes) if n == 0]
+    for g in empty:  # a group with no rows: zero gradients, not none
+        assert torch.count_nonzero(weights[g].grad) == 0
+
+
+def test_gradcheck_float64():
+    torch.manual_seed(1)
+    op = ops.GroupedLinear(3, 4, 5, device="cpu", dtype=D)
+    split = torch.tensor([2, 0, 3])
+    x = torch.randn(5, 4, dtype=D, requires_grad=True)
+    params = list(op.parameters())
+
+    def f(x, *_):
+        return op(x, split)
+
+    assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-5)
+
+
+def test_parameters_and_state_dict_follow_te_ops_names():
+    op = ops.GroupedLinear(2, 3, 4, device="cpu")
+    names = [n for n, _ in op.named_parameters()]
+    assert names == ["weight0", "weight1", "bias0", "bias1"]
+    assert list(op.state_dict()) == names
+    assert torch.count_nonzero(op.bias0) == 0 and op.weight0.abs().max() <= 3**-0.5
+    assert not ops.GroupedLinear(2, 3, 4, bias=False, device="cpu").has_bias
+
+
+@pytest.mark.parametrize(
+    "split, match",
+    [
+        (torch.tensor([2.0, 3.0]), "int32 or int64"),
+        (torch.tensor([5]), r"shape \[2\]"),
+        (torch.tensor([[2, 3]]), r"shape \[2\]"),
+        (torch.tensor([6, -1]), "non-negative"),
+        (torch.tensor([2, 2]), "summing to the input's 5 rows"),
+    ],
+)
+def test_bad_split_sizes_are_refused_and_the_op_still_works(split, match):
+    op = ops.GroupedLinear(2, 3, 4, device="cpu")
+    before = [p.detach().clone() for p in op.parameters()]
+    x = torch.randn(5, 3, requires_grad=True)
+    with pytest.raises(ValueError, match=match):
+        op(x, split)
+    assert all(torch.equal(a, b) for a, b in zip(before, op.parameters()))
+    op(x, torch.tensor([2, 3])).sum().backward()
+    assert x.grad is not None
+
+
+def test_deferred_init_on_meta_materializes_at_the_first_forward():
+    op = ops.GroupedLinear(2, 3, 4, device="meta")
+    assert op.weight0.is_meta
+    y = op(torch.randn(4, 3), torch.tensor([1, 3]))
+    assert not op.weight0.is_meta and y.shape == (4, 4)
+    assert torch.count_nonzero(op.bias1) == 0
+
+
+def test_in_a_sequential_each_grouped_linear_takes_its_split_sizes():
+    torch.manual_seed(2)
+    fc1 = ops.GroupedLinear(2, 8, 16, device="cpu", dtype=D)
+    fc2 = ops.GroupedLinear(2, 16, 8, device="cpu", dtype=D)
+    seq = ops.Sequential(fc1, ops.GELU(), fc2)
+    x = torch.randn(6, 8, dtype=D)
+    split = torch.tensor([4, 2])
+    y = seq(x, split, split)
+    h = torch.nn.functional.gelu(fc1(x, split), approximate="tanh")
+    torch.testing.assert_close(y, fc2(h, split))
+
+
+@pytest.mark.parametrize(
+    "keyword, value",
+    [
+        ("accumulate_into_main_grad", True),
+        ("single_grouped_weight", True),
+        ("single_grouped_bias", True),
+        ("delay_wgrad_compute", True),
+        ("scale_bias", True),
+        ("rng_state_tracker_function", lambda: None),
+    ],
+)
+def test_te_keywords_not_yet_implemented_raise(keyword, value):
+    with pytest.raises(NotImplementedError, match=keyword):
+        ops.GroupedLinear(2, 3, 4, device="cpu", **{keyword: value})
