@@ -127,14 +127,70 @@ def test_in_a_sequential_each_grouped_linear_takes_its_split_sizes():
 @pytest.mark.parametrize(
     "keyword, value",
     [
-        ("accumulate_into_main_grad", True),
         ("single_grouped_weight", True),
         ("single_grouped_bias", True),
         ("delay_wgrad_compute", True),
-        ("scale_bias", True),
         ("rng_state_tracker_function", lambda: None),
     ],
 )
 def test_te_keywords_not_yet_implemented_raise(keyword, value):
     with pytest.raises(NotImplementedError, match=keyword):
         ops.GroupedLinear(2, 3, 4, device="cpu", **{keyword: value})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_scale_bias_against_float64(device, dtype):
+    torch.manual_seed(3)
+    op = ops.GroupedLinear(3, 8, 6, scale_bias=True, device=device, dtype=dtype)
+    assert op.num_extra_inputs == 2 and op._scale_bias
+    with torch.no_grad():
+        for p in op.parameters():
+            p.copy_(torch.randn_like(p))
+    sizes = torch.tensor([4, 0, 3], device=device)
+    x = torch.randn(7, 8, dtype=dtype, device=device, requires_grad=True)
+    s = torch.rand(7, dtype=dtype, device=device, requires_grad=True)
+    y = op(x, sizes, s)
+    weights, biases = _params(op)
+    xr, sr = (t.detach().double().cpu().requires_grad_() for t in (x, s))
+    wr = [w.detach().double().cpu().requires_grad_() for w in weights]
+    br = [b.detach().double().cpu().requires_grad_() for b in biases]
+    rows = [
+        xg @ w.T + sg[:, None] * b
+        for xg, sg, w, b in zip(xr.split([4, 0, 3]), sr.split([4, 0, 3]), wr, br)
+    ]
+    ref = torch.cat(rows)
+    assert_close_to_ref(y, ref, dtype, gemm=True)
+    dy = torch.randn(7, 6, dtype=D)
+    y.backward(dy.to(device, dtype))
+    ref.backward(dy)
+    got = [x.grad, s.grad] + [w.grad for w in weights] + [b.grad for b in biases]
+    want = [xr.grad, sr.grad] + [w.grad for w in wr] + [b.grad for b in br]
+    for g, w in zip(got, want):
+        assert_close_to_ref(g, w, dtype, gemm=True)
+
+
+def test_scale_bias_checks_the_scales():
+    op = ops.GroupedLinear(2, 3, 4, scale_bias=True, device="cpu")
+    with pytest.raises(RuntimeError, match=r"scales of shape \[5\]"):
+        op(torch.randn(5, 3), torch.tensor([2, 3]), torch.rand(4))
+    assert (
+        ops.GroupedLinear(2, 3, 4, bias=False, scale_bias=True, device="cpu").num_extra_inputs == 1
+    )
+
+
+def test_main_grad_accumulates_per_weight():
+    torch.manual_seed(4)
+    op = ops.GroupedLinear(2, 3, 4, device="cpu", dtype=D, accumulate_into_main_grad=True)
+    for g in range(2):
+        getattr(op, f"weight{g}").main_grad = torch.zeros(4, 3, dtype=D)
+    want = [torch.zeros(4, 3, dtype=D) for _ in range(2)]
+    for _ in range(2):
+        x, dy = torch.randn(5, 3, dtype=D), torch.randn(5, 4, dtype=D)
+        op(x, torch.tensor([2, 3])).backward(dy)
+        want[0] += dy[:2].T @ x[:2]
+        want[1] += dy[2:].T @ x[2:]
+    for g in range(2):
+        torch.testing.assert_close(getattr(op, f"weight{g}").main_grad, want[g])
+        assert getattr(op, f"weight{g}").grad is None
+    assert op.bias0.grad is not None

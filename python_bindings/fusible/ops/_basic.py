@@ -170,35 +170,36 @@ class BasicLinear(BasicOperation):
 
 def _main_grad_hook(op_ref):
     """BasicLinear's backward hook under accumulate_into_main_grad (te.ops' semantics)."""
+    return lambda dw: _into_main_grad(op_ref().weight, dw, "BasicLinear")
 
-    def hook(dw):
-        weight = op_ref().weight
-        if hasattr(weight, "__fsdp_param__"):
-            weight.main_grad = weight.get_main_grad()
-        main_grad = getattr(weight, "main_grad", None)
-        if main_grad is None:
-            raise RuntimeError(
-                "BasicLinear operation is configured with accumulate_into_main_grad=True, "
-                "but weight parameter does not have a valid main_grad attribute"
-            )
-        if tuple(main_grad.shape) != tuple(dw.shape):
-            raise RuntimeError(
-                f"BasicLinear: weight.main_grad has shape {tuple(main_grad.shape)}, expected "
-                f"the weight's {tuple(dw.shape)}"
-            )
-        with torch.no_grad():
-            if getattr(weight, "overwrite_main_grad", False):
-                main_grad.copy_(dw)
-                return main_grad  # te.ops returns main_grad itself as the weight's gradient
-            main_grad.add_(dw)
-        if not hasattr(weight, "grad_added_to_main_grad"):
-            return None
-        weight.grad_added_to_main_grad = True
-        if getattr(weight, "zero_out_wgrad", False):
-            return torch.zeros_like(weight)
-        return torch.empty_like(weight)
 
-    return hook
+def _into_main_grad(weight, dw, op_label):
+    """dw added into weight.main_grad (or written, with overwrite_main_grad); returns what
+    autograd gets as the weight's gradient: te.ops' dummy convention, else None."""
+    if hasattr(weight, "__fsdp_param__"):
+        weight.main_grad = weight.get_main_grad()
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None:
+        raise RuntimeError(
+            f"{op_label} operation is configured with accumulate_into_main_grad=True, "
+            "but weight parameter does not have a valid main_grad attribute"
+        )
+    if tuple(main_grad.shape) != tuple(dw.shape):
+        raise RuntimeError(
+            f"{op_label}: weight.main_grad has shape {tuple(main_grad.shape)}, expected "
+            f"the weight's {tuple(dw.shape)}"
+        )
+    with torch.no_grad():
+        if getattr(weight, "overwrite_main_grad", False):
+            main_grad.copy_(dw)
+            return main_grad  # te.ops returns main_grad itself as the weight's gradient
+        main_grad.add_(dw)
+    if not hasattr(weight, "grad_added_to_main_grad"):
+        return None
+    weight.grad_added_to_main_grad = True
+    if getattr(weight, "zero_out_wgrad", False):
+        return torch.zeros_like(weight)
+    return torch.empty_like(weight)
 
 
 class GroupedLinear(BasicOperation):
@@ -211,9 +212,13 @@ class GroupedLinear(BasicOperation):
         num_groups (int), in_features (int), out_features (int): as above.
         bias (bool): add a learnable bias per group.
         device, dtype: of the parameters (None: see API.md; "meta" defers allocation).
-        rng_state_tracker_function, accumulate_into_main_grad, single_grouped_weight,
-        single_grouped_bias, delay_wgrad_compute, scale_bias: te.ops keywords, accepted at their
-            defaults only (NotImplementedError otherwise).
+        scale_bias (bool): with bias, extra input 1 is a per-row scale [rows] (the router's
+            probabilities) and each row adds bias_g * its scale; the scales get a gradient.
+        accumulate_into_main_grad (bool): each weight's gradient goes into its `main_grad`, as
+            BasicLinear's.
+        rng_state_tracker_function, single_grouped_weight, single_grouped_bias,
+        delay_wgrad_compute: te.ops keywords, accepted at their defaults only
+            (NotImplementedError otherwise).
     """
 
     _repr_fields = ("num_groups", "in_features", "out_features")
@@ -237,14 +242,14 @@ class GroupedLinear(BasicOperation):
         reject_unsupported(
             "GroupedLinear",
             rng_state_tracker_function=(rng_state_tracker_function, None),
-            accumulate_into_main_grad=(accumulate_into_main_grad, False),
             single_grouped_weight=(single_grouped_weight, False),
             single_grouped_bias=(single_grouped_bias, False),
             delay_wgrad_compute=(delay_wgrad_compute, False),
-            scale_bias=(scale_bias, False),
         )
         self.num_groups, self.in_features = int(num_groups), int(in_features)
         self.out_features, self.use_bias = int(out_features), bool(bias)
+        self._scale_bias = bool(scale_bias) and self.use_bias  # te.ops' attribute
+        self._accumulate_into_main_grad = bool(accumulate_into_main_grad)
         super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
 
     @property
@@ -252,9 +257,21 @@ class GroupedLinear(BasicOperation):
         return self.use_bias
 
     def _make_cpp(self, device, dtype):
-        return _C.GroupedLinear(
-            self.num_groups, self.in_features, self.out_features, self.use_bias, device, dtype
+        cpp = _C.GroupedLinear(
+            self.num_groups,
+            self.in_features,
+            self.out_features,
+            self.use_bias,
+            device,
+            dtype,
+            self._scale_bias,
         )
+        if self._accumulate_into_main_grad:
+            op_ref = weakref.ref(self)
+            cpp.set_main_grad_hook(
+                lambda g, dw: _into_main_grad(getattr(op_ref(), f"weight{g}"), dw, "GroupedLinear")
+            )
+        return cpp
 
 
 class Quantize(BasicOperation):
