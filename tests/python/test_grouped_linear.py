@@ -194,3 +194,44 @@ def test_main_grad_accumulates_per_weight():
         torch.testing.assert_close(getattr(op, f"weight{g}").main_grad, want[g])
         assert getattr(op, f"weight{g}").grad is None
     assert op.bias0.grad is not None
+
+
+class _Router(ops.BasicOperation):
+    """y = x; extra outputs: split sizes (int64: half the rows to expert 0, the rest to expert 2)
+    and per-row probabilities sigmoid(sum(x)), differentiable."""
+
+    num_extra_outputs = 2
+
+    def fuser_forward(self, ctxs, input_, *, basic_op_extra_inputs, **unused):
+        rows = input_.shape[0]
+        sizes = torch.tensor([rows // 2, 0, rows - rows // 2])
+        ctxs[0].save_for_backward(input_)
+        return input_, [[sizes, torch.sigmoid(input_.sum(-1))]]
+
+    def fuser_backward(self, ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        (x,) = ctxs[0].saved_tensors
+        dprobs = basic_op_grad_extra_outputs[0][1]
+        s = torch.sigmoid(x.sum(-1))
+        return grad_output + (dprobs * s * (1 - s))[:, None], [[]], [[]]
+
+
+def test_a_router_feeds_split_sizes_and_probabilities_through_channels():
+    torch.manual_seed(5)
+    router = _Router()
+    router.set_extra_output_channel(0, "sizes", output_to_caller=False)
+    router.set_extra_output_channel(1, "probs", output_to_caller=False)
+    experts = ops.GroupedLinear(3, 4, 5, scale_bias=True, device="cpu", dtype=D)
+    experts.set_extra_input_channel(0, "sizes").set_extra_input_channel(1, "probs")
+    x = torch.randn(6, 4, dtype=D, requires_grad=True)
+    y = ops.Sequential(router, experts)(x)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    xr = x.detach().clone().requires_grad_()
+    s = torch.sigmoid(xr.sum(-1))
+    w = [getattr(experts, f"weight{g}").detach() for g in range(3)]
+    b = [getattr(experts, f"bias{g}").detach() for g in range(3)]
+    ref = torch.cat([xr[:3] @ w[0].T + s[:3, None] * b[0], xr[3:] @ w[2].T + s[3:, None] * b[2]])
+    ref.backward(dy)
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(x.grad, xr.grad)  # through the probabilities too
+    assert torch.count_nonzero(experts.weight1.grad) == 0  # expert 1 got no rows
