@@ -135,6 +135,7 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
     TORCH_CHECK(r.grad_params.size() == m && r.grad_extra_inputs.size() == m, p.op->type_name(),
                 ": backward must return parameter and extra-input gradients for each of its ", m,
                 " basic ops, got ", r.grad_params.size(), " and ", r.grad_extra_inputs.size());
+    std::vector<std::shared_ptr<ops::BasicOperation>> fused_basics;  // made once, if needed
     for (size_t k = 0; k < m; ++k) {
       const auto i = p.basic_indices[k];
       const auto& pp = call.params->pos[i];
@@ -144,9 +145,11 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
       for (size_t s = 0; s < r.grad_params[k].size(); ++s) {
         const auto& g = r.grad_params[k][s];
         if (!g.defined()) continue;
-        auto taken = p.op->is_fused()
-                         ? p.op->basic_ops().at(k)->take_param_grad(s, g)
-                         : static_cast<ops::BasicOperation&>(*p.op).take_param_grad(s, g);
+        // The basic op owning the parameter may send its gradient elsewhere (main_grad).
+        if (p.op->is_fused() && fused_basics.empty()) fused_basics = p.op->basic_ops();
+        auto& owner =
+            p.op->is_fused() ? *fused_basics.at(k) : static_cast<ops::BasicOperation&>(*p.op);
+        auto taken = owner.take_param_grad(s, g);
         if (taken.defined()) grads[1 + pp[s]] = ops::cast_to(taken, call.param_dtypes[pp[s]]);
       }
       const auto& sources = routing.inputs[i];

@@ -268,6 +268,25 @@ class FusibleOperation(torch.nn.Module):
     def _basic_op_list(self):
         return [self]
 
+    def _pre_forward_hooks(self):
+        """The te.ops pre-forward calls of this op's own plain op(x) fuser, made on first use."""
+        hooks = self.__dict__.get("_pre_hooks")
+        if hooks is None:
+            hooks = self.__dict__["_pre_hooks"] = PreForwardHooks(list(self._basic_op_list()))
+        return hooks
+
+    # The C++ trampoline's entry point for an op written in Python that defines fuser_forward:
+    # te.ops' keywords plus this call's op_kwargs, one dict per basic op.
+    def _call_fuser_forward(self, ctxs, input_, basic_op_extra_inputs):
+        return self.fuser_forward(
+            ctxs,
+            input_,
+            basic_op_extra_inputs=basic_op_extra_inputs,
+            prev_op_grad_output_quantizer=None,
+            next_op_input_quantizer=None,
+            basic_op_kwargs=[_kwargs_of(op) for op in self._basic_op_list()],
+        )
+
     @_disable_dynamo
     def forward(self, input, *extra_inputs):
         """y = op(x, *extra_inputs); with public extra outputs, (y, *extra_outputs)."""
@@ -360,6 +379,7 @@ class PreForwardHooks:
             )
         ]
         self._basic = list(basic_ops) if self._ops else []
+        self._wanted = {id(op) for op in self._ops}
         self._first = True
 
     def __call__(self, input, extra_inputs):
@@ -375,10 +395,9 @@ class PreForwardHooks:
         needs = grad and (
             input.requires_grad or any(getattr(e, "requires_grad", False) for e in extra_inputs)
         )
-        wanted = {id(op) for op in self._ops}
         for op in self._basic:
             needs = needs or (grad and any(p.requires_grad for p in op.parameters()))
-            if id(op) in wanted:
+            if id(op) in self._wanted:
                 op.pre_fuser_forward(requires_grad=bool(needs))
 
 
@@ -475,7 +494,7 @@ class BasicOperation(FusibleOperation):
     def pre_fuser_forward(self, *, requires_grad):
         """Called before each fuser forward; requires_grad: whether this op's backward runs."""
 
-    # The C++ trampoline's entry points: te.ops' keywords plus this call's op_kwargs.
+    # The C++ trampoline's entry point for op_forward: te.ops' keywords plus this call's kwargs.
     def _call_op_forward(self, ctx, input_):
         return self.op_forward(
             ctx,
@@ -485,26 +504,13 @@ class BasicOperation(FusibleOperation):
             **_kwargs_of(self),
         )
 
-    def _call_fuser_forward(self, ctxs, input_, basic_op_extra_inputs):
-        return self.fuser_forward(
-            ctxs,
-            input_,
-            basic_op_extra_inputs=basic_op_extra_inputs,
-            prev_op_grad_output_quantizer=None,
-            next_op_input_quantizer=None,
-            basic_op_kwargs=[_kwargs_of(self)],
-        )
-
     @_disable_dynamo
     def forward(self, input, *extra_inputs, **kwargs):
         """y = op(x, *extra_inputs); keywords go to op_forward (te.ops). With public extra
         outputs, (y, *extra_outputs)."""
         if not kwargs and self._builtin:
             return FusibleOperation.forward(self, input, *extra_inputs)
-        hooks = self.__dict__.get("_pre_hooks")
-        if hooks is None:
-            hooks = self.__dict__["_pre_hooks"] = PreForwardHooks([self])
-        hooks(input, extra_inputs)
+        self._pre_forward_hooks()(input, extra_inputs)
         return run_with_op_kwargs(
             [self],
             [kwargs],
@@ -608,24 +614,11 @@ class FusedOperation(FusibleOperation):
         for op in self.basic_ops:
             op.pre_fuser_forward(requires_grad=requires_grad)
 
-    def _call_fuser_forward(self, ctxs, input_, basic_op_extra_inputs):
-        return self.fuser_forward(
-            ctxs,
-            input_,
-            basic_op_extra_inputs=basic_op_extra_inputs,
-            prev_op_grad_output_quantizer=None,
-            next_op_input_quantizer=None,
-            basic_op_kwargs=[_kwargs_of(op) for op in self.basic_ops],
-        )
-
     @_disable_dynamo
     def forward(self, input, *extra_inputs, basic_op_kwargs=None):
         """y = op(x, *extra_inputs); basic_op_kwargs: one dict of op_forward keywords per basic op
         (te.ops)."""
-        hooks = self.__dict__.get("_pre_hooks")
-        if hooks is None:
-            hooks = self.__dict__["_pre_hooks"] = PreForwardHooks(list(self.basic_ops))
-        hooks(input, extra_inputs)
+        self._pre_forward_hooks()(input, extra_inputs)
         if basic_op_kwargs is None:
             return FusibleOperation.forward(self, input, *extra_inputs)
         return run_with_op_kwargs(

@@ -93,7 +93,11 @@ class OperationFuser:
         def run():
             return self._cpp.forward(input, list(extra_inputs), [], params)
 
-        out = run_with_op_kwargs(self._basic, basic_op_kwargs, run)
+        out = (
+            run()
+            if basic_op_kwargs is None
+            else run_with_op_kwargs(self._basic, basic_op_kwargs, run)
+        )
         return unpack_outputs(split_outputs(out, self._exported)[0])
 
     def extra_input_sources(self):
@@ -278,7 +282,7 @@ class Sequential(torch.nn.Module):
                     cpp.append_step(_plain_step(m), type(m).__name__)
             fusible = [m for m in self._modules.values() if isinstance(m, FusibleOperation)]
             self._param_sources = [src for m in fusible for src in m._param_sources()]
-            self._basic = [op for m in fusible for op in m._basic_op_list()]
+            self._basic = _basic_wrappers(fusible)
             self._pre_hooks = PreForwardHooks(self._basic)
             # Every hook dict of the ops: while all are empty (the usual case) one any() per call
             # tells that nothing changed, instead of four attribute reads per op.
@@ -321,11 +325,14 @@ class Sequential(torch.nn.Module):
         self._pre_hooks(input, extra_inputs)
         named_inputs = list(channel_inputs.items()) if channel_inputs else []
         params = call_parameters(self._param_sources)
-        outputs, named = run_with_op_kwargs(
-            self._basic,
-            None if op_kwargs is None else self._op_kwargs_list(op_kwargs),
-            lambda: self._run_engine(cpp, input, list(extra_inputs), named_inputs, params),
-        )
+        if op_kwargs is None:  # the usual call: nothing between it and the engine
+            outputs, named = self._run_engine(cpp, input, list(extra_inputs), named_inputs, params)
+        else:
+            outputs, named = run_with_op_kwargs(
+                self._basic,
+                self._op_kwargs_list(op_kwargs),
+                lambda: self._run_engine(cpp, input, list(extra_inputs), named_inputs, params),
+            )
         if return_dict:
             if len(named) != len(outputs) - 1:
                 raise ValueError(
