@@ -81,8 +81,8 @@ void bind_ops(py::module_& m) {
       .def_property_readonly("accumulates_into_main_grad",
                              &BasicLinear::accumulates_into_main_grad);
   py::class_<GroupedLinear, BasicOperation, std::shared_ptr<GroupedLinear>>(m, "GroupedLinear")
-      .def(py::init<int64_t, int64_t, int64_t, bool, OptDevice, OptDtype, bool>())
-      // hook(group, dw) -> weight group's gradient for autograd, or None; None clears it.
+      .def(py::init<int64_t, int64_t, int64_t, bool, OptDevice, OptDtype, bool, bool, bool>())
+      // hook(i, dw) -> weight parameter i's gradient for autograd, or None; None clears it.
       .def("set_main_grad_hook", &GroupedLinear::set_main_grad_hook, py::arg("hook"));
   py::class_<LayerNorm, BasicOperation, std::shared_ptr<LayerNorm>>(m, "LayerNorm")
       .def(py::init<std::vector<int64_t>, double, OptDevice, OptDtype, bool>());

@@ -15,4 +15,7 @@ inline int current_max_smem() {
   return static_cast<int>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin);
 }
 
+/// The current device's compute capability major version (9: Hopper, 10: Blackwell).
+inline int current_sm_major() { return at::cuda::getCurrentDeviceProperties()->major; }
+
 }  // namespace fusible::kernels

@@ -152,6 +152,24 @@ TORCH_LIBRARY(fusible, m) {
   m.def(
       "fp8_cast_block(Tensor x, str format, int block_dim, bool rowwise=True, bool "
       "columnwise=False) -> (Tensor, Tensor, Tensor, Tensor)");
+
+  // GroupedLinear's grouped GEMMs: the rows of x [T, K] split into G consecutive groups by
+  // split_sizes (int32 / int64 [G] on x's device; non-negative, summing to T: checked on the host
+  // on CPU, by a device-side assert on CUDA, where the split never reaches the host).
+  // y_g = x_g W_g^T + b_g (times the row's scale when scales [T] is given). weight: [G, N, K],
+  // bias: [G, N] -> [T, N].
+  m.def(
+      "grouped_linear_fwd(Tensor x, Tensor weight, Tensor split_sizes, Tensor? bias=None, Tensor? "
+      "scales=None) -> Tensor");
+  // dx_g = dy_g W_g. dy: [T, N], weight: [G, N, K] -> [T, K].
+  m.def("grouped_linear_dgrad(Tensor dy, Tensor weight, Tensor split_sizes) -> Tensor");
+  // dW_g = dy_g^T x_g (zeros for an empty group). dy: [T, N], x: [T, K] -> [G, N, K].
+  m.def("grouped_linear_wgrad(Tensor dy, Tensor x, Tensor split_sizes) -> Tensor");
+  // -> (dbias [G, N]: dy summed over each group's rows, times the scales when given; dscales [T]:
+  // dy_r . b_g in the scales' dtype when bias is given, else [0]).
+  m.def(
+      "grouped_bias_bwd(Tensor dy, Tensor split_sizes, Tensor? scales=None, Tensor? bias=None) -> "
+      "(Tensor, Tensor)");
 }
 
 // Autograd: no op here has a derivative formula (the fuser's one autograd node differentiates whole
@@ -204,7 +222,11 @@ TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
                            "fp8_cast",
                            "fp8_cast_delayed",
                            "fp8_gemm",
-                           "fp8_cast_block"}) {
+                           "fp8_cast_block",
+                           "grouped_linear_fwd",
+                           "grouped_linear_dgrad",
+                           "grouped_linear_wgrad",
+                           "grouped_bias_bwd"}) {
     m.impl(name, torch::autograd::autogradNotImplementedFallback());
   }
 }

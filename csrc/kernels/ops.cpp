@@ -229,4 +229,23 @@ T4 fp8_cast_block(CT x, const std::string& format, int64_t block_dim, bool rowwi
   return op.call(x, format, block_dim, rowwise, columnwise);
 }
 
+using OT = const std::optional<at::Tensor>&;
+
+T grouped_linear_fwd(CT x, CT weight, CT split_sizes, OT bias, OT scales) {
+  FUSIBLE_OP("grouped_linear_fwd", T(CT, CT, CT, OT, OT));
+  return op.call(x, weight, split_sizes, bias, scales);
+}
+T grouped_linear_dgrad(CT dy, CT weight, CT split_sizes) {
+  FUSIBLE_OP("grouped_linear_dgrad", T(CT, CT, CT));
+  return op.call(dy, weight, split_sizes);
+}
+T grouped_linear_wgrad(CT dy, CT x, CT split_sizes) {
+  FUSIBLE_OP("grouped_linear_wgrad", T(CT, CT, CT));
+  return op.call(dy, x, split_sizes);
+}
+T2 grouped_bias_bwd(CT dy, CT split_sizes, OT scales, OT bias) {
+  FUSIBLE_OP("grouped_bias_bwd", T2(CT, CT, OT, OT));
+  return op.call(dy, split_sizes, scales, bias);
+}
+
 }  // namespace fusible::kernels

@@ -158,4 +158,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_cast_block(const 
                                                                           bool rowwise,
                                                                           bool columnwise);
 
+/// GroupedLinear's grouped GEMMs (library.cpp): x [T, K] split by split_sizes [G] (on x's device).
+at::Tensor grouped_linear_fwd(const at::Tensor& x, const at::Tensor& weight,
+                              const at::Tensor& split_sizes, const std::optional<at::Tensor>& bias,
+                              const std::optional<at::Tensor>& scales);
+at::Tensor grouped_linear_dgrad(const at::Tensor& dy, const at::Tensor& weight,
+                                const at::Tensor& split_sizes);
+/// -> [G, N, K].
+at::Tensor grouped_linear_wgrad(const at::Tensor& dy, const at::Tensor& x,
+                                const at::Tensor& split_sizes);
+/// -> (dbias [G, N], dscales [T] when bias is given, else [0]).
+std::tuple<at::Tensor, at::Tensor> grouped_bias_bwd(const at::Tensor& dy,
+                                                    const at::Tensor& split_sizes,
+                                                    const std::optional<at::Tensor>& scales,
+                                                    const std::optional<at::Tensor>& bias);
+
 }  // namespace fusible::kernels

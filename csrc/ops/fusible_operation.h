@@ -122,7 +122,7 @@ class BasicOperation : public FusibleOperation {
 
   void pre_first_forward(const at::Tensor& input) override;
   /// Materializes this op's meta parameters in place on `device`; returns whether any was meta.
-  bool materialize_meta_parameters(c10::Device device);
+  virtual bool materialize_meta_parameters(c10::Device device);
   /// Makes the registered parameters the given ones (a call's parameters, in op_parameters()
   /// order), so that reset_parameters() and materialization act on what the caller computes with.
   /// Ops whose parameters are not registered in C++ (written in Python) override it.

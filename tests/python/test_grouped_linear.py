@@ -1,5 +1,7 @@
-"""GroupedLinear (issue 15, first part): te.ops' semantics against a per-group float64
-reference, forward and every gradient; split-size checks; deferred init; te.ops keywords."""
+"""GroupedLinear (issue 15): te.ops' semantics against a per-group float64 reference, forward and
+every gradient; split-size checks; single grouped parameters; deferred init; te.ops keywords.
+The CUDA-only properties (no host synchronization, graph capture, device-side checks) are in
+test_grouped_linear_cuda.py."""
 
 import pytest
 import torch
@@ -30,15 +32,16 @@ def _params(op):
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("sizes", [[3, 0, 5, 2], [0, 10, 0, 0], [1, 2, 3, 4]])
-def test_against_per_group_float64(device, dtype, index_dtype, bias, sizes):
+@pytest.mark.parametrize("in_features", [16, 12])  # 12: not 16-byte rows in bf16 (no CUTLASS path)
+def test_against_per_group_float64(device, dtype, index_dtype, bias, sizes, in_features):
     if device == "cpu" and dtype == torch.bfloat16:
         pytest.skip("bf16 GEMMs: the CUDA run covers them")
     torch.manual_seed(0)
-    op = ops.GroupedLinear(4, 16, 24, bias=bias, device=device, dtype=dtype)
+    op = ops.GroupedLinear(4, in_features, 24, bias=bias, device=device, dtype=dtype)
     with torch.no_grad():
         for p in op.parameters():
             p.copy_(torch.randn_like(p, dtype=D).to(dtype) * 0.5)
-    x = torch.randn(2, 5, 16, dtype=D).to(device, dtype).requires_grad_()
+    x = torch.randn(2, 5, in_features, dtype=D).to(device, dtype).requires_grad_()
     split = torch.tensor(sizes, dtype=index_dtype, device=device)
     y = op(x, split)
     weights, biases = _params(op)
@@ -127,8 +130,6 @@ def test_in_a_sequential_each_grouped_linear_takes_its_split_sizes():
 @pytest.mark.parametrize(
     "keyword, value",
     [
-        ("single_grouped_weight", True),
-        ("single_grouped_bias", True),
         ("delay_wgrad_compute", True),
         ("rng_state_tracker_function", lambda: None),
     ],
@@ -235,3 +236,97 @@ def test_a_router_feeds_split_sizes_and_probabilities_through_channels():
     torch.testing.assert_close(y, ref)
     torch.testing.assert_close(x.grad, xr.grad)  # through the probabilities too
     assert torch.count_nonzero(experts.weight1.grad) == 0  # expert 1 got no rows
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("single_weight, single_bias", [(True, True), (True, False), (False, True)])
+def test_single_grouped_parameters_match_per_group_ones(device, dtype, single_weight, single_bias):
+    if device == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("bf16 GEMMs: the CUDA run covers them")
+    torch.manual_seed(6)
+    kw = dict(scale_bias=True, device=device, dtype=dtype)
+    per_group = ops.GroupedLinear(3, 16, 8, **kw)
+    single = ops.GroupedLinear(
+        3, 16, 8, single_grouped_weight=single_weight, single_grouped_bias=single_bias, **kw
+    )
+    names = [n for n, _ in single.named_parameters()]
+    want_names = (["weight"] if single_weight else ["weight0", "weight1", "weight2"]) + (
+        ["bias"] if single_bias else ["bias0", "bias1", "bias2"]
+    )
+    assert names == want_names and single.single_grouped_weight == single_weight
+    if single_weight:
+        assert single.weight.shape == (3, 8, 16)
+    if single_bias:
+        assert single.bias.shape == (3, 8) and torch.count_nonzero(single.bias) == 0
+    with torch.no_grad():
+        for g in range(3):
+            w, b = torch.randn(8, 16), torch.randn(8)
+            getattr(per_group, f"weight{g}").copy_(w)
+            getattr(per_group, f"bias{g}").copy_(b)
+            (single.weight[g] if single_weight else getattr(single, f"weight{g}")).copy_(w)
+            (single.bias[g] if single_bias else getattr(single, f"bias{g}")).copy_(b)
+    sizes = torch.tensor([5, 0, 4], device=device)
+    x = torch.randn(9, 16, device=device, dtype=dtype)
+    s = torch.rand(9, device=device, dtype=dtype)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    sa, sb = s.clone().requires_grad_(), s.clone().requires_grad_()
+    ya, yb = per_group(xa, sizes, sa), single(xb, sizes, sb)
+    torch.testing.assert_close(yb, ya)
+    dy = torch.randn_like(ya)
+    ya.backward(dy)
+    yb.backward(dy)
+    torch.testing.assert_close(xb.grad, xa.grad)
+    torch.testing.assert_close(sb.grad, sa.grad)
+    for name, stacked in (("weight", single_weight), ("bias", single_bias)):
+        want = torch.stack([getattr(per_group, f"{name}{g}").grad for g in range(3)])
+        got = (
+            getattr(single, name).grad
+            if stacked
+            else torch.stack([getattr(single, f"{name}{g}").grad for g in range(3)])
+        )
+        torch.testing.assert_close(got, want)
+
+
+def test_per_group_parameters_share_one_buffer_and_a_swapped_one_still_works():
+    op = ops.GroupedLinear(3, 4, 5, device="cpu", dtype=D)
+    step = 4 * 5 * D.itemsize
+    ptrs = [getattr(op, f"weight{g}").data_ptr() for g in range(3)]
+    assert ptrs == [ptrs[0], ptrs[0] + step, ptrs[0] + 2 * step]
+    meta = ops.GroupedLinear(3, 4, 5, device="meta", dtype=D)
+    meta(torch.randn(2, 4, dtype=D), torch.tensor([1, 1, 0]))
+    ptrs = [getattr(meta, f"bias{g}").data_ptr() for g in range(3)]
+    assert ptrs == [ptrs[0], ptrs[0] + 5 * D.itemsize, ptrs[0] + 10 * D.itemsize]
+    op.weight1 = torch.nn.Parameter(torch.randn(5, 4, dtype=D))  # its own storage: gathered
+    x = torch.randn(6, 4, dtype=D, requires_grad=True)
+    y = op(x, torch.tensor([1, 3, 2]))
+    weights, biases = _params(op)
+    ref = _reference(x, torch.tensor([1, 3, 2]), weights, biases)
+    torch.testing.assert_close(y, ref)
+    y.sum().backward()
+    torch.testing.assert_close(op.weight1.grad, torch.ones(3, 5, dtype=D).T @ x[1:4].detach())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_rows(device):
+    op = ops.GroupedLinear(2, 8, 8, scale_bias=True, device=device)
+    x = torch.randn(0, 8, device=device, requires_grad=True)
+    s = torch.rand(0, device=device, requires_grad=True)
+    y = op(x, torch.zeros(2, dtype=torch.int32, device=device), s)
+    assert y.shape == (0, 8)
+    y.sum().backward()
+    assert x.grad.shape == (0, 8) and s.grad.shape == (0,)
+    assert torch.count_nonzero(op.weight0.grad) == 0 and torch.count_nonzero(op.bias1.grad) == 0
+
+
+def test_main_grad_with_a_single_grouped_weight():
+    torch.manual_seed(7)
+    op = ops.GroupedLinear(
+        2, 3, 4, device="cpu", dtype=D, accumulate_into_main_grad=True, single_grouped_weight=True
+    )
+    op.weight.main_grad = torch.zeros(2, 4, 3, dtype=D)
+    x, dy = torch.randn(5, 3, dtype=D), torch.randn(5, 4, dtype=D)
+    op(x, torch.tensor([2, 3])).backward(dy)
+    want = torch.stack([dy[:2].T @ x[:2], dy[2:].T @ x[2:]])
+    torch.testing.assert_close(op.weight.main_grad, want)
+    assert op.weight.grad is None

@@ -83,6 +83,21 @@ def _cases(device):
             for d in (1, 2)
         ],
         (F.fp8_cast_block, (r(130, 200), "e5m2", 1, False, True)),
+        *_grouped_cases(device, r),
+    ]
+
+
+def _grouped_cases(device, r):
+    split = torch.tensor([2, 0, 4], device=device)
+    x, w, b, s, dy = r(6, 8), r(3, 5, 8), r(3, 5), r(6), r(6, 5)
+    return [
+        (F.grouped_linear_fwd, (x, w, split, b, s)),
+        (F.grouped_linear_fwd, (x, w, split.int(), b, None)),
+        (F.grouped_linear_fwd, (x, w, split, None, None)),
+        (F.grouped_linear_dgrad, (dy, w, split)),
+        (F.grouped_linear_wgrad, (dy, x, split.int())),
+        (F.grouped_bias_bwd, (dy, split, s, b)),
+        (F.grouped_bias_bwd, (dy, split, None, None)),
     ]
 
 

@@ -1,79 +1,163 @@
-// GroupedLinear through the linear kernels, one call per non-empty group.
+// GroupedLinear through the grouped GEMM kernels (kernels/grouped_gemm.h): the split sizes reach
+// them as a tensor, so on CUDA nothing waits for the host.
 #include "ops/basic/grouped_linear.h"
 
-#include <ATen/TensorOperators.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/mv.h>
-#include <ATen/ops/sum.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/stack.h>
 
 #include "common/checks.h"
 #include "kernels/ops.h"
 #include "ops/parameter_utils.h"
 
 namespace fusible::ops {
+namespace {
+
+// count tensors of `shape` sharing one fresh buffer (slot i at offset i * numel): separate
+// parameters that the grouped GEMM can still read as one [count, shape...] tensor.
+std::vector<at::Tensor> slices_of_one_buffer(int64_t count, c10::IntArrayRef shape,
+                                             const c10::TensorOptions& options) {
+  std::vector<int64_t> full{count};
+  full.insert(full.end(), shape.begin(), shape.end());
+  const auto buffer = at::empty(full, options);
+  const int64_t numel = c10::multiply_integers(shape);
+  std::vector<at::Tensor> out;
+  for (int64_t i = 0; i < count; ++i) {
+    auto t = at::empty({0}, options);
+    t.set_(buffer.storage(), i * numel, shape, c10::contiguous_strides(shape));
+    out.push_back(t);
+  }
+  return out;
+}
+
+// Whether ts are contiguous slices laid one after another in one storage.
+bool consecutive_slices(const std::vector<at::Tensor>& ts) {
+  const auto& first = ts.front();
+  if (!first.is_contiguous()) return false;
+  for (size_t i = 1; i < ts.size(); ++i) {
+    const auto& t = ts[i];
+    if (!t.is_contiguous() || t.scalar_type() != first.scalar_type() ||
+        !t.storage().is_alias_of(first.storage()) || t.sizes() != first.sizes() ||
+        t.storage_offset() != first.storage_offset() + static_cast<int64_t>(i) * first.numel()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string param_name(const char* base, int64_t g, bool single) {
+  return single ? std::string(base) : base + std::to_string(g);
+}
+
+}  // namespace
 
 GroupedLinear::GroupedLinear(int64_t num_groups, int64_t in_features, int64_t out_features,
                              bool bias, std::optional<c10::Device> device,
-                             std::optional<at::ScalarType> dtype, bool scale_bias)
+                             std::optional<at::ScalarType> dtype, bool scale_bias,
+                             bool single_grouped_weight, bool single_grouped_bias)
     : BasicOperation("GroupedLinear", /*num_extra_inputs=*/bias && scale_bias ? 2 : 1),
       num_groups_(num_groups),
       in_features_(in_features),
       out_features_(out_features),
       has_bias_(bias),
-      scale_bias_(bias && scale_bias) {
+      scale_bias_(bias && scale_bias),
+      single_weight_(single_grouped_weight),
+      single_bias_(bias && single_grouped_bias) {
   TORCH_CHECK_VALUE(num_groups > 0, "GroupedLinear: expected num_groups > 0, got ", num_groups);
   TORCH_CHECK_VALUE(in_features > 0 && out_features > 0,
                     "GroupedLinear: expected positive in_features and out_features, got ",
                     in_features, " and ", out_features);
   const auto options = param_options(device, dtype);
-  bool meta = false;
-  for (int64_t g = 0; g < num_groups; ++g) {
-    meta = register_parameter("weight" + std::to_string(g),
-                              at::empty({out_features, in_features}, options))
-               .is_meta();
+  if (single_weight_) {
+    register_parameter("weight", at::empty({num_groups, out_features, in_features}, options));
+  } else {
+    const auto ws = slices_of_one_buffer(num_groups, {out_features, in_features}, options);
+    for (int64_t g = 0; g < num_groups; ++g) register_parameter("weight" + std::to_string(g), ws[g]);
   }
-  if (bias) {
-    for (int64_t g = 0; g < num_groups; ++g) {
-      register_parameter("bias" + std::to_string(g), at::empty({out_features}, options));
+  if (single_bias_) {
+    register_parameter("bias", at::empty({num_groups, out_features}, options));
+  } else if (has_bias_) {
+    const auto bs = slices_of_one_buffer(num_groups, {out_features}, options);
+    for (int64_t g = 0; g < num_groups; ++g) register_parameter("bias" + std::to_string(g), bs[g]);
+  }
+  if (!options.device().is_meta()) reset_parameters();
+}
+
+bool GroupedLinear::materialize_meta_parameters(c10::Device device) {
+  // Per-group parameters become slices of one buffer again (the grouped GEMM reads them in place).
+  bool any = false;
+  auto materialize_group = [&](const char* base, c10::IntArrayRef shape) {
+    std::vector<at::Tensor> params;
+    for (int64_t g = 0; g < num_groups_; ++g) {
+      params.push_back(*parameters_.find(base + std::to_string(g)));
     }
-  }
-  if (!meta) reset_parameters();
+    if (!params.front().is_meta()) return;
+    const c10::InferenceMode not_inference(false);
+    const auto slots =
+        slices_of_one_buffer(num_groups_, shape, params.front().options().device(device));
+    for (int64_t g = 0; g < num_groups_; ++g) assign_in_place_(params[g], slots[g]);
+    any = true;
+  };
+  if (!single_weight_) materialize_group("weight", {out_features_, in_features_});
+  if (has_bias_ && !single_bias_) materialize_group("bias", {out_features_});
+  return BasicOperation::materialize_meta_parameters(device) || any;
 }
 
 void GroupedLinear::reset_parameters() {
   materialize_meta_parameters(default_parameter_device());
   const at::NoGradGuard no_grad;
-  for (int64_t g = 0; g < num_groups_; ++g) {
-    init_linear_weight_(*parameters_.find("weight" + std::to_string(g)));
-    if (has_bias_) parameters_.find("bias" + std::to_string(g))->zero_();
+  for (int64_t i = 0; i < num_weight_params(); ++i) {
+    auto& w = *parameters_.find(param_name("weight", i, single_weight_));
+    if (single_weight_) {
+      for (int64_t g = 0; g < num_groups_; ++g) {
+        auto w_g = w[g];
+        init_linear_weight_(w_g);
+      }
+    } else {
+      init_linear_weight_(w);
+    }
+  }
+  for (int64_t i = 0; i < num_bias_params(); ++i) {
+    parameters_.find(param_name("bias", i, single_bias_))->zero_();
   }
 }
 
 at::Tensor GroupedLinear::take_param_grad(size_t index, const at::Tensor& grad) {
-  if (!main_grad_hook_ || index >= static_cast<size_t>(num_groups_)) return grad;
+  if (!main_grad_hook_ || static_cast<int64_t>(index) >= num_weight_params()) return grad;
   return main_grad_hook_(static_cast<int64_t>(index), grad).value_or(at::Tensor());
 }
 
-std::vector<int64_t> GroupedLinear::split_sizes(const at::Tensor& sizes, int64_t rows) const {
+at::Tensor GroupedLinear::split_sizes_for(const at::Tensor& sizes, const at::Tensor& x) const {
   TORCH_CHECK_VALUE(sizes.scalar_type() == at::kInt || sizes.scalar_type() == at::kLong,
                     "GroupedLinear: expected split sizes of dtype int32 or int64, got ",
                     sizes.scalar_type());
   TORCH_CHECK_VALUE(sizes.dim() == 1 && sizes.numel() == num_groups_,
                     "GroupedLinear: expected split sizes of shape [", num_groups_,
                     "] (one per group), got ", sizes.sizes());
-  const auto host = sizes.to(at::kCPU, at::kLong).contiguous();
-  const auto* p = host.const_data_ptr<int64_t>();
-  std::vector<int64_t> out(p, p + num_groups_);
-  int64_t total = 0;
-  for (int64_t g = 0; g < num_groups_; ++g) {
-    TORCH_CHECK_VALUE(out[g] >= 0, "GroupedLinear: expected non-negative split sizes, got ", out[g],
-                      " for group ", g);
-    total += out[g];
+  // te.ops moves host split sizes to the input's device too.
+  return sizes.device() == x.device() ? sizes : sizes.to(x.device());
+}
+
+at::Tensor GroupedLinear::grouped_param(const OperationContext& ctx, int64_t first, int64_t count,
+                                        const char* name, c10::IntArrayRef shape) const {
+  constexpr const char* op = "GroupedLinear";
+  if (count == 1) {  // the single grouped parameter
+    const auto& p = ctx.param(first, op);
+    std::vector<int64_t> full{num_groups_};
+    full.insert(full.end(), shape.begin(), shape.end());
+    check_param_shape(op, name, p, full);
+    return p;
   }
-  TORCH_CHECK_VALUE(total == rows, "GroupedLinear: expected split sizes summing to the input's ",
-                    rows, " rows, got ", total);
-  return out;
+  std::vector<at::Tensor> params;
+  for (int64_t g = 0; g < count; ++g) {
+    params.push_back(ctx.param(first + g, op));
+    check_param_shape(op, name, params.back(), shape);
+  }
+  if (!consecutive_slices(params)) return at::stack(params);
+  std::vector<int64_t> full{count}, strides{c10::multiply_integers(shape)};
+  full.insert(full.end(), shape.begin(), shape.end());
+  const auto inner = c10::contiguous_strides(shape);
+  strides.insert(strides.end(), inner.begin(), inner.end());
+  return params.front().as_strided(full, strides);
 }
 
 at::Tensor GroupedLinear::fuser_forward(const std::vector<OperationContext*>& ctxs,
@@ -88,55 +172,37 @@ at::Tensor GroupedLinear::fuser_forward(const std::vector<OperationContext*>& ct
               "GroupedLinear: expected input.size(-1) == ", "in_features (", in_features_,
               "), got ", input.size(-1), " (input shape ", shape_str(input), ")");
   const int64_t rows = input.numel() / in_features_;
-  const auto sizes = split_sizes(extra_inputs.at(0).at(0), rows);
+  const auto sizes = split_sizes_for(extra_inputs.at(0).at(0), input);
   ctx.compute_dtype = compute_dtype(args, w0.scalar_type());
   const auto x = cast_to(input, ctx.compute_dtype).reshape({rows, in_features_});
-  std::vector<at::Tensor> weights;
-  for (int64_t g = 0; g < num_groups_; ++g) {
-    const auto& w = ctx.param(g, op);
-    check_param_shape(op, "weight", w, {out_features_, in_features_});
-    weights.push_back(cast_to(w, ctx.compute_dtype));
-    if (has_bias_) check_param_shape(op, "bias", ctx.param(num_groups_ + g, op), {out_features_});
+  const int64_t nw = num_weight_params();
+  const auto weight = cast_to(
+      grouped_param(ctx, 0, nw, "weight", {out_features_, in_features_}), ctx.compute_dtype);
+  at::Tensor bias;
+  if (has_bias_) {
+    bias = cast_to(grouped_param(ctx, nw, num_bias_params(), "bias", {out_features_}),
+                   ctx.compute_dtype);
   }
-  at::Tensor scales_in, scales;  // scale_bias: one per row; as given, and in the compute dtype
+  at::Tensor scales;  // scale_bias: one per row, as given
   if (scale_bias_) {
-    scales_in = extra_inputs.at(0).at(1);
-    FUSIBLE_CHECK_FLOATING(op, "scales", scales_in);
-    FUSIBLE_CHECK_SAME_DEVICE(op, "input", input, "scales", scales_in);
-    TORCH_CHECK(scales_in.dim() == 1 && scales_in.size(0) == rows,
+    scales = extra_inputs.at(0).at(1);
+    FUSIBLE_CHECK_FLOATING(op, "scales", scales);
+    FUSIBLE_CHECK_SAME_DEVICE(op, "input", input, "scales", scales);
+    TORCH_CHECK(scales.dim() == 1 && scales.size(0) == rows,
                 "GroupedLinear: expected scales of shape [", rows, "] (one per row), got ",
-                scales_in.sizes());
-    scales = cast_to(scales_in, ctx.compute_dtype);
+                scales.sizes());
   }
-  std::vector<at::Tensor> biases;
-  for (int64_t g = 0; has_bias_ && g < num_groups_; ++g) {
-    biases.push_back(cast_to(ctx.param(num_groups_ + g, op), ctx.compute_dtype));
-  }
-  auto y = at::empty({rows, out_features_}, x.options());
-  int64_t offset = 0;
-  for (int64_t g = 0; g < num_groups_; ++g) {
-    const auto n = sizes[g];
-    if (n > 0) {
-      std::optional<at::Tensor> bias;
-      if (has_bias_ && !scale_bias_) bias = biases[g];
-      auto y_g = y.narrow(0, offset, n);
-      y_g.copy_(kernels::linear_fwd(x.narrow(0, offset, n), weights[g], bias));
-      if (scale_bias_) y_g.add_(scales.narrow(0, offset, n).unsqueeze(-1) * biases[g]);
-    }
-    offset += n;
-  }
+  auto y = kernels::grouped_linear_fwd(
+      x, weight, sizes, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
+      scales.defined() ? std::optional<at::Tensor>(cast_to(scales, ctx.compute_dtype))
+                       : std::nullopt);
   if (ctx.requires_grad) {
     bool any_weight_grad = false;
-    for (int64_t g = 0; g < num_groups_; ++g) any_weight_grad |= ctx.param_requires_grad.at(g);
-    // (x, w0.., then with scale_bias: the scales and b0..)
-    std::vector<at::Tensor> saved{any_weight_grad ? x : at::Tensor()};
-    for (const auto& w : weights) saved.push_back(ctx.input_requires_grad ? w : at::Tensor());
-    if (scale_bias_) {
-      saved.push_back(scales_in);
-      for (const auto& b : biases) saved.push_back(b);
-    }
-    ctx.save_for_backward(std::move(saved));
-    ctx.state = c10::IValue(sizes);
+    for (int64_t i = 0; i < nw; ++i) any_weight_grad |= ctx.param_requires_grad.at(i);
+    // (split sizes, x for wgrad, the weights for dgrad, then with scale_bias: scales and biases)
+    ctx.save_for_backward({sizes, any_weight_grad ? x : at::Tensor(),
+                           ctx.input_requires_grad ? weight : at::Tensor(), scales,
+                           scale_bias_ ? bias : at::Tensor()});
   }
   auto shape = input.sizes().vec();
   shape.back() = out_features_;
@@ -146,60 +212,43 @@ at::Tensor GroupedLinear::fuser_forward(const std::vector<OperationContext*>& ct
 BackwardResult GroupedLinear::fuser_backward(const std::vector<OperationContext*>& ctxs,
                                              const at::Tensor& grad_output, const TensorLists&) {
   auto& ctx = *ctxs.at(0);
-  const auto sizes = ctx.state.toIntVector();
-  int64_t rows = 0;
-  for (auto n : sizes) rows += n;
-  const auto dy = cast_to(grad_output, ctx.compute_dtype).reshape({rows, out_features_});
-  const auto& x = ctx.saved_tensors.at(0);
-  at::Tensor dx;
-  if (ctx.input_requires_grad) dx = at::empty({rows, in_features_}, dy.options());
-  std::vector<at::Tensor> grads(ctx.param_requires_grad.size());
-  // scale_bias: dbias_g = sum over rows of dy * scale, dscale[r] = dy[r] . b_g, in fp32.
   const auto& saved = ctx.saved_tensors;
-  const auto f32 = at::promote_types(ctx.compute_dtype, at::kFloat);
-  at::Tensor scales, dscales;
-  if (scale_bias_) {
-    scales = saved.at(1 + num_groups_);
-    if (ctx.extra_input_requires_grad.size() > 1 && ctx.extra_input_requires_grad[1]) {
-      dscales = at::zeros({rows}, dy.options().dtype(f32));
-    }
-  }
-  int64_t offset = 0;
-  for (int64_t g = 0; g < num_groups_; ++g) {
-    const auto n = sizes[g];
-    const auto dy_g = dy.narrow(0, offset, n);
-    if (dx.defined() && n > 0) {
-      dx.narrow(0, offset, n).copy_(kernels::linear_dgrad(dy_g, saved.at(1 + g)));
-    }
-    if (ctx.param_requires_grad.at(g)) {
-      grads[g] = n > 0 ? kernels::linear_wgrad(dy_g, x.narrow(0, offset, n))
-                       : at::zeros({out_features_, in_features_}, dy.options());
-    }
-    if (has_bias_ && ctx.param_requires_grad.at(num_groups_ + g)) {
-      if (n == 0) {
-        grads[num_groups_ + g] = at::zeros({out_features_}, dy.options());
-      } else if (scale_bias_) {
-        grads[num_groups_ + g] = (dy_g.to(f32) * scales.narrow(0, offset, n).to(f32).unsqueeze(-1))
-                                     .sum(0)
-                                     .to(dy.scalar_type());
-      } else {
-        grads[num_groups_ + g] = kernels::bias_bwd(dy_g);
-      }
-    }
-    if (dscales.defined() && n > 0) {
-      dscales.narrow(0, offset, n)
-          .copy_(at::mv(dy_g.to(f32), saved.at(2 + num_groups_ + g).to(f32)));
-    }
-    offset += n;
-  }
-  if (dx.defined()) {
+  const auto& sizes = saved.at(0);
+  const auto& x = saved.at(1);
+  const auto& weight = saved.at(2);
+  const auto& scales = saved.at(3);
+  const auto& bias = saved.at(4);
+  const auto dy = cast_to(grad_output, ctx.compute_dtype).reshape({-1, out_features_});
+  at::Tensor dx;
+  if (ctx.input_requires_grad) {
     auto shape = grad_output.sizes().vec();
     shape.back() = in_features_;
-    dx = dx.reshape(shape);
+    dx = kernels::grouped_linear_dgrad(dy, weight, sizes).reshape(shape);
+  }
+  const int64_t nw = num_weight_params(), nb = num_bias_params();
+  std::vector<at::Tensor> grads(ctx.param_requires_grad.size());
+  if (x.defined()) {
+    const auto dw = kernels::grouped_linear_wgrad(dy, x, sizes);
+    for (int64_t i = 0; i < nw; ++i) {
+      if (ctx.param_requires_grad.at(i)) grads[i] = single_weight_ ? dw : dw[i];
+    }
+  }
+  bool need_dbias = false;
+  for (int64_t i = 0; i < nb; ++i) need_dbias |= ctx.param_requires_grad.at(nw + i);
+  const bool need_dscales = scale_bias_ && ctx.extra_input_requires_grad.size() > 1 &&
+                            ctx.extra_input_requires_grad[1];
+  at::Tensor dscales;
+  if (need_dbias || need_dscales) {
+    auto [dbias, ds] = kernels::grouped_bias_bwd(
+        dy, sizes, scales.defined() ? std::optional<at::Tensor>(scales) : std::nullopt,
+        need_dscales ? std::optional<at::Tensor>(bias) : std::nullopt);
+    for (int64_t i = 0; i < nb; ++i) {
+      if (ctx.param_requires_grad.at(nw + i)) grads[nw + i] = single_bias_ ? dbias : dbias[i];
+    }
+    if (need_dscales) dscales = ds;
   }
   std::vector<at::Tensor> extra_grads{at::Tensor()};
-  if (scale_bias_)
-    extra_grads.push_back(dscales.defined() ? dscales.to(scales.scalar_type()) : dscales);
+  if (scale_bias_) extra_grads.push_back(dscales);
   return {dx, {grads}, {extra_grads}};
 }
 

@@ -12,30 +12,36 @@
 namespace fusible::ops {
 
 /// Parameters weight0..weight{N-1} [out_features, in_features] (kaiming-uniform as
-/// torch.nn.Linear), then bias0..bias{N-1} [out_features] (zeros) with bias. The split sizes: a 1-D
-/// int32 or int64 tensor of num_groups non-negative entries summing to x's row count. With
-/// scale_bias (and bias), extra input 1 is a per-row scale [rows] and each row adds
-/// bias_g * its scale (te.ops' MoE probabilities); the scales get a gradient.
-///
-/// This first version runs one GEMM per non-empty group and reads the split sizes on the host (on
-/// CUDA: a synchronization); issue 15's grouped GEMM replaces both.
+/// torch.nn.Linear), then bias0..bias{N-1} [out_features] (zeros) with bias; or, with
+/// single_grouped_weight / single_grouped_bias, one `weight` [N, out, in] / `bias` [N, out]. The
+/// per-group parameters are slices of one buffer, so the grouped GEMM reads them in place (a swapped
+/// or moved parameter is gathered per call instead). The split sizes: a 1-D int32 or int64 tensor
+/// of num_groups non-negative entries summing to x's row count; on CUDA they stay on the device
+/// (checked there: no host synchronization). With scale_bias (and bias), extra input 1 is a
+/// per-row scale [rows] and each row adds bias_g * its scale (te.ops' MoE probabilities); the
+/// scales get a gradient.
 class GroupedLinear : public BasicOperation {
  public:
   FUSIBLE_CLONEABLE_OP
   GroupedLinear(int64_t num_groups, int64_t in_features, int64_t out_features, bool bias = true,
                 std::optional<c10::Device> device = std::nullopt,
-                std::optional<at::ScalarType> dtype = std::nullopt, bool scale_bias = false);
+                std::optional<at::ScalarType> dtype = std::nullopt, bool scale_bias = false,
+                bool single_grouped_weight = false, bool single_grouped_bias = false);
   int64_t num_groups() const { return num_groups_; }
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
   bool has_bias() const { return has_bias_; }
   bool scale_bias() const { return scale_bias_; }
-  /// Megatron's main_grad per weight (te.ops' accumulate_into_main_grad): the backward hands
-  /// weight g's gradient to hook(g, dw), which returns what autograd gets (nullopt: none).
+  bool single_grouped_weight() const { return single_weight_; }
+  bool single_grouped_bias() const { return single_bias_; }
+  /// Megatron's main_grad per weight parameter (te.ops' accumulate_into_main_grad): the backward
+  /// hands weight parameter i's gradient to hook(i, dw) (i = the group, or 0 for the single
+  /// grouped weight), which returns what autograd gets (nullopt: none).
   using MainGradHook = std::function<std::optional<at::Tensor>(int64_t group, const at::Tensor&)>;
   void set_main_grad_hook(MainGradHook hook) { main_grad_hook_ = std::move(hook); }
   at::Tensor take_param_grad(size_t index, const at::Tensor& grad) override;
   void reset_parameters() override;
+  bool materialize_meta_parameters(c10::Device device) override;
   at::Tensor fuser_forward(const std::vector<OperationContext*>& ctxs, const at::Tensor& input,
                            const TensorLists& extra_inputs, TensorLists& extra_outputs,
                            const ForwardArgs& args) override;
@@ -44,11 +50,17 @@ class GroupedLinear : public BasicOperation {
                                 const TensorLists& grad_extra_outputs) override;
 
  private:
-  /// The split sizes checked against `rows`, on the host.
-  std::vector<int64_t> split_sizes(const at::Tensor& sizes, int64_t rows) const;
+  int64_t num_weight_params() const { return single_weight_ ? 1 : num_groups_; }
+  int64_t num_bias_params() const { return has_bias_ ? (single_bias_ ? 1 : num_groups_) : 0; }
+  /// The call's weights as one [N, out, in] tensor (bias: [N, out]) from parameters [first,
+  /// first + count), in place when they are slices of one buffer.
+  at::Tensor grouped_param(const OperationContext& ctx, int64_t first, int64_t count,
+                           const char* name, c10::IntArrayRef shape) const;
+  /// Checks the split sizes' metadata (dtype, shape) and puts them on x's device.
+  at::Tensor split_sizes_for(const at::Tensor& sizes, const at::Tensor& x) const;
 
   int64_t num_groups_, in_features_, out_features_;
-  bool has_bias_, scale_bias_;
+  bool has_bias_, scale_bias_, single_weight_, single_bias_;
   MainGradHook main_grad_hook_;
 };
 

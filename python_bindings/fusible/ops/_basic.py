@@ -216,9 +216,11 @@ class GroupedLinear(BasicOperation):
             probabilities) and each row adds bias_g * its scale; the scales get a gradient.
         accumulate_into_main_grad (bool): each weight's gradient goes into its `main_grad`, as
             BasicLinear's.
-        rng_state_tracker_function, single_grouped_weight, single_grouped_bias,
-        delay_wgrad_compute: te.ops keywords, accepted at their defaults only
-            (NotImplementedError otherwise).
+        single_grouped_weight (bool): one parameter `weight` [num_groups, out, in] instead of
+            weight0.. (te.ops' GroupedTensor parameter, here a plain tensor).
+        single_grouped_bias (bool): likewise one `bias` [num_groups, out].
+        rng_state_tracker_function, delay_wgrad_compute: te.ops keywords, accepted at their
+            defaults only (NotImplementedError otherwise).
     """
 
     _repr_fields = ("num_groups", "in_features", "out_features")
@@ -242,14 +244,14 @@ class GroupedLinear(BasicOperation):
         reject_unsupported(
             "GroupedLinear",
             rng_state_tracker_function=(rng_state_tracker_function, None),
-            single_grouped_weight=(single_grouped_weight, False),
-            single_grouped_bias=(single_grouped_bias, False),
             delay_wgrad_compute=(delay_wgrad_compute, False),
         )
         self.num_groups, self.in_features = int(num_groups), int(in_features)
         self.out_features, self.use_bias = int(out_features), bool(bias)
         self._scale_bias = bool(scale_bias) and self.use_bias  # te.ops' attribute
         self._accumulate_into_main_grad = bool(accumulate_into_main_grad)
+        self.single_grouped_weight = bool(single_grouped_weight)  # te.ops' attributes
+        self.single_grouped_bias = bool(single_grouped_bias) and self.use_bias
         super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
 
     @property
@@ -265,12 +267,18 @@ class GroupedLinear(BasicOperation):
             device,
             dtype,
             self._scale_bias,
+            self.single_grouped_weight,
+            self.single_grouped_bias,
         )
         if self._accumulate_into_main_grad:
             op_ref = weakref.ref(self)
-            cpp.set_main_grad_hook(
-                lambda g, dw: _into_main_grad(getattr(op_ref(), f"weight{g}"), dw, "GroupedLinear")
-            )
+            single = self.single_grouped_weight
+
+            def hook(i, dw):
+                weight = getattr(op_ref(), "weight" if single else f"weight{i}")
+                return _into_main_grad(weight, dw, "GroupedLinear")
+
+            cpp.set_main_grad_hook(hook)
         return cpp
 
 

@@ -1,0 +1,167 @@
+"""MoE expert MLP benchmark (issue 15): 8 experts, 16384 tokens routed unevenly (already grouped
+by expert, as after the router's permutation), H=4096, F=2048, bf16, no biases:
+    y_e = fc2_e(probs * swiglu(fc1_e(x_e))) for each expert e over its rows.
+Implementations, one run:
+  fusible      Sequential(GroupedLinear(8, H, 2F), ScaledSwiGLU(), GroupedLinear(8, F, H)) with the
+               split sizes on the device (no host synchronization)
+  eager        a PyTorch loop of F.linear per expert over x.split(sizes) (sizes a host list)
+  compile      the same loop under torch.compile
+  grouped_mm   torch._grouped_mm for the two GEMMs (device offsets) with eager SwiGLU and scaling
+All compute the same function from the same weights (checked: relative error against eager).
+Timing as bench_mlp.py (CUDA events, warm-up, median; .grad cleared outside the timed span).
+Writes bench_moe.json and appends its rows to latest_moe.json in $BENCH_OUT (default
+build/bench).
+
+usage: python bench/bench_moe.py [--reps N] [--profile]
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from bench_mlp import idle_gaps, kernel_table, median_ms, peak_mib
+from fusible import ops
+
+E, T, H, FF = 8, 16384, 4096, 2048
+SHARES = (0.22, 0.18, 0.15, 0.13, 0.11, 0.09, 0.07, 0.05)  # uneven routing
+
+
+def split_sizes():
+    sizes = [int(T * s) for s in SHARES]
+    sizes[0] += T - sum(sizes)
+    return sizes
+
+
+def swiglu(h):
+    gate, lin = h.chunk(2, dim=-1)
+    return F.silu(gate) * lin
+
+
+def make_models(sizes, dev):
+    dt = torch.bfloat16
+    torch.manual_seed(0)
+    w1 = (torch.randn(E, 2 * FF, H, device=dev, dtype=dt) * H**-0.5).requires_grad_()
+    w2 = (torch.randn(E, H, FF, device=dev, dtype=dt) * FF**-0.5).requires_grad_()
+    w1s = [w.detach().clone().requires_grad_() for w in w1]
+    w2s = [w.detach().clone().requires_grad_() for w in w2]
+    fc1 = ops.GroupedLinear(E, H, 2 * FF, bias=False, device=dev, dtype=dt)
+    fc2 = ops.GroupedLinear(E, FF, H, bias=False, device=dev, dtype=dt)
+    with torch.no_grad():
+        for e in range(E):
+            getattr(fc1, f"weight{e}").copy_(w1[e])
+            getattr(fc2, f"weight{e}").copy_(w2[e])
+    seq = ops.Sequential(fc1, ops.ScaledSwiGLU(), fc2)
+    split_dev = torch.tensor(sizes, device=dev)
+    offs = split_dev.cumsum(0).to(torch.int32)
+
+    def fusible_fn(x, probs):
+        return seq(x, split_dev, probs, split_dev)
+
+    def eager_fn(x, probs):
+        ys = []
+        for e, (xe, pe) in enumerate(zip(x.split(sizes), probs.split(sizes))):
+            a = swiglu(F.linear(xe, w1s[e])) * pe[:, None]
+            ys.append(F.linear(a, w2s[e]))
+        return torch.cat(ys)
+
+    def grouped_mm_fn(x, probs):
+        h = torch._grouped_mm(x, w1.transpose(-2, -1), offs)
+        a = swiglu(h) * probs[:, None]
+        return torch._grouped_mm(a, w2.transpose(-2, -1), offs)
+
+    models = {
+        "fusible": fusible_fn,
+        "eager": eager_fn,
+        "compile": torch.compile(eager_fn),
+        "grouped_mm": grouped_mm_fn,
+    }
+    params = {
+        "fusible": list(seq.parameters()),
+        "eager": w1s + w2s,
+        "compile": w1s + w2s,
+        "grouped_mm": [w1, w2],
+    }
+    return models, params
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--profile", action="store_true", help="print fusible's kernels by GPU time")
+    args = p.parse_args()
+    out_dir = os.environ.get("BENCH_OUT", "build/bench")
+    os.makedirs(out_dir, exist_ok=True)
+    dev = "cuda"
+    sizes = split_sizes()
+    models, params = make_models(sizes, dev)
+    torch.manual_seed(1)
+    x = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+    probs = torch.rand(T, device=dev, dtype=torch.bfloat16)
+    xg, pg = x.clone().requires_grad_(), probs.clone().requires_grad_()
+    dy = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    results["date"], results["split_sizes"], rows = time.strftime("%Y-%m-%d"), sizes, {}
+    outputs = {}
+    for label, fn in models.items():
+
+        def zero_grads(label=label):
+            for t in params[label] + [xg, pg]:
+                t.grad = None
+
+        def step(fn=fn):
+            fn(xg, pg).backward(dy)
+
+        with torch.no_grad():
+            fwd = median_ms(lambda fn=fn: fn(x, probs), args.reps)
+        fb = median_ms(step, args.reps, setup=zero_grads)
+        zero_grads()
+        step()
+        outputs[label] = [fn(x, probs).detach(), xg.grad.clone(), pg.grad.clone()]
+        rows[label] = {
+            "forward_ms": fwd,
+            "fwd_bwd_ms": fb,
+            "fwd_bwd_mib": peak_mib(step, params[label] + [xg, pg]),
+        }
+        if args.profile and label in ("fusible", "grouped_mm"):
+            zero_grads()
+            print(f"== {label}: kernels of one forward+backward\n{kernel_table(step)}")
+            print(f"== {label}: GPU idle in one forward+backward\n{idle_gaps(step)}")
+    for label in models:
+        errs = [rel_err(a, b) for a, b in zip(outputs[label], outputs["eager"])]
+        rows[label]["rel_err_vs_eager"] = dict(zip(("y", "dx", "dprobs"), errs))
+    results["impls"] = rows
+    with open(os.path.join(out_dir, "bench_moe.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    latest = {k: results[k] for k in ("gpu", "date", "torch", "split_sizes")}
+    latest["rows"] = [
+        {"workload": f"moe_grouped_bf16_{suffix}", "unit": unit}
+        | {impl: rows[impl][key] for impl in models}
+        for suffix, key, unit in (
+            ("fwd", "forward_ms", "ms"),
+            ("fwd_bwd", "fwd_bwd_ms", "ms"),
+            ("fwd_bwd_mem", "fwd_bwd_mib", "MiB"),
+        )
+    ]
+    with open(os.path.join(out_dir, "latest_moe.json"), "w") as f:
+        json.dump(latest, f, indent=1)
+    print(f"MoE expert MLP bf16 on {results['gpu']}, split {sizes} (median ms, CUDA events)")
+    print("{:11} {:>9} {:>9} {:>9} {:>12}  rel err vs eager (y, dx, dprobs)".format(
+        "impl", "forward", "fwd+bwd", "MiB", "f+b vs eager"))
+    for impl, r in rows.items():
+        ratio = rows["eager"]["fwd_bwd_ms"] / r["fwd_bwd_ms"]
+        errs = " ".join(f"{v:.1e}" for v in r["rel_err_vs_eager"].values())
+        print(
+            f"{impl:11} {r['forward_ms']:9.3f} {r['fwd_bwd_ms']:9.3f} {r['fwd_bwd_mib']:9.1f} "
+            f"{ratio:11.2f}x  {errs}"
+        )
+
+
+if __name__ == "__main__":
+    main()
