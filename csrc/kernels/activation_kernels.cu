@@ -1,5 +1,7 @@
 // Activations and the GLU family (plain, clamped, SiTU, per-row scaled), forward and backward,
 // computed in fp32 registers (fp64 for fp64) from the storage dtype, written once in it.
+#include <algorithm>
+
 #include "kernels/activation_math.cuh"
 #include "kernels/cuda_map.cuh"
 
@@ -124,21 +126,45 @@ __global__ void glu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x
   }
 }
 
-// dscales[r] = sum over the row of dy * glu(a, b): one block per row, summed in double (the terms
-// cancel; a float sum over a wide row loses digits the float result keeps).
-template <typename T>
-__global__ void glu_scale_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                      acc_t<T>* __restrict__ dscales, int64_t h,
-                                      Gate<acc_t<T>> gate) {
+// A scaled GLU's backward in one pass over dy and x, one block per row: dx as glu_bwd_kernel's
+// and dscales[r] = sum over the row of dy * glu(a, b), summed in double (the terms cancel; a float
+// sum over a wide row loses digits the float result keeps).
+template <typename T, int VEC>
+__global__ void scaled_glu_bwd_rows_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                           T* __restrict__ dx, acc_t<T>* __restrict__ dscales,
+                                           T* __restrict__ y, int64_t rows, int64_t h,
+                                           Gate<acc_t<T>> gate,
+                                           const acc_t<T>* __restrict__ scales) {
   using A = acc_t<T>;
-  const int64_t r = blockIdx.x;
-  double sum = 0;
-  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
-    sum +=
-        to_acc(dy[r * h + c]) * gate.value(to_acc(x[r * 2 * h + c]), to_acc(x[r * 2 * h + h + c]));
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const A s = scales[r];
+    const T* xa = x + r * 2 * h;
+    T* dxa = dx + r * 2 * h;
+    double sum = 0;
+    for (int64_t c = threadIdx.x * int64_t{VEC}; c < h; c += blockDim.x * int64_t{VEC}) {
+      const auto dv = load_vec<T, VEC>(dy + r * h + c);
+      const auto av = load_vec<T, VEC>(xa + c);
+      const auto bv = load_vec<T, VEC>(xa + h + c);
+      Vec<T, VEC> da, db, out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A a = to_acc(av.v[j]), b = to_acc(bv.v[j]), g = to_acc(dv.v[j]);
+        A ga, gb;
+        gate.grads(a, b, ga, gb);
+        const A value = gate.value(a, b);
+        sum += g * value;
+        out.v[j] = from_acc<T>(s * value);
+        const A d = s * g;
+        da.v[j] = from_acc<T>(d * ga);
+        db.v[j] = from_acc<T>(d * gb);
+      }
+      store_vec<T, VEC>(dxa + c, da);
+      store_vec<T, VEC>(dxa + h + c, db);
+      if (y) store_vec<T, VEC>(y + r * h + c, out);
+    }
+    sum = cuda::block_sum(sum);
+    if (threadIdx.x == 0) dscales[r] = static_cast<A>(sum);
   }
-  sum = cuda::block_sum(sum);
-  if (threadIdx.x == 0) dscales[r] = static_cast<A>(sum);
 }
 
 }  // namespace
@@ -203,16 +229,24 @@ void launch_glu_bwd(const void* dy, const void* x, void* dx, int64_t rows, int64
   cuda::check_launch("glu_bwd_kernel");
 }
 
-void launch_glu_scale_grad(const void* dy, const void* x, void* dscales, int64_t rows, int64_t h,
-                           const GluParams& params, KernelDType dtype, cudaStream_t stream) {
+void launch_scaled_glu_bwd(const void* dy, const void* x, void* dx, void* dscales, void* y,
+                           int64_t rows, int64_t h, const GluParams& params, const void* scales,
+                           KernelDType dtype, int num_sms, cudaStream_t stream) {
   if (rows == 0) return;
+  constexpr int kThreads = 256;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{num_sms} * 16));
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    glu_scale_grad_kernel<T>
-        <<<rows, 256, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
-                                   static_cast<acc_t<T>*>(dscales), h, Gate<acc_t<T>>{params});
+    using A = acc_t<T>;
+    cuda::dispatch_vec<T>(h, {dy, x, dx, y}, [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      scaled_glu_bwd_rows_kernel<T, V><<<blocks, kThreads, 0, stream>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<T*>(dx),
+          static_cast<A*>(dscales), static_cast<T*>(y), rows, h, Gate<A>{params},
+          static_cast<const A*>(scales));
+    });
   });
-  cuda::check_launch("glu_scale_grad_kernel");
+  cuda::check_launch("scaled_glu_bwd_rows_kernel");
 }
 
 }  // namespace fusible::kernels

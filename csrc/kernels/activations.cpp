@@ -261,6 +261,14 @@ std::tuple<at::Tensor, at::Tensor> scaled_swiglu_bwd(const at::Tensor& dy, const
   return scaled_bwd("scaled_swiglu_bwd", dy, x, scales, swiglu_terms);
 }
 
+// scaled_swiglu_bwd and the forward's y from the same terms.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> scaled_swiglu_bwd_fwd(const at::Tensor& dy,
+                                                                     const at::Tensor& x,
+                                                                     const at::Tensor& scales) {
+  auto [dx, dscales] = scaled_bwd("scaled_swiglu_bwd_fwd", dy, x, scales, swiglu_terms);
+  return {dx, dscales, scaled_fwd("scaled_swiglu_bwd_fwd", x, scales, swiglu_terms)};
+}
+
 at::Tensor scaled_situglu_fwd(const at::Tensor& x, const at::Tensor& scales, double beta1,
                               double beta2) {
   reference::check_situ_params("scaled_situglu_fwd", beta1, beta2);
@@ -305,6 +313,7 @@ TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("clamped_swiglu_bwd", &clamped_swiglu_bwd);
   m.impl("scaled_swiglu_fwd", &scaled_swiglu_fwd);
   m.impl("scaled_swiglu_bwd", &scaled_swiglu_bwd);
+  m.impl("scaled_swiglu_bwd_fwd", &scaled_swiglu_bwd_fwd);
   m.impl("situglu_fwd", &situglu_fwd);
   m.impl("situglu_bwd", &situglu_bwd);
   m.impl("scaled_situglu_fwd", &scaled_situglu_fwd);

@@ -76,9 +76,10 @@ at::Tensor glu_fwd_impl(const char* op, const at::Tensor& x, const GluParams& p,
 
 // dx; with dscales (ScaledSwiGLU), also the scales' gradient (in the accumulation dtype) from the
 // same prepared operands.
+// With y (a scaled GLU only), also the forward's output from the same pass.
 at::Tensor glu_bwd_impl(const char* op, const at::Tensor& dy, const at::Tensor& x,
-                        const GluParams& p, const at::Tensor& scales,
-                        at::Tensor* dscales = nullptr) {
+                        const GluParams& p, const at::Tensor& scales, at::Tensor* dscales = nullptr,
+                        at::Tensor* y = nullptr) {
   reference::check_glu_input(op, x);
   reference::check_glu_grad(op, dy, x);
   const auto [rows, h] = glu_dims(x);
@@ -88,14 +89,18 @@ at::Tensor glu_bwd_impl(const char* op, const at::Tensor& dy, const at::Tensor& 
   const auto dyc = dy.to(x.scalar_type()).contiguous(), xc = x.contiguous();
   const auto sc = acc_scales(scales, x);
   auto dx = at::empty(x.sizes(), x.options());
+  if (dscales) {  // one pass for both
+    *dscales = at::empty(scales.sizes(), scales.options().dtype(acc_dtype(x.scalar_type())));
+    if (y) *y = at::empty(dy.sizes(), x.options());
+    launch_scaled_glu_bwd(dyc.const_data_ptr(), xc.const_data_ptr(), dx.mutable_data_ptr(),
+                          dscales->mutable_data_ptr(), y ? y->mutable_data_ptr() : nullptr, rows, h,
+                          p, sc.const_data_ptr(), kernel_dtype(op, x), current_sm_count(),
+                          stream());
+    return dx;
+  }
   launch_glu_bwd(dyc.const_data_ptr(), xc.const_data_ptr(), dx.mutable_data_ptr(), rows, h, p,
                  sc.defined() ? sc.const_data_ptr() : nullptr, kernel_dtype(op, x),
                  current_sm_count(), stream());
-  if (dscales) {
-    *dscales = at::empty(scales.sizes(), scales.options().dtype(acc_dtype(x.scalar_type())));
-    launch_glu_scale_grad(dyc.const_data_ptr(), xc.const_data_ptr(), dscales->mutable_data_ptr(),
-                          rows, h, p, kernel_dtype(op, x), stream());
-  }
   return dx;
 }
 
@@ -175,6 +180,15 @@ std::tuple<at::Tensor, at::Tensor> scaled_swiglu_bwd_cuda(const at::Tensor& dy, 
   return scaled_bwd("scaled_swiglu_bwd", dy, x, scales, GluParams{});
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> scaled_swiglu_bwd_fwd_cuda(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scales) {
+  constexpr const char* op = "scaled_swiglu_bwd_fwd";
+  reference::check_scales(op, x, scales);
+  at::Tensor dscales, y;
+  auto dx = glu_bwd_impl(op, dy, x, GluParams{}, scales, &dscales, &y);
+  return {dx, dscales.to(scales.scalar_type()), y};
+}
+
 at::Tensor scaled_situglu_fwd_cuda(const at::Tensor& x, const at::Tensor& scales, double beta1,
                                    double beta2) {
   return scaled_fwd("scaled_situglu_fwd", x, scales, situ("scaled_situglu_fwd", beta1, beta2));
@@ -213,6 +227,7 @@ TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
   m.impl("clamped_swiglu_bwd", &clamped_swiglu_bwd_cuda);
   m.impl("scaled_swiglu_fwd", &scaled_swiglu_fwd_cuda);
   m.impl("scaled_swiglu_bwd", &scaled_swiglu_bwd_cuda);
+  m.impl("scaled_swiglu_bwd_fwd", &scaled_swiglu_bwd_fwd_cuda);
   m.impl("situglu_fwd", &situglu_fwd_cuda);
   m.impl("situglu_bwd", &situglu_bwd_cuda);
   m.impl("scaled_situglu_fwd", &scaled_situglu_fwd_cuda);

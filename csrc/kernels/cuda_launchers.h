@@ -109,9 +109,12 @@ void launch_glu_bwd(const void* dy,  // [rows, h]
                     void* dx,        // [rows, 2h]
                     int64_t rows, int64_t h, const GluParams& params, const void* scales,
                     KernelDType dtype, int num_sms, cudaStream_t stream);
-/// dscales[r] = sum over c of dy[r, c] * gate(x[r, c], x[r, h + c]), in the accumulation type.
-void launch_glu_scale_grad(const void* dy, const void* x, void* dscales, int64_t rows, int64_t h,
-                           const GluParams& params, KernelDType dtype, cudaStream_t stream);
+/// launch_glu_bwd's dx (scales not null) and, in the same pass, dscales[r] = sum over c of
+/// dy[r, c] * gate(x[r, c], x[r, h + c]) in the accumulation type, and (y not null) the forward's
+/// y = scales * gate(x) [rows, h].
+void launch_scaled_glu_bwd(const void* dy, const void* x, void* dx, void* dscales, void* y,
+                           int64_t rows, int64_t h, const GluParams& params, const void* scales,
+                           KernelDType dtype, int num_sms, cudaStream_t stream);
 
 /// dpre = dy * act'(pre) (dpre may be dy: in place) and dbias = dpre summed over rows, in one pass
 /// plus the partials' sum (bias_kernels.cu). Chunks and workspace as launch_bias_bwd.

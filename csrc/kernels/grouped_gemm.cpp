@@ -1,5 +1,5 @@
-// grouped_linear_fwd / _dgrad / _wgrad and grouped_bias_bwd: argument checks, the CPU reference (one
-// ATen GEMM per group, the split read on the host) and the Meta (shape-only) versions.
+// grouped_linear_fwd / _dgrad / _wgrad and grouped_bias_bwd: argument checks, the CPU reference
+// (one ATen GEMM per group, the split read on the host) and the Meta (shape-only) versions.
 #include "kernels/grouped_gemm.h"
 
 #include <ATen/TensorOperators.h>
@@ -31,17 +31,16 @@ void check_grouped_rows(const char* op, const char* x_name, const at::Tensor& x,
 }
 
 void check_grouped_weight(const char* op, const char* x_name, const at::Tensor& x,
-                          const at::Tensor& weight, const at::Tensor& split_sizes,
-                          int64_t in_dim) {
+                          const at::Tensor& weight, const at::Tensor& split_sizes, int64_t in_dim) {
   FUSIBLE_CHECK_DIM(op, "weight", weight, 3);
   FUSIBLE_CHECK_SAME_DEVICE(op, x_name, x, "weight", weight);
   FUSIBLE_CHECK_SAME_DTYPE(op, x_name, x, "weight", weight);
   TORCH_CHECK_VALUE(weight.sym_size(0) == split_sizes.sym_size(0), op,
                     ": expected split sizes of shape [", weight.sym_size(0),
                     "] (one per group), got ", split_sizes.sym_sizes());
-  TORCH_CHECK(x.sym_size(1) == weight.sym_size(in_dim), op, ": expected ", x_name, ".size(1) == ",
-              weight.sym_size(in_dim), ", got ", x.sym_size(1), " (", x_name, " shape ", x.sym_sizes(),
-              ", weight shape ", weight.sym_sizes(), ")");
+  TORCH_CHECK(x.sym_size(1) == weight.sym_size(in_dim), op, ": expected ", x_name,
+              ".size(1) == ", weight.sym_size(in_dim), ", got ", x.sym_size(1), " (", x_name,
+              " shape ", x.sym_sizes(), ", weight shape ", weight.sym_sizes(), ")");
 }
 
 void check_grouped_scales(const char* op, const at::Tensor& x, const at::Tensor& scales) {
@@ -70,7 +69,7 @@ void check_grouped_bias(const char* op, const at::Tensor& x, const at::Tensor& w
 }
 
 void check_grouped_wgrad(const char* op, const at::Tensor& dy, const at::Tensor& x,
-                 const at::Tensor& split_sizes) {
+                         const at::Tensor& split_sizes) {
   check_grouped_rows(op, "dy", dy, split_sizes);
   check_grouped_rows(op, "x", x, split_sizes);
   FUSIBLE_CHECK_SAME_DTYPE(op, "dy", dy, "x", x);
@@ -80,8 +79,8 @@ void check_grouped_wgrad(const char* op, const at::Tensor& dy, const at::Tensor&
 }
 
 void check_grouped_bias_bwd(const char* op, const at::Tensor& dy, const at::Tensor& split_sizes,
-                    const std::optional<at::Tensor>& scales,
-                    const std::optional<at::Tensor>& bias) {
+                            const std::optional<at::Tensor>& scales,
+                            const std::optional<at::Tensor>& bias) {
   check_grouped_rows(op, "dy", dy, split_sizes);
   if (scales.has_value()) check_grouped_scales(op, dy, *scales);
   if (bias.has_value()) {

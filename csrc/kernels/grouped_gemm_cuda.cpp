@@ -1,6 +1,7 @@
 // The grouped GEMMs on CUDA with the split sizes left on the device: one kernel checks them and
 // writes the group table, then torch._grouped_mm's CUTLASS kernels (bf16 on Hopper / Blackwell) or
-// our SIMT grouped GEMM, and the grouped bias kernels. No host synchronization: CUDA-graph safe.
+// our SIMT grouped GEMM, and the grouped bias-gradient kernels. No host synchronization:
+// CUDA-graph safe.
 #include <ATen/ops/_grouped_mm.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -9,6 +10,7 @@
 
 #include <limits>
 #include <tuple>
+#include <utility>
 
 #include "common/checks.h"
 #include "kernels/compute_dtype.h"
@@ -51,6 +53,30 @@ bool use_grouped_mm(const at::Tensor& a, const at::Tensor& b, int64_t groups) {
          cutlass_layout(a) && cutlass_layout(b);
 }
 
+// torch._grouped_mm has no bias epilogue, and adding the bias to its rounded output would round
+// twice (far off where x W and b cancel): the bias joins the GEMM as one more column of x (1, or
+// the row's scale) and of each W_g (b_g), padded to keep the rows 16-byte aligned.
+std::pair<at::Tensor, at::Tensor> with_bias_column(const at::Tensor& x, const at::Tensor& weight,
+                                                   const at::Tensor& bias,
+                                                   const at::Tensor& scales) {
+  const int64_t k = x.size(1), padded = (k + 1 + 7) / 8 * 8;
+  auto xa = at::empty({x.size(0), padded}, x.options());
+  auto wa = at::empty({weight.size(0), weight.size(1), padded}, weight.options());
+  xa.narrow(1, 0, k).copy_(x);
+  wa.narrow(2, 0, k).copy_(weight);
+  if (scales.defined()) {
+    xa.select(1, k).copy_(scales);
+  } else {
+    xa.select(1, k).fill_(1);
+  }
+  wa.select(2, k).copy_(bias);
+  if (padded > k + 1) {
+    xa.narrow(1, k + 1, padded - k - 1).zero_();
+    wa.narrow(2, k + 1, padded - k - 1).zero_();
+  }
+  return {xa, wa};
+}
+
 at::Tensor grouped_linear_fwd_cuda(const at::Tensor& x, const at::Tensor& weight,
                                    const at::Tensor& split_sizes,
                                    const std::optional<at::Tensor>& bias,
@@ -63,26 +89,22 @@ at::Tensor grouped_linear_fwd_cuda(const at::Tensor& x, const at::Tensor& weight
   const int64_t rows = x.size(0), groups = weight.size(0), n = weight.size(1), k = weight.size(2);
   const auto table = group_table(op, split_sizes, rows);
   const auto xc = x.contiguous();
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor y;
-  const auto wt = weight.transpose(1, 2);  // [G, K, N]
-  if (use_grouped_mm(xc, wt, groups)) {
-    y = at::_grouped_mm(xc, wt, table.narrow(0, 0, groups));
-  } else {
-    y = at::empty({rows, n}, x.options());
-    launch_grouped_rows_gemm(xc.const_data_ptr(), k, 1, weight.const_data_ptr(), weight.stride(0),
-                             weight.stride(2), weight.stride(1), y.mutable_data_ptr(), rows, n, k,
-                             table.const_data_ptr<int32_t>(), groups, kernel_dtype(op, x), stream);
+  at::Tensor bc, sc;
+  if (bias.has_value()) bc = bias->contiguous();
+  if (scales.has_value()) sc = scales->to(x.scalar_type()).contiguous();
+  const auto offsets = table.narrow(0, 0, groups);
+  if (use_grouped_mm(xc, weight.transpose(1, 2), groups)) {
+    if (!bc.defined()) return at::_grouped_mm(xc, weight.transpose(1, 2), offsets);
+    const auto [xa, wa] = with_bias_column(xc, weight, bc, sc);
+    return at::_grouped_mm(xa, wa.transpose(1, 2), offsets);
   }
-  if (bias.has_value()) {
-    const auto bc = bias->contiguous();
-    at::Tensor sc;
-    if (scales.has_value()) sc = scales->to(x.scalar_type()).contiguous();
-    launch_grouped_bias_add(y.mutable_data_ptr(), bc.const_data_ptr(),
-                            sc.defined() ? sc.const_data_ptr() : nullptr,
-                            table.const_data_ptr<int32_t>(), groups, rows, n, kernel_dtype(op, x),
-                            current_sm_count(), stream);
-  }
+  auto y = at::empty({rows, n}, x.options());
+  launch_grouped_rows_gemm(xc.const_data_ptr(), k, 1, weight.const_data_ptr(), weight.stride(0),
+                           weight.stride(2), weight.stride(1), y.mutable_data_ptr(), rows, n, k,
+                           bc.defined() ? bc.const_data_ptr() : nullptr,
+                           sc.defined() ? sc.const_data_ptr() : nullptr,
+                           table.const_data_ptr<int32_t>(), groups, kernel_dtype(op, x),
+                           c10::cuda::getCurrentCUDAStream());
   return y;
 }
 
@@ -101,8 +123,8 @@ at::Tensor grouped_linear_dgrad_cuda(const at::Tensor& dy, const at::Tensor& wei
   auto dx = at::empty({rows, k}, dy.options());
   launch_grouped_rows_gemm(dyc.const_data_ptr(), n, 1, weight.const_data_ptr(), weight.stride(0),
                            weight.stride(1), weight.stride(2), dx.mutable_data_ptr(), rows, k, n,
-                           table.const_data_ptr<int32_t>(), groups, kernel_dtype(op, dy),
-                           c10::cuda::getCurrentCUDAStream());
+                           nullptr, nullptr, table.const_data_ptr<int32_t>(), groups,
+                           kernel_dtype(op, dy), c10::cuda::getCurrentCUDAStream());
   return dx;
 }
 

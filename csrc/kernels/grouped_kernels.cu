@@ -1,6 +1,6 @@
 // Raw CUDA kernels of the grouped GEMM path (GroupedLinear): the device-side split check and group
 // table, a SIMT grouped GEMM (fallback where torch._grouped_mm's CUTLASS kernels do not apply),
-// the grouped bias epilogue and the bias / scale gradients. All read the split from the table.
+// the bias / scale gradients. All read the split from the table.
 #include <cassert>
 #include <cstdio>
 
@@ -58,14 +58,16 @@ __global__ void group_table_kernel(const I* __restrict__ sizes, int groups, int6
 
 constexpr int kBM = 64, kBN = 64, kBK = 16, kGemmThreads = 256;
 
-// One kBM x kBN tile of C = A B over k in [k_begin, k_end): A (m, k) at a[m * sam + k * sak], B
-// (k, n) at b[k * sbk + n * sbn], C (m, n) at c[m * scm + n * scn]; rows m < m_end, columns n <
-// n_end. 256 threads, 4 x 4 outputs each (rows ty + 16 i, columns tx + 16 j).
+// One kBM x kBN tile of C = A B (+ bias[n], times scales[m] when given) over k in [k_begin,
+// k_end): A (m, k) at a[m * sam + k * sak], B (k, n) at b[k * sbk + n * sbn], C (m, n) at
+// c[m * scm + n * scn]; rows m < m_end, columns n < n_end. The bias joins the accumulator before
+// the one rounding. 256 threads, 4 x 4 outputs each (rows ty + 16 i, columns tx + 16 j).
 template <typename T>
 __device__ void gemm_tile(const T* __restrict__ a, int64_t sam, int64_t sak,
                           const T* __restrict__ b, int64_t sbk, int64_t sbn, int64_t m0,
                           int64_t m_end, int64_t n0, int64_t n_end, int64_t k_begin, int64_t k_end,
-                          T* __restrict__ c, int64_t scm, int64_t scn) {
+                          T* __restrict__ c, int64_t scm, int64_t scn, const T* __restrict__ bias,
+                          const T* __restrict__ scales) {
   using A = acc_t<T>;
   __shared__ A as[kBK][kBM + 1];
   __shared__ A bs[kBK][kBN + 1];
@@ -103,10 +105,12 @@ __device__ void gemm_tile(const T* __restrict__ a, int64_t sam, int64_t sak,
   for (int i = 0; i < 4; ++i) {
     const int64_t m = m0 + ty + 16 * i;
     if (m >= m_end) continue;
+    const A s = scales ? to_acc(scales[m]) : A(1);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t n = n0 + tx + 16 * j;
-      if (n < n_end) c[m * scm + n * scn] = from_acc<T>(acc[i][j]);
+      if (n >= n_end) continue;
+      c[m * scm + n * scn] = from_acc<T>(bias ? acc[i][j] + to_acc(bias[n]) * s : acc[i][j]);
     }
   }
 }
@@ -126,12 +130,13 @@ __device__ __forceinline__ bool tile_group(const int32_t* table, int groups, int
 template <typename T>
 __global__ void grouped_rows_gemm_kernel(const T* a, int64_t sam, int64_t sak, const T* b,
                                          int64_t sbg, int64_t sbk, int64_t sbn, T* c, int64_t n,
-                                         int64_t k, const int32_t* table, int groups) {
+                                         int64_t k, const T* bias, const T* scales,
+                                         const int32_t* table, int groups) {
   int g;
   int64_t m0, m_end;
   if (!tile_group(table, groups, blockIdx.x, g, m0, m_end)) return;
   gemm_tile(a, sam, sak, b + g * sbg, sbk, sbn, m0, m_end, blockIdx.y * int64_t{kBN}, n, 0, k, c, n,
-            1);
+            1, bias ? bias + g * n : nullptr, scales);
 }
 
 template <typename T>
@@ -141,7 +146,8 @@ __global__ void grouped_wgrad_gemm_kernel(const T* dy, const T* x, T* dw, int64_
   const int64_t start = g == 0 ? 0 : table[g - 1], end = table[g];
   // dw_g (n, k) = sum over rows r of dy[r, n] x[r, k]: A = dy^T, B = x, the rows contracted.
   gemm_tile(dy, 1, n, x, k, 1, blockIdx.x * int64_t{kBM}, n, blockIdx.y * int64_t{kBN}, k, start,
-            end, dw + g * n * k, k, 1);
+            end, dw + g * n * k, k, 1, static_cast<const T*>(nullptr),
+            static_cast<const T*>(nullptr));
 }
 
 template <typename T>
@@ -152,19 +158,6 @@ __global__ void zero_empty_groups_kernel(T* dw, const int32_t* table, int64_t pe
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < per_group;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     dw[g * per_group + i] = from_acc<T>(acc_t<T>(0));
-  }
-}
-
-template <typename T>
-__global__ void grouped_bias_add_kernel(T* y, const T* __restrict__ bias,
-                                        const T* __restrict__ scales, const int32_t* table,
-                                        int groups, int64_t rows, int64_t cols) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int g = upper_bound(table, groups, r);
-    const acc_t<T> s = scales ? to_acc(scales[r]) : acc_t<T>(1);
-    for (int64_t col = threadIdx.x; col < cols; col += blockDim.x) {
-      y[r * cols + col] = from_acc<T>(to_acc(y[r * cols + col]) + to_acc(bias[g * cols + col]) * s);
-    }
   }
 }
 
@@ -235,9 +228,9 @@ void launch_group_table(const void* sizes, bool sizes_int64, int64_t groups, int
 }
 
 void launch_grouped_rows_gemm(const void* a, int64_t sam, int64_t sak, const void* b, int64_t sbg,
-                              int64_t sbk, int64_t sbn, void* c, int64_t rows, int64_t n,
-                              int64_t k, const int32_t* table, int64_t groups, KernelDType dtype,
-                              cudaStream_t stream) {
+                              int64_t sbk, int64_t sbn, void* c, int64_t rows, int64_t n, int64_t k,
+                              const void* bias, const void* scales, const int32_t* table,
+                              int64_t groups, KernelDType dtype, cudaStream_t stream) {
   if (rows == 0 || n == 0) return;
   const dim3 grid(static_cast<unsigned>(group_max_tiles(rows, groups)),
                   static_cast<unsigned>((n + kBN - 1) / kBN));
@@ -245,7 +238,8 @@ void launch_grouped_rows_gemm(const void* a, int64_t sam, int64_t sak, const voi
     using T = decltype(tag);
     grouped_rows_gemm_kernel<T><<<grid, kGemmThreads, 0, stream>>>(
         static_cast<const T*>(a), sam, sak, static_cast<const T*>(b), sbg, sbk, sbn,
-        static_cast<T*>(c), n, k, table, static_cast<int>(groups));
+        static_cast<T*>(c), n, k, static_cast<const T*>(bias), static_cast<const T*>(scales), table,
+        static_cast<int>(groups));
   });
   cuda::check_launch("grouped_rows_gemm_kernel");
 }
@@ -274,24 +268,10 @@ void launch_zero_empty_groups(void* dw, const int32_t* table, int64_t groups, in
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(groups));
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    zero_empty_groups_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<T*>(dw), table,
-                                                               per_group);
+    zero_empty_groups_kernel<T>
+        <<<grid, kThreads, 0, stream>>>(static_cast<T*>(dw), table, per_group);
   });
   cuda::check_launch("zero_empty_groups_kernel");
-}
-
-void launch_grouped_bias_add(void* y, const void* bias, const void* scales, const int32_t* table,
-                             int64_t groups, int64_t rows, int64_t cols, KernelDType dtype,
-                             int num_sms, cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return;
-  const int64_t blocks = std::min<int64_t>(rows, static_cast<int64_t>(num_sms) * 8);
-  cuda::dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    grouped_bias_add_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-        static_cast<T*>(y), static_cast<const T*>(bias), static_cast<const T*>(scales), table,
-        static_cast<int>(groups), rows, cols);
-  });
-  cuda::check_launch("grouped_bias_add_kernel");
 }
 
 void launch_grouped_bias_grad(const void* dy, const void* scales, const int32_t* table,
@@ -305,15 +285,14 @@ void launch_grouped_bias_grad(const void* dy, const void* scales, const int32_t*
     auto* part = static_cast<acc_t<T>*>(partial);
     if (rows > 0) {
       const dim3 grid(col_blocks, static_cast<unsigned>(group_max_tiles(rows, groups)));
-      grouped_bias_partial_kernel<T><<<grid, kThreads, 0, stream>>>(
-          static_cast<const T*>(dy), static_cast<const T*>(scales), table,
-          static_cast<int>(groups), cols, part);
+      grouped_bias_partial_kernel<T>
+          <<<grid, kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(scales),
+                                          table, static_cast<int>(groups), cols, part);
       cuda::check_launch("grouped_bias_partial_kernel");
     }
     const dim3 grid(col_blocks, static_cast<unsigned>(groups));
-    grouped_bias_total_kernel<T><<<grid, kThreads, 0, stream>>>(part, table,
-                                                                static_cast<int>(groups), cols,
-                                                                static_cast<T*>(dbias));
+    grouped_bias_total_kernel<T><<<grid, kThreads, 0, stream>>>(
+        part, table, static_cast<int>(groups), cols, static_cast<T*>(dbias));
   });
   cuda::check_launch("grouped_bias_total_kernel");
 }

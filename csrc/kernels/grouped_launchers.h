@@ -27,13 +27,15 @@ inline int64_t group_max_tiles(int64_t rows, int64_t groups) {
 void launch_group_table(const void* sizes, bool sizes_int64, int64_t groups, int64_t rows,
                         int32_t* table, cudaStream_t stream);
 
-/// c[r, :] = a[r, :] B_g for the rows r of group g (a: [rows, k] with strides (sam, sak); B_g:
-/// [k, n] at b + g * sbg with strides (sbk, sbn); c: [rows, n] contiguous). SIMT, fp32 (fp64)
-/// accumulation: the grouped GEMM where torch._grouped_mm's CUTLASS kernels do not apply.
+/// c[r, :] = a[r, :] B_g (+ bias[g, :], times scales[r] when not null) for the rows r of group g
+/// (a: [rows, k] with strides (sam, sak); B_g: [k, n] at b + g * sbg with strides (sbk, sbn); c:
+/// [rows, n], bias [groups, n] and scales [rows] contiguous; bias may be null). SIMT, fp32 (fp64)
+/// accumulation, one rounding: the grouped GEMM where torch._grouped_mm's CUTLASS kernels do not
+/// apply.
 void launch_grouped_rows_gemm(const void* a, int64_t sam, int64_t sak, const void* b, int64_t sbg,
-                              int64_t sbk, int64_t sbn, void* c, int64_t rows, int64_t n,
-                              int64_t k, const int32_t* table, int64_t groups, KernelDType dtype,
-                              cudaStream_t stream);
+                              int64_t sbk, int64_t sbn, void* c, int64_t rows, int64_t n, int64_t k,
+                              const void* bias, const void* scales, const int32_t* table,
+                              int64_t groups, KernelDType dtype, cudaStream_t stream);
 
 /// dw[g] = dy_g^T x_g over the rows of group g (dy: [rows, n], x: [rows, k], dw: [groups, n, k],
 /// all contiguous); empty groups get zeros. SIMT, as launch_grouped_rows_gemm.
@@ -44,12 +46,6 @@ void launch_grouped_wgrad_gemm(const void* dy, const void* x, void* dw, int64_t 
 /// Zeros dw[g] ([per_group] elements each) of every empty group g: the grouped wgrad's rule.
 void launch_zero_empty_groups(void* dw, const int32_t* table, int64_t groups, int64_t per_group,
                               KernelDType dtype, cudaStream_t stream);
-
-/// y[r, :] += bias[g, :] (times scales[r] when scales is not null) for the rows r of group g; y,
-/// bias [groups, cols] and scales [rows] contiguous, of one dtype.
-void launch_grouped_bias_add(void* y, const void* bias, const void* scales, const int32_t* table,
-                             int64_t groups, int64_t rows, int64_t cols, KernelDType dtype,
-                             int num_sms, cudaStream_t stream);
 
 /// dbias[g, :] = sum over group g's rows of dy[r, :] (times scales[r] when not null), in two
 /// deterministic passes: per-tile sums into partial ([group_max_tiles, cols], accumulation

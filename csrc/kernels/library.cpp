@@ -89,6 +89,9 @@ TORCH_LIBRARY(fusible, m) {
   m.def("scaled_swiglu_fwd(Tensor x, Tensor scales) -> Tensor");
   // Its backward -> (dx, dscales).
   m.def("scaled_swiglu_bwd(Tensor dy, Tensor x, Tensor scales) -> (Tensor, Tensor)");
+  // scaled_swiglu_bwd plus the forward's output y = scales * swiglu(x), recomputed in the same
+  // pass (a fused op that keeps x need not keep y) -> (dx, dscales, y).
+  m.def("scaled_swiglu_bwd_fwd(Tensor dy, Tensor x, Tensor scales) -> (Tensor, Tensor, Tensor)");
   // ScaledSiTUGLU: y = scales[..., None] * situglu(x); backward -> (dx, dscales).
   m.def("scaled_situglu_fwd(Tensor x, Tensor scales, float beta1=4.0, float beta2=25.0) -> Tensor");
   m.def(
@@ -195,6 +198,7 @@ TORCH_LIBRARY_IMPL(fusible, Autograd, m) {
                            "clamped_swiglu_bwd",
                            "scaled_swiglu_fwd",
                            "scaled_swiglu_bwd",
+                           "scaled_swiglu_bwd_fwd",
                            "situglu_fwd",
                            "situglu_bwd",
                            "scaled_situglu_fwd",

@@ -142,6 +142,10 @@ T scaled_swiglu_fwd(CT x, CT scales) {
   FUSIBLE_OP("scaled_swiglu_fwd", T(CT, CT));
   return op.call(x, scales);
 }
+T3 scaled_swiglu_bwd_fwd(CT dy, CT x, CT scales) {
+  FUSIBLE_OP("scaled_swiglu_bwd_fwd", T3(CT, CT, CT));
+  return op.call(dy, x, scales);
+}
 T2 scaled_swiglu_bwd(CT dy, CT x, CT scales) {
   FUSIBLE_OP("scaled_swiglu_bwd", T2(CT, CT, CT));
   return op.call(dy, x, scales);

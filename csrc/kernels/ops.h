@@ -98,6 +98,10 @@ at::Tensor scaled_swiglu_fwd(const at::Tensor& x, const at::Tensor& scales);
 /// -> (dx, dscales).
 std::tuple<at::Tensor, at::Tensor> scaled_swiglu_bwd(const at::Tensor& dy, const at::Tensor& x,
                                                      const at::Tensor& scales);
+/// scaled_swiglu_bwd plus y = scales * swiglu(x) from the same pass -> (dx, dscales, y).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> scaled_swiglu_bwd_fwd(const at::Tensor& dy,
+                                                                     const at::Tensor& x,
+                                                                     const at::Tensor& scales);
 at::Tensor scaled_situglu_fwd(const at::Tensor& x, const at::Tensor& scales, double beta1,
                               double beta2);
 std::tuple<at::Tensor, at::Tensor> scaled_situglu_bwd(const at::Tensor& dy, const at::Tensor& x,

@@ -330,3 +330,98 @@ def test_main_grad_with_a_single_grouped_weight():
     want = torch.stack([dy[:2].T @ x[:2], dy[2:].T @ x[2:]])
     torch.testing.assert_close(op.weight.main_grad, want)
     assert op.weight.grad is None
+
+
+def _expert_mlp(device, dtype, bias, interleave=None):
+    """Router -> GroupedLinear -> ScaledSwiGLU -> GroupedLinear, split sizes and probabilities
+    routed by channels (the MoE expert MLP)."""
+    torch.manual_seed(9)
+    router = _Router()
+    router.set_extra_output_channel(0, "sizes", output_to_caller=False)
+    router.set_extra_output_channel(1, "probs", output_to_caller=False)
+    fc1 = ops.GroupedLinear(3, 16, 32, bias=bias, device=device, dtype=dtype)
+    act = ops.ScaledSwiGLU(interleave)
+    fc2 = ops.GroupedLinear(3, 16, 8, bias=bias, device=device, dtype=dtype)
+    fc1.set_extra_input_channel(0, "sizes")
+    act.set_extra_input_channel(0, "probs")
+    fc2.set_extra_input_channel(0, "sizes")
+    with torch.no_grad():
+        for p in [*fc1.parameters(), *fc2.parameters()]:
+            p.copy_(torch.randn_like(p) * 0.3)
+    return ops.Sequential(router, fc1, act, fc2)
+
+
+def _mlp_step(seq, x, dy):
+    x = x.detach().clone().requires_grad_()
+    for p in seq.parameters():
+        p.grad = None
+    y = seq(x)
+    y.backward(dy)
+    return [y, x.grad] + [p.grad for p in seq.parameters()]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_expert_mlp_equals_its_unfused_plan(device, dtype, bias):
+    seq = _expert_mlp(device, dtype, bias)
+    x = torch.randn(10, 16, device=device, dtype=dtype)
+    dy = torch.randn(10, 8, device=device, dtype=dtype)
+    fused = _mlp_step(seq, x, dy)
+    plan = seq.fusion_plan()[0]
+    assert plan["forward"] == plan["backward"] == ["_Router", "GroupedMLP_GroupedGEMMGLU"]
+    snapshot = ops.snapshot_fusions()
+    ops.restore_fusions(([], {}))  # no fusions at all: the unfused plan
+    try:
+        unfused = _mlp_step(seq, x, dy)
+        assert seq.fusion_plan()[0]["forward"][1:] == [
+            "GroupedLinear",
+            "ScaledSwiGLU",
+            "GroupedLinear",
+        ]
+    finally:
+        ops.restore_fusions(snapshot)
+    for a, b in zip(fused, unfused):
+        assert torch.equal(a, b)  # the same kernels on the same operands
+
+
+def test_fused_expert_mlp_against_float64():
+    seq = _expert_mlp("cpu", torch.float32, True)
+    x = torch.randn(10, 16)
+    dy = torch.randn(10, 8)
+    got = _mlp_step(seq, x, dy)
+    xr = x.double().requires_grad_()
+    s = torch.sigmoid(xr.sum(-1))
+    w1 = [getattr(seq[1], f"weight{g}").detach().double().requires_grad_() for g in range(3)]
+    b1 = [getattr(seq[1], f"bias{g}").detach().double().requires_grad_() for g in range(3)]
+    w2 = [getattr(seq[3], f"weight{g}").detach().double().requires_grad_() for g in range(3)]
+    b2 = [getattr(seq[3], f"bias{g}").detach().double().requires_grad_() for g in range(3)]
+
+    def expert(rows, g):
+        h = rows @ w1[g].T + b1[g]
+        gate, lin = h.chunk(2, -1)
+        return (s_rows[g][:, None] * torch.nn.functional.silu(gate) * lin) @ w2[g].T + b2[g]
+
+    s_rows = {0: s[:5], 2: s[5:]}
+    ref = torch.cat([expert(xr[:5], 0), expert(xr[5:], 2)])
+    ref.backward(dy.double())
+    params = (*w1, *b1, *w2, *b2)  # expert 1 gets no rows: zero gradients
+    want = [ref, xr.grad] + [t.grad if t.grad is not None else torch.zeros_like(t) for t in params]
+    for g, w in zip(got, want):
+        assert_close_to_ref(g, w, torch.float32, gemm=True)
+
+
+def test_fused_expert_mlp_declines_where_its_conditions_fail():
+    interleaved = _expert_mlp("cpu", D, True, interleave=8)
+    interleaved(torch.randn(4, 16, dtype=D))
+    assert "GroupedMLP_GroupedGEMMGLU" not in interleaved.fusion_plan()[0]["forward"]
+    fc1 = ops.GroupedLinear(3, 16, 32, device="cpu")
+    other_groups = ops.Sequential(
+        fc1, ops.ScaledSwiGLU(), ops.GroupedLinear(2, 16, 8, device="cpu")
+    )
+    other_groups(torch.randn(4, 16), torch.tensor([4, 0, 0]), torch.rand(4), torch.tensor([1, 3]))
+    assert other_groups.fusion_plan()[0]["forward"] == [
+        "GroupedLinear",
+        "ScaledSwiGLU",
+        "GroupedLinear",
+    ]

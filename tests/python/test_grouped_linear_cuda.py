@@ -114,7 +114,9 @@ def test_bad_split_metadata_is_refused_before_any_kernel():
 @pytest.mark.parametrize("in_features", [256, 200])  # 200: bf16 rows not 16-byte multiples
 def test_bf16_at_scale_against_float64(in_features):
     torch.manual_seed(8)
-    op = ops.GroupedLinear(8, in_features, 384, scale_bias=True, device="cuda", dtype=torch.bfloat16)
+    op = ops.GroupedLinear(
+        8, in_features, 384, scale_bias=True, device="cuda", dtype=torch.bfloat16
+    )
     sizes = torch.tensor([700, 0, 1, 2000, 300, 95, 0, 1000], device="cuda")
     rows = int(sizes.sum())
     x = torch.randn(rows, in_features, device="cuda", dtype=torch.bfloat16)

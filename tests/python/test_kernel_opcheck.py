@@ -38,6 +38,7 @@ def _cases(device):
         (F.clamped_swiglu_bwd, (dy4, x, 1.0, 1.702)),
         (F.scaled_swiglu_fwd, (x, r(6))),
         (F.scaled_swiglu_bwd, (dy4, x, r(6))),
+        (F.scaled_swiglu_bwd_fwd, (dy4, x, r(6))),
         (F.clamped_swiglu_fwd, (x, 1.0, 1.702, 0.5)),
         (F.clamped_swiglu_bwd, (dy4, x, 1.0, 1.702, 0.5)),
         (F.situglu_fwd, (x, 1.5, 2.0)),

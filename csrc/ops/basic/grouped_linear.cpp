@@ -71,7 +71,8 @@ GroupedLinear::GroupedLinear(int64_t num_groups, int64_t in_features, int64_t ou
     register_parameter("weight", at::empty({num_groups, out_features, in_features}, options));
   } else {
     const auto ws = slices_of_one_buffer(num_groups, {out_features, in_features}, options);
-    for (int64_t g = 0; g < num_groups; ++g) register_parameter("weight" + std::to_string(g), ws[g]);
+    for (int64_t g = 0; g < num_groups; ++g)
+      register_parameter("weight" + std::to_string(g), ws[g]);
   }
   if (single_bias_) {
     register_parameter("bias", at::empty({num_groups, out_features}, options));
@@ -163,8 +164,13 @@ at::Tensor GroupedLinear::grouped_param(const OperationContext& ctx, int64_t fir
 at::Tensor GroupedLinear::fuser_forward(const std::vector<OperationContext*>& ctxs,
                                         const at::Tensor& input, const TensorLists& extra_inputs,
                                         TensorLists&, const ForwardArgs& args) {
+  return forward(*ctxs.at(0), input, extra_inputs.at(0), args);
+}
+
+at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input,
+                                  const std::vector<at::Tensor>& extra_inputs,
+                                  const ForwardArgs& args, bool keep_input) {
   constexpr const char* op = "GroupedLinear";
-  auto& ctx = *ctxs.at(0);
   const auto& w0 = ctx.param(0, op);
   check_input_against_param(op, input, w0);
   FUSIBLE_CHECK_MIN_DIM(op, "input", input, 1);
@@ -172,12 +178,12 @@ at::Tensor GroupedLinear::fuser_forward(const std::vector<OperationContext*>& ct
               "GroupedLinear: expected input.size(-1) == ", "in_features (", in_features_,
               "), got ", input.size(-1), " (input shape ", shape_str(input), ")");
   const int64_t rows = input.numel() / in_features_;
-  const auto sizes = split_sizes_for(extra_inputs.at(0).at(0), input);
+  const auto sizes = split_sizes_for(extra_inputs.at(0), input);
   ctx.compute_dtype = compute_dtype(args, w0.scalar_type());
   const auto x = cast_to(input, ctx.compute_dtype).reshape({rows, in_features_});
   const int64_t nw = num_weight_params();
-  const auto weight = cast_to(
-      grouped_param(ctx, 0, nw, "weight", {out_features_, in_features_}), ctx.compute_dtype);
+  const auto weight = cast_to(grouped_param(ctx, 0, nw, "weight", {out_features_, in_features_}),
+                              ctx.compute_dtype);
   at::Tensor bias;
   if (has_bias_) {
     bias = cast_to(grouped_param(ctx, nw, num_bias_params(), "bias", {out_features_}),
@@ -185,7 +191,7 @@ at::Tensor GroupedLinear::fuser_forward(const std::vector<OperationContext*>& ct
   }
   at::Tensor scales;  // scale_bias: one per row, as given
   if (scale_bias_) {
-    scales = extra_inputs.at(0).at(1);
+    scales = extra_inputs.at(1);
     FUSIBLE_CHECK_FLOATING(op, "scales", scales);
     FUSIBLE_CHECK_SAME_DEVICE(op, "input", input, "scales", scales);
     TORCH_CHECK(scales.dim() == 1 && scales.size(0) == rows,
@@ -200,7 +206,7 @@ at::Tensor GroupedLinear::fuser_forward(const std::vector<OperationContext*>& ct
     bool any_weight_grad = false;
     for (int64_t i = 0; i < nw; ++i) any_weight_grad |= ctx.param_requires_grad.at(i);
     // (split sizes, x for wgrad, the weights for dgrad, then with scale_bias: scales and biases)
-    ctx.save_for_backward({sizes, any_weight_grad ? x : at::Tensor(),
+    ctx.save_for_backward({sizes, any_weight_grad && keep_input ? x : at::Tensor(),
                            ctx.input_requires_grad ? weight : at::Tensor(), scales,
                            scale_bias_ ? bias : at::Tensor()});
   }
@@ -209,25 +215,23 @@ at::Tensor GroupedLinear::fuser_forward(const std::vector<OperationContext*>& ct
   return y.reshape(shape);
 }
 
-BackwardResult GroupedLinear::fuser_backward(const std::vector<OperationContext*>& ctxs,
-                                             const at::Tensor& grad_output, const TensorLists&) {
-  auto& ctx = *ctxs.at(0);
+at::Tensor GroupedLinear::input_grad(const OperationContext& ctx, const at::Tensor& dy) const {
+  if (!ctx.input_requires_grad) return {};
+  return kernels::grouped_linear_dgrad(dy, ctx.saved_tensors.at(2), ctx.saved_tensors.at(0));
+}
+
+std::pair<std::vector<at::Tensor>, at::Tensor> GroupedLinear::param_grads(
+    const OperationContext& ctx, const at::Tensor& dy, const at::Tensor& input) const {
   const auto& saved = ctx.saved_tensors;
   const auto& sizes = saved.at(0);
-  const auto& x = saved.at(1);
-  const auto& weight = saved.at(2);
+  const auto& x = input.defined() ? input : saved.at(1);
   const auto& scales = saved.at(3);
   const auto& bias = saved.at(4);
-  const auto dy = cast_to(grad_output, ctx.compute_dtype).reshape({-1, out_features_});
-  at::Tensor dx;
-  if (ctx.input_requires_grad) {
-    auto shape = grad_output.sizes().vec();
-    shape.back() = in_features_;
-    dx = kernels::grouped_linear_dgrad(dy, weight, sizes).reshape(shape);
-  }
   const int64_t nw = num_weight_params(), nb = num_bias_params();
   std::vector<at::Tensor> grads(ctx.param_requires_grad.size());
-  if (x.defined()) {
+  bool need_dw = false;
+  for (int64_t i = 0; i < nw; ++i) need_dw |= ctx.param_requires_grad.at(i);
+  if (need_dw) {
     const auto dw = kernels::grouped_linear_wgrad(dy, x, sizes);
     for (int64_t i = 0; i < nw; ++i) {
       if (ctx.param_requires_grad.at(i)) grads[i] = single_weight_ ? dw : dw[i];
@@ -235,8 +239,8 @@ BackwardResult GroupedLinear::fuser_backward(const std::vector<OperationContext*
   }
   bool need_dbias = false;
   for (int64_t i = 0; i < nb; ++i) need_dbias |= ctx.param_requires_grad.at(nw + i);
-  const bool need_dscales = scale_bias_ && ctx.extra_input_requires_grad.size() > 1 &&
-                            ctx.extra_input_requires_grad[1];
+  const bool need_dscales =
+      scale_bias_ && ctx.extra_input_requires_grad.size() > 1 && ctx.extra_input_requires_grad[1];
   at::Tensor dscales;
   if (need_dbias || need_dscales) {
     auto [dbias, ds] = kernels::grouped_bias_bwd(
@@ -247,6 +251,20 @@ BackwardResult GroupedLinear::fuser_backward(const std::vector<OperationContext*
     }
     if (need_dscales) dscales = ds;
   }
+  return {std::move(grads), dscales};
+}
+
+BackwardResult GroupedLinear::fuser_backward(const std::vector<OperationContext*>& ctxs,
+                                             const at::Tensor& grad_output, const TensorLists&) {
+  auto& ctx = *ctxs.at(0);
+  const auto dy = cast_to(grad_output, ctx.compute_dtype).reshape({-1, out_features_});
+  at::Tensor dx = input_grad(ctx, dy);
+  if (dx.defined()) {
+    auto shape = grad_output.sizes().vec();
+    shape.back() = in_features_;
+    dx = dx.reshape(shape);
+  }
+  auto [grads, dscales] = param_grads(ctx, dy, at::Tensor());
   std::vector<at::Tensor> extra_grads{at::Tensor()};
   if (scale_bias_) extra_grads.push_back(dscales);
   return {dx, {grads}, {extra_grads}};

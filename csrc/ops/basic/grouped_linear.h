@@ -14,10 +14,10 @@ namespace fusible::ops {
 /// Parameters weight0..weight{N-1} [out_features, in_features] (kaiming-uniform as
 /// torch.nn.Linear), then bias0..bias{N-1} [out_features] (zeros) with bias; or, with
 /// single_grouped_weight / single_grouped_bias, one `weight` [N, out, in] / `bias` [N, out]. The
-/// per-group parameters are slices of one buffer, so the grouped GEMM reads them in place (a swapped
-/// or moved parameter is gathered per call instead). The split sizes: a 1-D int32 or int64 tensor
-/// of num_groups non-negative entries summing to x's row count; on CUDA they stay on the device
-/// (checked there: no host synchronization). With scale_bias (and bias), extra input 1 is a
+/// per-group parameters are slices of one buffer, so the grouped GEMM reads them in place (a
+/// swapped or moved parameter is gathered per call instead). The split sizes: a 1-D int32 or int64
+/// tensor of num_groups non-negative entries summing to x's row count; on CUDA they stay on the
+/// device (checked there: no host synchronization). With scale_bias (and bias), extra input 1 is a
 /// per-row scale [rows] and each row adds bias_g * its scale (te.ops' MoE probabilities); the
 /// scales get a gradient.
 class GroupedLinear : public BasicOperation {
@@ -48,6 +48,20 @@ class GroupedLinear : public BasicOperation {
   BackwardResult fuser_backward(const std::vector<OperationContext*>& ctxs,
                                 const at::Tensor& grad_output,
                                 const TensorLists& grad_extra_outputs) override;
+
+  // The pieces fused ops compose (GroupedMLP_GroupedGEMMGLU):
+  /// fuser_forward's work; keep_input = false leaves the input for the weight gradient unsaved
+  /// (the caller hands it to param_grads).
+  at::Tensor forward(OperationContext& ctx, const at::Tensor& input,
+                     const std::vector<at::Tensor>& extra_inputs, const ForwardArgs& args,
+                     bool keep_input = true);
+  /// dx [rows, in] from dy [rows, out] (undefined when the input needs no gradient).
+  at::Tensor input_grad(const OperationContext& ctx, const at::Tensor& dy) const;
+  /// The parameter gradients and (scale_bias) the scales' gradient from dy [rows, out] and the
+  /// forward's input x [rows, in] in the compute dtype (undefined: the one the forward kept).
+  std::pair<std::vector<at::Tensor>, at::Tensor> param_grads(const OperationContext& ctx,
+                                                             const at::Tensor& dy,
+                                                             const at::Tensor& x) const;
 
  private:
   int64_t num_weight_params() const { return single_weight_ ? 1 : num_groups_; }

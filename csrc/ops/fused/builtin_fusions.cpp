@@ -9,10 +9,13 @@
 #include "ops/fused/forward_linear_bias_activation.h"
 #include "ops/fused/forward_linear_bias_add.h"
 #include "ops/fused/forward_linear_scale_add.h"
+#include "ops/fused/grouped_mlp.h"
 
 namespace fusible::ops {
 
 void register_builtin_fusions(FusionRegistry& registry) {
+  // Joint (forward and backward): ours, the MoE expert MLP.
+  registry.add("GroupedMLP_GroupedGEMMGLU", FusionPass::kForwardBackward, fuse_grouped_mlp);
   // Forward: the residual add first (it takes the Bias that BiasActivation would otherwise take).
   registry.add("ForwardLinearBiasAdd", FusionPass::kForward, fuse_forward_linear_bias_add);
   // Ours: the out-of-place add as the GEMM's C input (before BiasActivation takes the Bias).
