@@ -77,6 +77,19 @@ struct Gate {
       }
     }
   }
+  // value() and grads() from one activation evaluation where they share it (SwiGLU's sigmoid),
+  // with their arithmetic: the results match theirs bit for bit.
+  __device__ A value_and_grads(A a, A b, A& da, A& db) const {
+    if (p.mode == GluMode::kPlain && p.act == ActKind::kSilu) {
+      const A s = sigmoid(a);
+      const A act = a * s;
+      da = s * (A(1) + a * (A(1) - s)) * b;
+      db = act;
+      return act * b;
+    }
+    grads(a, b, da, db);
+    return value(a, b);
+  }
 };
 
 // Element e of the output [rows, h]: row e / h, column e % h; x holds [a | b] per row.
@@ -150,8 +163,7 @@ __global__ void scaled_glu_bwd_rows_kernel(const T* __restrict__ dy, const T* __
       for (int j = 0; j < VEC; ++j) {
         const A a = to_acc(av.v[j]), b = to_acc(bv.v[j]), g = to_acc(dv.v[j]);
         A ga, gb;
-        gate.grads(a, b, ga, gb);
-        const A value = gate.value(a, b);
+        const A value = gate.value_and_grads(a, b, ga, gb);
         sum += g * value;
         out.v[j] = from_acc<T>(s * value);
         const A d = s * g;

@@ -1,6 +1,8 @@
 // GroupedMLP_GroupedGEMMGLU.
 #include "ops/fused/grouped_mlp.h"
 
+#include <tuple>
+
 #include "kernels/ops.h"
 #include "ops/fused/fusion_window.h"
 
@@ -31,14 +33,27 @@ BackwardResult GroupedMLP_GroupedGEMMGLU::fuser_backward(const std::vector<Opera
                                                          const TensorLists&) {
   auto &fc1_ctx = *ctxs.at(0), &act_ctx = *ctxs.at(1), &fc2_ctx = *ctxs.at(2);
   const auto dy = cast_to(grad_output, fc2_ctx.compute_dtype).reshape({-1, fc2_->out_features()});
-  const auto da = fc2_->input_grad(fc2_ctx, dy);
-  // The activation's input and scales as [rows, 2F] and [rows] (the layout fc1 wrote).
-  const auto h = act_ctx.saved_tensors.at(0).reshape({-1, fc1_->out_features()});
-  const auto scales = act_ctx.saved_tensors.at(1).reshape({-1});
-  auto [dh, dscales, a] =
-      kernels::scaled_swiglu_bwd_fwd(cast_to(da, act_ctx.compute_dtype), h, scales);
-  auto [fc2_grads, fc2_dscales] = fc2_->param_grads(fc2_ctx, dy, cast_to(a, fc2_ctx.compute_dtype));
+  const auto scales_shape = act_ctx.saved_tensors.at(1).sizes().vec();
+  // Scopes and releases free each tensor once it is used, as the unfused plan's per-op backwards
+  // would: fc2's input gradient, the recomputed fc2 input, the activation's saved input.
+  at::Tensor dh, dscales;
+  std::vector<at::Tensor> fc2_grads;
+  at::Tensor fc2_dscales;
+  {
+    at::Tensor a;
+    {
+      const auto da = cast_to(fc2_->input_grad(fc2_ctx, dy), act_ctx.compute_dtype);
+      // The activation's input and scales as [rows, 2F] and [rows] (the layout fc1 wrote).
+      const auto h = act_ctx.saved_tensors.at(0).reshape({-1, fc1_->out_features()});
+      const auto scales = act_ctx.saved_tensors.at(1).reshape({-1});
+      std::tie(dh, dscales, a) = kernels::scaled_swiglu_bwd_fwd(da, h, scales);
+    }
+    act_ctx.release_saved_tensor(0);
+    std::tie(fc2_grads, fc2_dscales) =
+        fc2_->param_grads(fc2_ctx, dy, cast_to(a, fc2_ctx.compute_dtype));
+  }
   const auto dh2 = cast_to(dh, fc1_ctx.compute_dtype);
+  dh = at::Tensor();
   at::Tensor dx = fc1_->input_grad(fc1_ctx, dh2);
   if (dx.defined()) {
     auto shape = grad_output.sizes().vec();
@@ -51,11 +66,10 @@ BackwardResult GroupedMLP_GroupedGEMMGLU::fuser_backward(const std::vector<Opera
   std::vector<at::Tensor> fc1_extra{at::Tensor()}, fc2_extra{at::Tensor()};
   if (fc1_->scale_bias()) fc1_extra.push_back(fc1_dscales);
   if (fc2_->scale_bias()) fc2_extra.push_back(fc2_dscales);
-  return {dx,
-          {fc1_grads, {}, fc2_grads},
-          {fc1_extra,
-           {scales_need_grad ? dscales.reshape(act_ctx.saved_tensors.at(1).sizes()) : at::Tensor()},
-           fc2_extra}};
+  return {
+      dx,
+      {fc1_grads, {}, fc2_grads},
+      {fc1_extra, {scales_need_grad ? dscales.reshape(scales_shape) : at::Tensor()}, fc2_extra}};
 }
 
 OpList fuse_grouped_mlp(OpList ops, const FusionContext& fctx) {
