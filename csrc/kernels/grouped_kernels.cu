@@ -264,7 +264,8 @@ void launch_zero_empty_groups(void* dw, const int32_t* table, int64_t groups, in
                               KernelDType dtype, cudaStream_t stream) {
   if (per_group == 0) return;
   constexpr int kThreads = 256;
-  const int64_t blocks = std::min<int64_t>((per_group + kThreads - 1) / kThreads, 1024);
+  // Few blocks per group: most groups are not empty and their blocks only read the table.
+  const int64_t blocks = std::min<int64_t>((per_group + kThreads - 1) / kThreads, 64);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(groups));
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
