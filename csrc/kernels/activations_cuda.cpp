@@ -5,8 +5,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <limits>
-
 #include "common/checks.h"
 #include "kernels/activations.h"
 #include "kernels/compute_dtype.h"
@@ -83,8 +81,6 @@ at::Tensor glu_bwd_impl(const char* op, const at::Tensor& dy, const at::Tensor& 
   reference::check_glu_input(op, x);
   reference::check_glu_grad(op, dy, x);
   const auto [rows, h] = glu_dims(x);
-  TORCH_CHECK(!dscales || rows <= std::numeric_limits<int32_t>::max(), op,
-              ": at most 2^31 - 1 rows on CUDA (one block per row), got ", rows);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto dyc = dy.to(x.scalar_type()).contiguous(), xc = x.contiguous();
   const auto sc = acc_scales(scales, x);

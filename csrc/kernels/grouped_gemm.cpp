@@ -127,13 +127,15 @@ at::Tensor grouped_linear_fwd_cpu(const at::Tensor& x, const at::Tensor& weight,
   for (size_t g = 0; g < sizes.size(); start += sizes[g], ++g) {
     if (sizes[g] == 0) continue;
     auto y_g = y.narrow(0, start, sizes[g]);
-    at::mm_out(y_g, x.narrow(0, start, sizes[g]), weight[g].t());
-    if (!bias.has_value()) continue;
-    if (scales.has_value()) {
-      y_g.add_(scales->narrow(0, start, sizes[g]).to(acc).unsqueeze(-1) * (*bias)[g].to(acc));
-    } else {
-      y_g.add_((*bias)[g]);
+    const auto x_g = x.narrow(0, start, sizes[g]);
+    if (!bias.has_value()) {
+      at::mm_out(y_g, x_g, weight[g].t());
+      continue;
     }
+    // The bias joins the product in the accumulation dtype: one rounding, as on CUDA.
+    auto b = (*bias)[g].to(acc);
+    if (scales.has_value()) b = scales->narrow(0, start, sizes[g]).to(acc).unsqueeze(-1) * b;
+    y_g.copy_(at::mm(x_g.to(acc), weight[g].t().to(acc)) + b);
   }
   return y;
 }

@@ -28,6 +28,8 @@ at::Tensor group_table(const char* op, const at::Tensor& split_sizes, int64_t ro
   TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op,
               ": expected fewer than 2^31 rows, got ", rows);
   const int64_t groups = split_sizes.numel();
+  TORCH_CHECK_VALUE(groups <= kMaxGroups, op, ": expected at most ", kMaxGroups,
+                    " groups on CUDA, got ", groups);
   auto table = at::empty({group_table_size(groups)}, split_sizes.options().dtype(at::kInt));
   const auto sizes = split_sizes.contiguous();
   launch_group_table(sizes.const_data_ptr(), sizes.scalar_type() == at::kLong, groups, rows,
@@ -165,8 +167,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_bias_bwd_cuda(const at::Tensor& dy,
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const auto dtype = kernel_dtype(op, dy);
   const auto acc = acc_dtype(dy.scalar_type());
-  at::Tensor sc;
-  if (scales.has_value()) sc = scales->to(dy.scalar_type()).contiguous();
+  at::Tensor sc;  // in the accumulation dtype, as the CPU reference reads them
+  if (scales.has_value()) sc = scales->to(acc).contiguous();
   const auto* sc_ptr = sc.defined() ? sc.const_data_ptr() : nullptr;
   auto partial = at::empty({group_max_tiles(rows, groups), cols}, dy.options().dtype(acc));
   auto dbias = at::empty({groups, cols}, dy.options());

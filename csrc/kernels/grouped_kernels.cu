@@ -163,21 +163,22 @@ __global__ void zero_empty_groups_kernel(T* dw, const int32_t* table, int64_t pe
 
 // Pass 1: partial[tile, col] = sum over the tile's rows of dy[r, col] (times scales[r]).
 template <typename T>
-__global__ void grouped_bias_partial_kernel(const T* __restrict__ dy, const T* __restrict__ scales,
+__global__ void grouped_bias_partial_kernel(const T* __restrict__ dy,
+                                            const acc_t<T>* __restrict__ scales,
                                             const int32_t* table, int groups, int64_t cols,
                                             acc_t<T>* __restrict__ partial) {
   int g;
   int64_t first, group_end;
-  if (!tile_group(table, groups, blockIdx.y, g, first, group_end)) return;
-  const int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (!tile_group(table, groups, blockIdx.x, g, first, group_end)) return;
+  const int64_t col = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (col >= cols) return;
   const int64_t last = min(group_end, first + kGroupTileRows);
   acc_t<T> sum = 0;
   for (int64_t r = first; r < last; ++r) {
     const acc_t<T> d = to_acc(dy[r * cols + col]);
-    sum += scales ? d * to_acc(scales[r]) : d;
+    sum += scales ? d * scales[r] : d;
   }
-  partial[blockIdx.y * cols + col] = sum;
+  partial[blockIdx.x * cols + col] = sum;
 }
 
 // Pass 2: dbias[g, col] = the sum of group g's tiles, in tile order (deterministic).
@@ -285,10 +286,10 @@ void launch_grouped_bias_grad(const void* dy, const void* scales, const int32_t*
     using T = decltype(tag);
     auto* part = static_cast<acc_t<T>*>(partial);
     if (rows > 0) {
-      const dim3 grid(col_blocks, static_cast<unsigned>(group_max_tiles(rows, groups)));
-      grouped_bias_partial_kernel<T>
-          <<<grid, kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(scales),
-                                          table, static_cast<int>(groups), cols, part);
+      const dim3 grid(static_cast<unsigned>(group_max_tiles(rows, groups)), col_blocks);
+      grouped_bias_partial_kernel<T><<<grid, kThreads, 0, stream>>>(
+          static_cast<const T*>(dy), static_cast<const acc_t<T>*>(scales), table,
+          static_cast<int>(groups), cols, part);
       cuda::check_launch("grouped_bias_partial_kernel");
     }
     const dim3 grid(col_blocks, static_cast<unsigned>(groups));

@@ -12,6 +12,9 @@ namespace fusible::kernels {
 /// Rows per tile of the row-split kernels (the SIMT GEMM's M tile, the bias gradient's chunk).
 constexpr int kGroupTileRows = 64;
 
+/// Most groups the kernels take (grid dimensions y and z).
+constexpr int64_t kMaxGroups = 65535;
+
 /// Entries of the int32 group table for `groups` groups: ends[groups] (inclusive prefix sums of the
 /// sizes: torch._grouped_mm's offsets), then tile_starts[groups + 1] (each group's first
 /// kGroupTileRows-row tile; the last entry is the tile count).
@@ -47,9 +50,9 @@ void launch_grouped_wgrad_gemm(const void* dy, const void* x, void* dw, int64_t 
 void launch_zero_empty_groups(void* dw, const int32_t* table, int64_t groups, int64_t per_group,
                               KernelDType dtype, cudaStream_t stream);
 
-/// dbias[g, :] = sum over group g's rows of dy[r, :] (times scales[r] when not null), in two
-/// deterministic passes: per-tile sums into partial ([group_max_tiles, cols], accumulation
-/// type), then per-group totals.
+/// dbias[g, :] = sum over group g's rows of dy[r, :] (times scales[r], in the accumulation type,
+/// when not null), in two deterministic passes: per-tile sums into partial ([group_max_tiles,
+/// cols], accumulation type), then per-group totals.
 void launch_grouped_bias_grad(const void* dy, const void* scales, const int32_t* table,
                               int64_t groups, int64_t rows, int64_t cols, void* partial,
                               void* dbias, KernelDType dtype, cudaStream_t stream);

@@ -385,12 +385,14 @@ def test_fused_expert_mlp_equals_its_unfused_plan(device, dtype, bias):
         assert torch.equal(a, b)  # the same kernels on the same operands
 
 
-def test_fused_expert_mlp_against_float64():
-    seq = _expert_mlp("cpu", torch.float32, True)
-    x = torch.randn(10, 16)
-    dy = torch.randn(10, 8)
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_expert_mlp_against_float64(device):
+    seq = _expert_mlp(device, torch.float32, True)
+    x = torch.randn(10, 16).to(device)
+    dy = torch.randn(10, 8).to(device)
     got = _mlp_step(seq, x, dy)
-    xr = x.double().requires_grad_()
+    assert seq.fusion_plan()[0]["forward"][1] == "GroupedMLP_GroupedGEMMGLU"
+    xr = x.cpu().double().requires_grad_()
     s = torch.sigmoid(xr.sum(-1))
     w1 = [getattr(seq[1], f"weight{g}").detach().double().requires_grad_() for g in range(3)]
     b1 = [getattr(seq[1], f"bias{g}").detach().double().requires_grad_() for g in range(3)]
@@ -404,7 +406,7 @@ def test_fused_expert_mlp_against_float64():
 
     s_rows = {0: s[:5], 2: s[5:]}
     ref = torch.cat([expert(xr[:5], 0), expert(xr[5:], 2)])
-    ref.backward(dy.double())
+    ref.backward(dy.cpu().double())
     params = (*w1, *b1, *w2, *b2)  # expert 1 gets no rows: zero gradients
     want = [ref, xr.grad] + [t.grad if t.grad is not None else torch.zeros_like(t) for t in params]
     for g, w in zip(got, want):
@@ -425,3 +427,19 @@ def test_fused_expert_mlp_declines_where_its_conditions_fail():
         "ScaledSwiGLU",
         "GroupedLinear",
     ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("single", [False, True])
+def test_one_group(device, single):
+    torch.manual_seed(10)
+    op = ops.GroupedLinear(
+        1, 8, 4, device=device, dtype=D, single_grouped_weight=single, single_grouped_bias=single
+    )
+    x = torch.randn(5, 8, dtype=D, device=device, requires_grad=True)
+    y = op(x, torch.tensor([5], device=device))
+    w = op.weight[0] if single else op.weight0
+    b = op.bias[0] if single else op.bias0
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones(5, 4, dtype=D, device=device) @ w.detach())

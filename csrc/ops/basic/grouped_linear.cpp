@@ -138,10 +138,11 @@ at::Tensor GroupedLinear::split_sizes_for(const at::Tensor& sizes, const at::Ten
   return sizes.device() == x.device() ? sizes : sizes.to(x.device());
 }
 
-at::Tensor GroupedLinear::grouped_param(const OperationContext& ctx, int64_t first, int64_t count,
+at::Tensor GroupedLinear::grouped_param(const OperationContext& ctx, int64_t first, bool single,
                                         const char* name, c10::IntArrayRef shape) const {
   constexpr const char* op = "GroupedLinear";
-  if (count == 1) {  // the single grouped parameter
+  const int64_t count = num_groups_;
+  if (single) {
     const auto& p = ctx.param(first, op);
     std::vector<int64_t> full{num_groups_};
     full.insert(full.end(), shape.begin(), shape.end());
@@ -182,12 +183,13 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
   ctx.compute_dtype = compute_dtype(args, w0.scalar_type());
   const auto x = cast_to(input, ctx.compute_dtype).reshape({rows, in_features_});
   const int64_t nw = num_weight_params();
-  const auto weight = cast_to(grouped_param(ctx, 0, nw, "weight", {out_features_, in_features_}),
-                              ctx.compute_dtype);
+  const auto weight =
+      cast_to(grouped_param(ctx, 0, single_weight_, "weight", {out_features_, in_features_}),
+              ctx.compute_dtype);
   at::Tensor bias;
   if (has_bias_) {
-    bias = cast_to(grouped_param(ctx, nw, num_bias_params(), "bias", {out_features_}),
-                   ctx.compute_dtype);
+    bias =
+        cast_to(grouped_param(ctx, nw, single_bias_, "bias", {out_features_}), ctx.compute_dtype);
   }
   at::Tensor scales;  // scale_bias: one per row, as given
   if (scale_bias_) {

@@ -66,9 +66,10 @@ class GroupedLinear : public BasicOperation {
  private:
   int64_t num_weight_params() const { return single_weight_ ? 1 : num_groups_; }
   int64_t num_bias_params() const { return has_bias_ ? (single_bias_ ? 1 : num_groups_) : 0; }
-  /// The call's weights as one [N, out, in] tensor (bias: [N, out]) from parameters [first,
-  /// first + count), in place when they are slices of one buffer.
-  at::Tensor grouped_param(const OperationContext& ctx, int64_t first, int64_t count,
+  /// The call's weights as one [N, out, in] tensor (bias: [N, out]) from the single grouped
+  /// parameter `first` (single) or the N per-group ones from `first` on, in place when they are
+  /// slices of one buffer.
+  at::Tensor grouped_param(const OperationContext& ctx, int64_t first, bool single,
                            const char* name, c10::IntArrayRef shape) const;
   /// Checks the split sizes' metadata (dtype, shape) and puts them on x's device.
   at::Tensor split_sizes_for(const at::Tensor& sizes, const at::Tensor& x) const;
