@@ -394,10 +394,10 @@ def test_fused_expert_mlp_against_float64(device):
     assert seq.fusion_plan()[0]["forward"][1] == "GroupedMLP_GroupedGEMMGLU"
     xr = x.cpu().double().requires_grad_()
     s = torch.sigmoid(xr.sum(-1))
-    w1 = [getattr(seq[1], f"weight{g}").detach().double().requires_grad_() for g in range(3)]
-    b1 = [getattr(seq[1], f"bias{g}").detach().double().requires_grad_() for g in range(3)]
-    w2 = [getattr(seq[3], f"weight{g}").detach().double().requires_grad_() for g in range(3)]
-    b2 = [getattr(seq[3], f"bias{g}").detach().double().requires_grad_() for g in range(3)]
+    w1 = [getattr(seq[1], f"weight{g}").detach().double().cpu().requires_grad_() for g in range(3)]
+    b1 = [getattr(seq[1], f"bias{g}").detach().double().cpu().requires_grad_() for g in range(3)]
+    w2 = [getattr(seq[3], f"weight{g}").detach().double().cpu().requires_grad_() for g in range(3)]
+    b2 = [getattr(seq[3], f"bias{g}").detach().double().cpu().requires_grad_() for g in range(3)]
 
     def expert(rows, g):
         h = rows @ w1[g].T + b1[g]
