@@ -75,11 +75,40 @@ void bind_ops(py::module_& m) {
   py::class_<Bias, BasicOperation, std::shared_ptr<Bias>>(m, "Bias").def(
       py::init<int64_t, OptDevice, OptDtype>());
   py::class_<BasicLinear, BasicOperation, std::shared_ptr<BasicLinear>>(m, "BasicLinear")
-      .def(py::init<int64_t, int64_t, OptDevice, OptDtype>())
+      .def(py::init([](int64_t in, int64_t out, OptDevice device, OptDtype dtype,
+                       std::string mode, std::string group, int64_t size, int64_t rank,
+                       bool sequence_parallel) {
+             return std::make_shared<BasicLinear>(
+                 in, out, device, dtype,
+                 TensorParallel{std::move(mode), {std::move(group), size, rank},
+                                sequence_parallel});
+           }),
+           py::arg("in_features"), py::arg("out_features"), py::arg("device") = py::none(),
+           py::arg("dtype") = py::none(), py::arg("mode") = "", py::arg("group") = "",
+           py::arg("group_size") = 1, py::arg("rank") = 0, py::arg("sequence_parallel") = false)
+      // "" (none), "column" or "row", after te.ops' canonicalization (one process: none).
+      .def_property_readonly("tensor_parallel_mode",
+                             [](const BasicLinear& op) { return op.tensor_parallel().mode; })
+      .def_property_readonly("local_in_features", &BasicLinear::in_features)
+      .def_property_readonly("local_out_features", &BasicLinear::out_features)
       // hook(dw) -> the weight's gradient for autograd, or None; None clears it.
       .def("set_main_grad_hook", &BasicLinear::set_main_grad_hook, py::arg("hook"))
       .def_property_readonly("accumulates_into_main_grad",
                              &BasicLinear::accumulates_into_main_grad);
+  // Collectives: the process group as (c10d registry name, size, this rank).
+  py::class_<Collective, BasicOperation, std::shared_ptr<Collective>>(m, "Collective");
+  py::class_<AllGather, Collective, std::shared_ptr<AllGather>>(m, "AllGather")
+      .def(py::init([](std::string group, int64_t size, int64_t rank) {
+        return std::make_shared<AllGather>(ProcessGroupSpec{std::move(group), size, rank});
+      }));
+  py::class_<ReduceScatter, Collective, std::shared_ptr<ReduceScatter>>(m, "ReduceScatter")
+      .def(py::init([](std::string group, int64_t size, int64_t rank) {
+        return std::make_shared<ReduceScatter>(ProcessGroupSpec{std::move(group), size, rank});
+      }));
+  py::class_<AllReduce, Collective, std::shared_ptr<AllReduce>>(m, "AllReduce")
+      .def(py::init([](std::string group, int64_t size, int64_t rank) {
+        return std::make_shared<AllReduce>(ProcessGroupSpec{std::move(group), size, rank});
+      }));
   py::class_<GroupedLinear, BasicOperation, std::shared_ptr<GroupedLinear>>(m, "GroupedLinear")
       .def(py::init<int64_t, int64_t, int64_t, bool, OptDevice, OptDtype, bool, bool, bool>())
       // hook(i, dw) -> weight parameter i's gradient for autograd, or None; None clears it.
@@ -154,11 +183,13 @@ void bind_ops(py::module_& m) {
   FUSIBLE_BIND_FUSED(BackwardLinearActivationBias)
   FUSIBLE_BIND_FUSED(BackwardAddRMSNorm)
   FUSIBLE_BIND_FUSED(BackwardAddLayerNorm)
+  FUSIBLE_BIND_FUSED(GroupedMLP_GroupedGEMMGLU)
 #undef FUSIBLE_BIND_FUSED
   py::class_<Linear, FusedOperation, std::shared_ptr<Linear>>(m, "Linear")
       .def(py::init<int64_t, int64_t, bool, OptDevice, OptDtype>())
-      .def(py::init<std::shared_ptr<BasicLinear>, std::shared_ptr<Bias>>(), py::arg("linear"),
-           py::arg("bias") = nullptr);
+      .def(py::init<std::shared_ptr<BasicLinear>, std::shared_ptr<Bias>,
+                    std::shared_ptr<BasicOperation>>(),
+           py::arg("linear"), py::arg("bias") = nullptr, py::arg("collective") = nullptr);
 }
 
 }  // namespace fusible::python

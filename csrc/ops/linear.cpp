@@ -4,11 +4,13 @@
 namespace fusible::ops {
 namespace {
 
-std::vector<std::shared_ptr<BasicOperation>> make_basic_list(std::shared_ptr<BasicLinear> linear,
-                                                             std::shared_ptr<Bias> bias) {
+std::vector<std::shared_ptr<BasicOperation>> make_basic_list(
+    std::shared_ptr<BasicLinear> linear, std::shared_ptr<Bias> bias,
+    std::shared_ptr<BasicOperation> collective) {
   TORCH_CHECK_VALUE(linear != nullptr, "Linear: expected a BasicLinear, got null");
   std::vector<std::shared_ptr<BasicOperation>> ops{linear};
   if (bias) ops.push_back(bias);
+  if (collective) ops.push_back(collective);
   return ops;
 }
 
@@ -19,10 +21,12 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias,
     : Linear(std::make_shared<BasicLinear>(in_features, out_features, device, dtype),
              bias ? std::make_shared<Bias>(out_features, device, dtype) : nullptr) {}
 
-Linear::Linear(std::shared_ptr<BasicLinear> linear, std::shared_ptr<Bias> bias)
-    : FusedOperation("Linear", make_basic_list(linear, bias)),
+Linear::Linear(std::shared_ptr<BasicLinear> linear, std::shared_ptr<Bias> bias,
+               std::shared_ptr<BasicOperation> collective)
+    : FusedOperation("Linear", make_basic_list(linear, bias, collective)),
       linear_(std::move(linear)),
-      bias_(std::move(bias)) {
+      bias_(std::move(bias)),
+      collective_(std::move(collective)) {
   TORCH_CHECK_VALUE(!bias_ || bias_->size() == linear_->out_features(), "Linear: expected a bias ",
                     "of size out_features (", linear_->out_features(), "), got ", bias_->size());
   // Own names for the basic ops' tensors: the same objects, torch.nn.Linear's state-dict keys.
@@ -33,7 +37,9 @@ Linear::Linear(std::shared_ptr<BasicLinear> linear, std::shared_ptr<Bias> bias)
 std::shared_ptr<torch::nn::Module> Linear::clone(const std::optional<c10::Device>& device) const {
   auto linear = std::static_pointer_cast<BasicLinear>(linear_->clone(device));
   auto bias = bias_ ? std::static_pointer_cast<Bias>(bias_->clone(device)) : nullptr;
-  return std::make_shared<Linear>(std::move(linear), std::move(bias));
+  auto collective =
+      collective_ ? std::static_pointer_cast<BasicOperation>(collective_->clone(device)) : nullptr;
+  return std::make_shared<Linear>(std::move(linear), std::move(bias), std::move(collective));
 }
 
 }  // namespace fusible::ops

@@ -152,8 +152,8 @@ class TestOperationFuser:
         lin(torch.randn(2, 4))  # still usable
 
     def test_unsupported_keywords(self):
-        with pytest.raises(NotImplementedError, match="tensor_parallel_mode"):
-            ops.Linear(4, 4, tensor_parallel_mode="row")
+        with pytest.raises(NotImplementedError, match="rng_state_tracker_function"):
+            ops.Linear(4, 4, rng_state_tracker_function=lambda: None)
         with pytest.raises(NotImplementedError, match="userbuffers_options"):
             ops.BasicLinear(4, 4, userbuffers_options={})
 

@@ -13,14 +13,45 @@
 
 namespace fusible::ops {
 
+namespace {
+
+// The checked configuration; tensor parallelism over one process is none (as te.ops).
+TensorParallel canonical(TensorParallel tp, int64_t in_features, int64_t out_features) {
+  constexpr const char* op = "BasicLinear";
+  TORCH_CHECK_VALUE(tp.mode.empty() || tp.mode == "column" || tp.mode == "row", op,
+                    ": supported modes for tensor parallelism are None, \"row\" and \"column\" "
+                    "(got mode='",
+                    tp.mode, "')");
+  TORCH_CHECK_VALUE(!tp.sequence_parallel || !tp.mode.empty(), op,
+                    ": sequence_parallel needs tensor parallelism (tensor_parallel_mode \"column\" "
+                    "or \"row\")");
+  if (tp.mode.empty()) return {};
+  check_process_group(op, tp.group);
+  if (tp.group.size == 1) return {};
+  const int64_t sharded = tp.mode == "column" ? out_features : in_features;
+  TORCH_CHECK_VALUE(sharded % tp.group.size == 0, op,
+                    ": invalid configuration for tensor parallelism (mode='", tp.mode, "', ",
+                    tp.mode == "column" ? "out_features=" : "in_features=", sharded,
+                    ", group_size=", tp.group.size, "): the sharded dim must divide evenly");
+  return tp;
+}
+
+}  // namespace
+
 BasicLinear::BasicLinear(int64_t in_features, int64_t out_features,
-                         std::optional<c10::Device> device, std::optional<at::ScalarType> dtype)
-    : BasicOperation("BasicLinear"), in_features_(in_features), out_features_(out_features) {
+                         std::optional<c10::Device> device, std::optional<at::ScalarType> dtype,
+                         TensorParallel tp)
+    : BasicOperation("BasicLinear"),
+      in_features_(in_features),
+      out_features_(out_features),
+      tp_(canonical(std::move(tp), in_features, out_features)) {
   TORCH_CHECK_VALUE(in_features > 0 && out_features > 0,
                     "BasicLinear: expected positive in_features and out_features, got ",
                     in_features, " and ", out_features);
+  if (tp_.mode == "column") out_features_ /= tp_.group.size;
+  if (tp_.mode == "row") in_features_ /= tp_.group.size;
   const auto& w = register_parameter(
-      "weight", at::empty({out_features, in_features}, param_options(device, dtype)));
+      "weight", at::empty({out_features_, in_features_}, param_options(device, dtype)));
   if (!w.is_meta()) reset_parameters();
 }
 
@@ -96,12 +127,54 @@ at::Tensor BasicLinear::take_param_grad(size_t index, const at::Tensor& grad) {
 
 at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,
                                    const ForwardArgs& args) {
+  if (is_tensor_parallel()) return tensor_parallel_forward(ctx, x, args);
   const auto [xo, wo] = prepare_forward(ctx, x, args);
   return gemms::forward(xo, wo, std::nullopt);
 }
 
+at::Tensor BasicLinear::tensor_parallel_forward(OperationContext& ctx, const at::Tensor& x,
+                                                const ForwardArgs& args) {
+  constexpr const char* op = "BasicLinear";
+  const bool sp = tp_.sequence_parallel;
+  // Column + sequence parallel: the rows of x are sharded; the GEMM (and the wgrad) take them all.
+  const auto input = tp_.mode == "column" && sp ? wait(all_gather_start(op, x, tp_.group)) : x;
+  const auto [xo, wo] = prepare_forward(ctx, input, args);
+  auto y = gemms::forward(xo, wo, std::nullopt);
+  if (tp_.mode == "row") {  // partial sums of every rank's input columns
+    y = wait(sp ? reduce_scatter_start(op, y, tp_.group) : all_reduce_start(op, y, tp_.group));
+  }
+  return y;
+}
+
+std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::tensor_parallel_backward(
+    OperationContext& ctx, const at::Tensor& dy_in) {
+  constexpr const char* op = "BasicLinear";
+  const bool sp = tp_.sequence_parallel;
+  auto dy = cast_to(dy_in, ctx.compute_dtype);
+  if (tp_.mode == "row" && sp) dy = wait(all_gather_start(op, dy, tp_.group));
+  const auto x = saved_input(ctx);
+  const auto w = saved_weight(ctx);
+  const bool need_dw = x.columnwise.defined();
+  const bool need_dx = w.rowwise.defined() || w.columnwise.defined();
+  const auto g = ctx.fp8.backward_operand(dy, 0, need_dx, need_dw);
+  // Column parallel: dx is a partial sum over the ranks' output features; its reduction runs
+  // while the wgrad computes (te's overlap), and is waited for last.
+  at::Tensor dx, dw;
+  if (need_dx) {
+    dx = gemms::dgrad(g, w);
+    if (tp_.mode == "column") {
+      dx = sp ? reduce_scatter_start(op, dx, tp_.group) : all_reduce_start(op, dx, tp_.group);
+    }
+  }
+  if (need_dw) dw = gemms::wgrad(g, x, 1.0);
+  ctx.release_saved_tensor(0);
+  if (dx.defined() && tp_.mode == "column") dx = wait(dx);
+  return {dx, {dw}};
+}
+
 std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::op_backward(OperationContext& ctx,
                                                                         const at::Tensor& dy) {
+  if (is_tensor_parallel()) return tensor_parallel_backward(ctx, dy);
   // dw in the compute dtype: the fuser casts it to the weight's.
   auto [dx, dw] =
       backward_gemms(ctx, cast_to(dy, ctx.compute_dtype), 1.0,

@@ -5,20 +5,37 @@
 #include <optional>
 
 #include "kernels/ops.h"
+#include "ops/distributed.h"
 #include "ops/fusible_operation.h"
 #include "ops/linear_gemms.h"
 
 namespace fusible::ops {
 
-/// Parameter `weight` [out_features, in_features], kaiming-uniform(a=sqrt(5)) like torch.nn.Linear.
+/// te.ops' tensor parallelism of a linear. "column": the weight's output rows are sharded over the
+/// group, the output is this rank's slice of features (with sequence_parallel, the input is first
+/// all-gathered along dim 0); "row": the input columns are sharded, the output is all-reduced
+/// (reduce-scattered along dim 0 with sequence_parallel). The backward runs the adjoints.
+struct TensorParallel {
+  std::string mode;  // "", "column" or "row"
+  ProcessGroupSpec group;
+  bool sequence_parallel = false;
+};
+
+/// Parameter `weight` [out_features, in_features], kaiming-uniform(a=sqrt(5)) like torch.nn.Linear;
+/// with tensor parallelism, this rank's shard of the global [out_features, in_features].
 class BasicLinear : public BasicOperation {
  public:
   FUSIBLE_CLONEABLE_OP
+  /// in_features, out_features: the global sizes (te.ops' convention).
   BasicLinear(int64_t in_features, int64_t out_features,
               std::optional<c10::Device> device = std::nullopt,
-              std::optional<at::ScalarType> dtype = std::nullopt);
+              std::optional<at::ScalarType> dtype = std::nullopt, TensorParallel tp = {});
+  /// The local sizes (this rank's shard; the global ones without tensor parallelism).
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  /// Whether collectives run in this op (fusions built for local GEMMs decline it).
+  bool is_tensor_parallel() const { return !tp_.mode.empty(); }
   /// The registered weight (a call computes with the call's own, OperationContext::params).
   at::Tensor& weight() { return *parameters_.find("weight"); }
   void reset_parameters() override;
@@ -66,8 +83,14 @@ class BasicLinear : public BasicOperation {
   static GemmOperand saved_weight(const OperationContext& ctx);
 
  private:
+  at::Tensor tensor_parallel_forward(OperationContext& ctx, const at::Tensor& x,
+                                     const ForwardArgs& args);
+  std::pair<at::Tensor, std::vector<at::Tensor>> tensor_parallel_backward(OperationContext& ctx,
+                                                                          const at::Tensor& dy);
+
   int64_t in_features_;
   int64_t out_features_;
+  TensorParallel tp_;
   MainGradHook main_grad_hook_;
 };
 

@@ -39,7 +39,7 @@ OpList fuse_backward_linear_activation_bias(OpList ops, const FusionContext& fct
   return fuse_windows(ops, [&](const OpList& list, size_t i) {
     auto bias = op_at<Bias>(list, i);
     auto act = epilogue_activation_at(list, i + 1);
-    auto linear = op_at<BasicLinear>(list, i + 2);
+    auto linear = local_linear_at(list, i + 2);
     if (!bias || !act || !linear || !fctx.runs_backward(*bias)) {
       return std::pair<std::shared_ptr<FusibleOperation>, size_t>{nullptr, 0};
     }

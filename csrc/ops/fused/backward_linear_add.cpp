@@ -34,7 +34,7 @@ BackwardResult BackwardLinearAdd::fuser_backward(const std::vector<OperationCont
 OpList fuse_backward_linear_add(OpList ops, const FusionContext& fctx) {
   return fuse_windows(ops, [&](const OpList& list, size_t i) {
     auto make = op_at<MakeExtraOutput>(list, i);
-    auto linear = op_at<BasicLinear>(list, i + 1);
+    auto linear = local_linear_at(list, i + 1);
     if (!make || !linear || !make->in_place() || !fctx.runs_backward(*make)) {
       return std::pair<std::shared_ptr<FusibleOperation>, size_t>{nullptr, 0};
     }

@@ -30,7 +30,7 @@ BackwardResult BackwardLinearScale::fuser_backward(const std::vector<OperationCo
 
 OpList fuse_backward_linear_scale(OpList ops, const FusionContext& fctx) {
   return fuse_windows(ops, [&](const OpList& list, size_t i) {
-    auto linear = op_at<BasicLinear>(list, i);
+    auto linear = local_linear_at(list, i);
     auto scale = op_at<ConstantScale>(list, i + 1);
     if (!linear || !scale || !fctx.runs_backward(*linear)) {
       return std::pair<std::shared_ptr<FusibleOperation>, size_t>{nullptr, 0};

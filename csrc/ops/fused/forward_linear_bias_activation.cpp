@@ -44,7 +44,7 @@ at::Tensor ForwardLinearBiasActivation::fuser_forward(const std::vector<Operatio
 OpList fuse_forward_linear_bias_activation(OpList ops, const FusionContext& fctx) {
   return fuse_windows(ops, [&](const OpList& list, size_t i) {
     std::pair<std::shared_ptr<FusibleOperation>, size_t> none{nullptr, 0};
-    auto linear = op_at<BasicLinear>(list, i);
+    auto linear = local_linear_at(list, i);
     auto bias = op_at<Bias>(list, i + 1);
     if (!linear || !bias || bias->size() != linear->out_features() ||
         fctx.param_dtype(*bias, 0) != fctx.param_dtype(*linear, 0)) {

@@ -64,7 +64,7 @@ namespace {
 OpList fuse_linear_bias_add(OpList ops, const FusionContext& fctx, bool in_place) {
   return fuse_windows(ops, [&](const OpList& list, size_t i) {
     std::pair<std::shared_ptr<FusibleOperation>, size_t> none{nullptr, 0};
-    auto linear = op_at<BasicLinear>(list, i);
+    auto linear = local_linear_at(list, i);
     if (!linear) return none;
     auto bias = op_at<Bias>(list, i + 1);
     if (bias && (bias->size() != linear->out_features() ||

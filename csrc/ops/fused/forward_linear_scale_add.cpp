@@ -29,7 +29,7 @@ at::Tensor ForwardLinearScaleAdd::fuser_forward(const std::vector<OperationConte
 
 OpList fuse_forward_linear_scale_add(OpList ops, const FusionContext&) {
   return fuse_windows(ops, [&](const OpList& list, size_t i) {
-    auto linear = op_at<BasicLinear>(list, i);
+    auto linear = local_linear_at(list, i);
     auto scale = op_at<ConstantScale>(list, i + 1);
     auto add = op_at<AddExtraInput>(list, i + 2);
     if (!linear || !scale || !add || !add->in_place()) {

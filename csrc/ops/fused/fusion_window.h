@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "ops/basic/activations.h"
+#include "ops/basic/basic_linear.h"
 #include "ops/fusion_registry.h"
 
 namespace fusible::ops {
@@ -14,6 +15,13 @@ namespace fusible::ops {
 template <typename T>
 std::shared_ptr<T> op_at(const OpList& ops, size_t i) {
   return i < ops.size() ? std::dynamic_pointer_cast<T>(ops[i]) : nullptr;
+}
+
+/// The BasicLinear at position i when its GEMMs are local (no tensor-parallel collectives, which
+/// the fused GEMMs would skip), or null.
+inline std::shared_ptr<BasicLinear> local_linear_at(const OpList& ops, size_t i) {
+  auto linear = op_at<BasicLinear>(ops, i);
+  return linear && !linear->is_tensor_parallel() ? linear : nullptr;
 }
 
 /// The GELU or ReLU op at position i (the activations GEMM epilogues have), or null.

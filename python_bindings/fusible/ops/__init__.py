@@ -38,7 +38,9 @@ from ._basic import (
     SwiGLU,
     te_ops_state_dict,
 )
+from ._collectives import AllGather, AllReduce, ReduceScatter
 from ._containers import OperationFuser, Sequential
+from ._distributed import full_state_dict
 from ._fusions import (
     register_backward_fusion,
     register_forward_backward_fusion,
@@ -51,6 +53,9 @@ from ._fusions import (
 OperationContext = _core.OperationContext
 
 __all__ = [
+    "AllGather",
+    "AllReduce",
+    "ReduceScatter",
     "AddExtraInput",
     "BasicLinear",
     "BasicOperation",
@@ -97,6 +102,7 @@ __all__ = [
     "OperationContext",
     "register_forward_fusion",
     "te_ops_state_dict",
+    "full_state_dict",
     "register_backward_fusion",
     "register_forward_backward_fusion",
     "unregister_fusion",

@@ -17,6 +17,8 @@ from ._base import (
     quantize_fp8_weights,
     reject_unsupported,
 )
+from ._collectives import AllReduce, ReduceScatter
+from ._distributed import group_spec, tensor_parallel_args
 
 
 def _normalized_shape(shape):
@@ -78,7 +80,8 @@ class Bias(BasicOperation):
         size (int): length of the last dim.
         device: where the parameter lives (None: see API.md; "meta" defers allocation).
         dtype: parameter dtype (None: torch's default dtype).
-        tensor_parallel, tensor_parallel_group: te.ops keywords, accepted at their defaults only.
+        tensor_parallel (bool): the bias is sharded over `tensor_parallel_group` (None: the
+            default group): this rank holds `local_size` = size / group size entries (te.ops').
     """
 
     _repr_fields = ("size",)
@@ -86,16 +89,21 @@ class Bias(BasicOperation):
     def __init__(
         self, size, *, device=None, dtype=None, tensor_parallel=False, tensor_parallel_group=None
     ):
-        reject_unsupported(
-            "Bias",
-            tensor_parallel=(tensor_parallel, False),
-            tensor_parallel_group=(tensor_parallel_group, None),
-        )
         self.size = int(size)
+        group_size = group_spec("Bias", tensor_parallel_group)[1] if tensor_parallel else 1
+        if self.size % group_size != 0:
+            raise ValueError(
+                "Bias: invalid configuration for tensor parallelism "
+                f"(size={self.size}, tensor_parallel_size={group_size})"
+            )
+        self.tensor_parallel = group_size > 1  # te.ops' attributes
+        self.tensor_parallel_group = tensor_parallel_group if self.tensor_parallel else None
+        self.tensor_parallel_size = group_size
+        self.local_size = self.size // group_size
         super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
 
     def _make_cpp(self, device, dtype):
-        return _C.Bias(self.size, device, dtype)
+        return _C.Bias(self.local_size, device, dtype)
 
 
 class BasicLinear(BasicOperation):
@@ -106,7 +114,17 @@ class BasicLinear(BasicOperation):
         in_features (int), out_features (int): sizes of x's and y's last dim.
         device: where the weight lives (None: see API.md; "meta" defers allocation).
         dtype: weight dtype (None: torch's default dtype).
-        tensor_parallel_mode, tensor_parallel_group, sequence_parallel,
+        tensor_parallel_mode (None, "column" or "row"): te.ops' tensor parallelism over
+            `tensor_parallel_group` (None: the default group; one process: none). "column": this
+            rank holds weight rows [out_features / size, in_features] and outputs its slice of
+            features; "row": it holds [out_features, in_features / size], takes its slice of
+            input features and the output is all-reduced. The backward runs the adjoint
+            collectives; a column-parallel input gradient's reduction overlaps the weight-gradient
+            GEMM. in_features / out_features are the global sizes (`local_in_features`,
+            `local_out_features`: this rank's).
+        sequence_parallel (bool): with tensor parallelism, dim 0 of the column-parallel input (and
+            of the row-parallel output) is sharded over the group: all-gathered before the GEMM,
+            reduce-scattered after it.
         accumulate_into_main_grad (bool): the backward adds the weight gradient into
             `weight.main_grad` (Megatron's buffer; RuntimeError when missing) instead of
             `weight.grad`, or overwrites it where `weight.overwrite_main_grad` is set; autograd
@@ -117,12 +135,7 @@ class BasicLinear(BasicOperation):
     """
 
     _repr_fields = ("in_features", "out_features")
-    # te.ops' attributes, which its fusion functions read: no tensor parallelism (issue 16) and
-    # no Userbuffers here.
-    tensor_parallel_mode = None
-    tensor_parallel_group = None
-    tensor_parallel_size = 1
-    sequence_parallel = False
+    # te.ops' attribute, which its fusion functions read: no Userbuffers here.
     _userbuffers_options = None
 
     @property
@@ -145,15 +158,23 @@ class BasicLinear(BasicOperation):
     ):
         reject_unsupported(
             "BasicLinear",
-            tensor_parallel_mode=(tensor_parallel_mode, None),
-            tensor_parallel_group=(tensor_parallel_group, None),
-            sequence_parallel=(sequence_parallel, False),
             rng_state_tracker_function=(rng_state_tracker_function, None),
             userbuffers_options=(userbuffers_options, None),
         )
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.accumulate_into_main_grad = bool(accumulate_into_main_grad)
+        self._tp_args = tensor_parallel_args(
+            "BasicLinear", tensor_parallel_mode, tensor_parallel_group, sequence_parallel
+        )
         super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
+        # te.ops' attributes, after its canonicalization (one process: no tensor parallelism).
+        self.tensor_parallel_mode = self._cpp.tensor_parallel_mode or None
+        parallel = self.tensor_parallel_mode is not None
+        self.tensor_parallel_group = tensor_parallel_group if parallel else None
+        self.tensor_parallel_size = self._tp_args["group_size"] if parallel else 1
+        self.sequence_parallel = bool(sequence_parallel) and parallel
+        self.local_in_features = self._cpp.local_in_features
+        self.local_out_features = self._cpp.local_out_features
         # Under quantized_model_init: the weight in FP8 now, or when materialized.
         self._fp8_weight_format = quantization.model_init_format()
         if self._fp8_weight_format is not None:
@@ -162,7 +183,7 @@ class BasicLinear(BasicOperation):
             quantize_fp8_weights(self)
 
     def _make_cpp(self, device, dtype):
-        cpp = _C.BasicLinear(self.in_features, self.out_features, device, dtype)
+        cpp = _C.BasicLinear(self.in_features, self.out_features, device, dtype, **self._tp_args)
         if self.accumulate_into_main_grad:
             cpp.set_main_grad_hook(_main_grad_hook(weakref.ref(self)))
         return cpp
@@ -701,8 +722,11 @@ class Linear(FusedOperation):
         bias (bool): add a learnable bias.
         device, dtype: of the parameters (None: see API.md; "meta" defers allocation).
         accumulate_into_main_grad (bool): as BasicLinear's.
-        tensor_parallel_mode, tensor_parallel_group, sequence_parallel,
-        rng_state_tracker_function: te.ops keywords, accepted at their defaults only
+        tensor_parallel_mode, tensor_parallel_group, sequence_parallel: as BasicLinear's, in
+            te.ops' layout: column parallel is BasicLinear(column) + Bias(sharded); row parallel is
+            a local BasicLinear + Bias + AllReduce (ReduceScatter with sequence_parallel), the
+            bias added on every rank before the reduction (te.ops' convention).
+        rng_state_tracker_function: te.ops keyword, accepted at its default only
             (NotImplementedError otherwise).
     """
 
@@ -722,30 +746,68 @@ class Linear(FusedOperation):
     ):
         reject_unsupported(
             "Linear",
-            tensor_parallel_mode=(tensor_parallel_mode, None),
-            tensor_parallel_group=(tensor_parallel_group, None),
-            sequence_parallel=(sequence_parallel, False),
             rng_state_tracker_function=(rng_state_tracker_function, None),
         )
         self.in_features, self.out_features = int(in_features), int(out_features)
         device, dtype = _device(device), _dtype(dtype)
-        basic = [
-            BasicLinear(
+        tp = tensor_parallel_args(
+            "Linear", tensor_parallel_mode, tensor_parallel_group, sequence_parallel
+        )
+        group_size = tp.get("group_size", 1)
+        row = tensor_parallel_mode == "row" and group_size > 1
+        linear_kwargs = dict(
+            device=device, dtype=dtype, accumulate_into_main_grad=accumulate_into_main_grad
+        )
+        if row:  # te.ops: a local GEMM, the bias, then the reduction as its own op
+            if self.in_features % group_size != 0:
+                raise ValueError(
+                    "Linear: invalid configuration for tensor parallelism (mode='row', "
+                    f"in_features={self.in_features}, group_size={group_size})"
+                )
+            linear = BasicLinear(self.in_features // group_size, self.out_features, **linear_kwargs)
+        else:
+            linear = BasicLinear(
                 self.in_features,
                 self.out_features,
-                device=device,
-                dtype=dtype,
-                accumulate_into_main_grad=accumulate_into_main_grad,
+                tensor_parallel_mode=tensor_parallel_mode,
+                tensor_parallel_group=tensor_parallel_group,
+                sequence_parallel=sequence_parallel,
+                **linear_kwargs,
             )
-        ]
+        basic = [linear]
         if bias:
-            basic.append(Bias(self.out_features, device=device, dtype=dtype))
-        super().__init__(basic, _cpp=_C.Linear(*[op._cpp for op in basic]))
+            size = self.out_features * (group_size if row else 1)
+            parallel = linear.tensor_parallel_mode is not None or row
+            basic.append(
+                Bias(
+                    size,
+                    device=device,
+                    dtype=dtype,
+                    tensor_parallel=parallel,
+                    tensor_parallel_group=tensor_parallel_group if parallel else None,
+                )
+            )
+        if row:
+            reduce = ReduceScatter if sequence_parallel else AllReduce
+            basic.append(reduce(tensor_parallel_group))
+        self.tensor_parallel_mode = "row" if row else linear.tensor_parallel_mode
+        self.tensor_parallel_group = (
+            tensor_parallel_group if self.tensor_parallel_mode is not None else None
+        )
+        self.tensor_parallel_size = group_size if self.tensor_parallel_mode is not None else 1
+        self.sequence_parallel = bool(sequence_parallel) and self.tensor_parallel_mode is not None
+        self._has_bias = bool(bias)
+        super().__init__(basic, _cpp=self._make_linear_cpp(basic))
         if not bias:
             self.register_parameter("bias", None)
 
+    def _make_linear_cpp(self, basic):
+        bias = basic[1]._cpp if self._has_bias else None
+        collective = basic[-1]._cpp if len(basic) > 1 + int(self._has_bias) else None
+        return _C.Linear(basic[0]._cpp, bias, collective)
+
     def _rebuild_cpp(self):
-        return _C.Linear(*[op._cpp for op in self.basic_ops])
+        return self._make_linear_cpp(list(self.basic_ops))
 
     # te.ops' Linear keeps its parameters under basic_ops.0.weight / basic_ops.1.bias, and an
     # _extra_state per basic op: a te.ops checkpoint loads into this Linear (strict included).
@@ -761,7 +823,7 @@ class Linear(FusedOperation):
 
     def _param_sources(self):
         # The Linear's own attributes: what state dicts, functional_call and FSDP address.
-        return [(self, name) for name in ("weight", "bias")[: len(self.basic_ops)]]
+        return [(self, name) for name in ("weight", "bias")[: 1 + int(self._has_bias)]]
 
     def extra_repr(self):
         return (

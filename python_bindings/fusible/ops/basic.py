@@ -34,8 +34,12 @@ from ._basic import (
     SReLU,
     SwiGLU,
 )
+from ._collectives import AllGather, AllReduce, ReduceScatter
 
 __all__ = [
+    "AllGather",
+    "AllReduce",
+    "ReduceScatter",
     "BasicOperation",
     "GEGLU",
     "GELU",

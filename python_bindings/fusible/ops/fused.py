@@ -74,6 +74,13 @@ BackwardAddLayerNorm = _fused(
     "the norm's backward (the LayerNorm twin of BackwardAddRMSNorm, beyond te.ops).",
 )
 
+GroupedMLP_GroupedGEMMGLU = _fused(
+    "GroupedMLP_GroupedGEMMGLU",
+    "GroupedLinear + ScaledSwiGLU + GroupedLinear forward and backward (the MoE expert MLP): the "
+    "grouped GEMMs of the unfused plan, with fc2's input recomputed by the activation's backward "
+    "pass instead of kept (beyond te.ops, named in its GroupedMLP_* style).",
+)
+
 __all__ = [
     "BackwardActivationBias",
     "BackwardAddLayerNorm",
@@ -85,4 +92,5 @@ __all__ = [
     "ForwardLinearBiasAdd",
     "ForwardLinearBiasAddOutOfPlace",
     "ForwardLinearScaleAdd",
+    "GroupedMLP_GroupedGEMMGLU",
 ]
