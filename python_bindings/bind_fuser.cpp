@@ -38,6 +38,9 @@ void bind_fuser(py::module_& m) {
              const std::vector<at::Tensor>& extra_inputs,
              const std::vector<std::pair<std::string, at::Tensor>>& named_inputs,
              const std::optional<std::vector<at::Tensor>>& params) {
+            // Without the GIL: a collective's wait must not block Python threads (its callbacks
+            // take the GIL back, as every Python callback from C++ does).
+            py::gil_scoped_release no_gil;
             return f.forward(input, extra_inputs, named_inputs,
                              params ? std::optional<at::TensorList>(*params) : std::nullopt);
           },
@@ -101,6 +104,7 @@ void bind_fuser(py::module_& m) {
              const Sequential::NamedTensors& named_inputs,
              const std::optional<std::vector<at::Tensor>>& params,
              const std::optional<Sequential::AroundFn>& around) {
+            py::gil_scoped_release no_gil;  // as OperationFuser.forward
             auto out = seq.run(input, extra_inputs, named_inputs, params,
                                around ? *around : Sequential::AroundFn());
             return std::make_pair(std::move(out.outputs), std::move(out.named));

@@ -75,17 +75,16 @@ void bind_ops(py::module_& m) {
   py::class_<Bias, BasicOperation, std::shared_ptr<Bias>>(m, "Bias").def(
       py::init<int64_t, OptDevice, OptDtype>());
   py::class_<BasicLinear, BasicOperation, std::shared_ptr<BasicLinear>>(m, "BasicLinear")
-      .def(py::init([](int64_t in, int64_t out, OptDevice device, OptDtype dtype,
-                       std::string mode, std::string group, int64_t size, int64_t rank,
-                       bool sequence_parallel) {
-             return std::make_shared<BasicLinear>(
-                 in, out, device, dtype,
-                 TensorParallel{std::move(mode), {std::move(group), size, rank},
-                                sequence_parallel});
-           }),
-           py::arg("in_features"), py::arg("out_features"), py::arg("device") = py::none(),
-           py::arg("dtype") = py::none(), py::arg("mode") = "", py::arg("group") = "",
-           py::arg("group_size") = 1, py::arg("rank") = 0, py::arg("sequence_parallel") = false)
+      .def(
+          py::init([](int64_t in, int64_t out, OptDevice device, OptDtype dtype, std::string mode,
+                      std::string group, int64_t size, int64_t rank, bool sequence_parallel) {
+            return std::make_shared<BasicLinear>(
+                in, out, device, dtype,
+                TensorParallel{std::move(mode), {std::move(group), size, rank}, sequence_parallel});
+          }),
+          py::arg("in_features"), py::arg("out_features"), py::arg("device") = py::none(),
+          py::arg("dtype") = py::none(), py::arg("mode") = "", py::arg("group") = "",
+          py::arg("group_size") = 1, py::arg("rank") = 0, py::arg("sequence_parallel") = false)
       // "" (none), "column" or "row", after te.ops' canonicalization (one process: none).
       .def_property_readonly("tensor_parallel_mode",
                              [](const BasicLinear& op) { return op.tensor_parallel().mode; })

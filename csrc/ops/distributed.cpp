@@ -27,8 +27,8 @@ void check_process_group(const char* op, const ProcessGroupSpec& group) {
 
 at::Tensor all_gather_start(const char* op, const at::Tensor& x, const ProcessGroupSpec& group) {
   FUSIBLE_CHECK_MIN_DIM(op, "input", x, 1);
-  static const auto gather = c10d_op<at::Tensor(CT, int64_t, std::string)>(
-      "_c10d_functional::all_gather_into_tensor");
+  static const auto gather =
+      c10d_op<at::Tensor(CT, int64_t, std::string)>("_c10d_functional::all_gather_into_tensor");
   return gather.call(x.contiguous(), group.size, group.name);
 }
 
@@ -38,15 +38,14 @@ at::Tensor reduce_scatter_start(const char* op, const at::Tensor& x,
   TORCH_CHECK(x.size(0) % group.size == 0, op, ": expected a dim 0 (", x.size(0),
               ") divisible by the process group's size (", group.size,
               ") to scatter it over the ranks (input shape ", shape_str(x), ")");
-  static const auto scatter =
-      c10d_op<at::Tensor(CT, std::string, int64_t, std::string)>(
-          "_c10d_functional::reduce_scatter_tensor");
+  static const auto scatter = c10d_op<at::Tensor(CT, std::string, int64_t, std::string)>(
+      "_c10d_functional::reduce_scatter_tensor");
   return scatter.call(x.contiguous(), "sum", group.size, group.name);
 }
 
 at::Tensor all_reduce_start(const char*, const at::Tensor& x, const ProcessGroupSpec& group) {
-  static const auto reduce = c10d_op<at::Tensor(CT, std::string, std::string)>(
-      "_c10d_functional::all_reduce");
+  static const auto reduce =
+      c10d_op<at::Tensor(CT, std::string, std::string)>("_c10d_functional::all_reduce");
   return reduce.call(x.contiguous(), "sum", group.name);
 }
 

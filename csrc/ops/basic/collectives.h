@@ -29,8 +29,7 @@ class AllGather : public Collective {
 class ReduceScatter : public Collective {
  public:
   FUSIBLE_CLONEABLE_OP
-  explicit ReduceScatter(ProcessGroupSpec group)
-      : Collective("ReduceScatter", std::move(group)) {}
+  explicit ReduceScatter(ProcessGroupSpec group) : Collective("ReduceScatter", std::move(group)) {}
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs&) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
