@@ -227,8 +227,8 @@ std::shared_ptr<const Plan> OperationFuser::plan_for(
 std::pair<std::vector<std::string>, std::vector<std::string>> OperationFuser::fusion_plan() const {
   std::pair<std::vector<std::string>, std::vector<std::string>> names;
   if (!plan_) return names;
-  for (const auto& p : plan_->forward) names.first.push_back(p.op->type_name());
-  for (const auto& p : plan_->backward) names.second.push_back(p.op->type_name());
+  for (const auto& p : plan_->forward) names.first.push_back(p.op->plan_label(false));
+  for (const auto& p : plan_->backward) names.second.push_back(p.op->plan_label(true));
   return names;
 }
 

@@ -43,6 +43,12 @@ class FusibleOperation : public torch::nn::Module {
 
   /// Type name shown in fusion plans ("BasicLinear", "ForwardLinearBiasActivation").
   virtual std::string type_name() const = 0;
+  /// The name fusion plans show for this op in the forward or backward plan: the type name, with
+  /// where collectives run where the op runs any (tensor-parallel linears).
+  virtual std::string plan_label(bool backward) const {
+    (void)backward;
+    return type_name();
+  }
   virtual bool is_fused() const = 0;
   /// The basic ops this op stands for, in forward order (a basic op: itself).
   virtual std::vector<std::shared_ptr<BasicOperation>> basic_ops() = 0;

@@ -95,9 +95,13 @@ def _mlp_case(rank, world_size, sequence_parallel):
     assert_close_to_ref(fc1.bias.grad, ref_grad["b1"][cols], f32, gemm=True)
     assert_close_to_ref(fc2.weight.grad, ref_grad["w2"][:, cols], f32, gemm=True)
     assert_close_to_ref(fc2.bias.grad, ref_grad["b2"], f32, gemm=True)
-    plan = model.fusion_plan()[0]
+    plan = model.fusion_plan()[0]  # where collectives run
     collective = "ReduceScatter" if sequence_parallel else "AllReduce"
     assert plan["forward"][-1] == collective and collective in plan["backward"]
+    gather = ["BasicLinear[all-gather input]"] if sequence_parallel else ["BasicLinear"]
+    assert plan["forward"][:1] == gather
+    reduce = "reduce-scatter" if sequence_parallel else "all-reduce"
+    assert f"BasicLinear[{reduce} dgrad, overlapped]" in plan["backward"]
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

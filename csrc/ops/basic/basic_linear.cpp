@@ -132,6 +132,19 @@ at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,
   return gemms::forward(xo, wo, std::nullopt);
 }
 
+std::string BasicLinear::plan_label(bool backward) const {
+  const bool sp = tp_.sequence_parallel;
+  std::string what;
+  if (tp_.mode == "column") {
+    what = backward ? (sp ? "reduce-scatter dgrad, overlapped" : "all-reduce dgrad, overlapped")
+                    : (sp ? "all-gather input" : "");
+  } else if (tp_.mode == "row") {
+    what = backward ? (sp ? "all-gather grad" : "")
+                    : (sp ? "reduce-scatter output" : "all-reduce output");
+  }
+  return what.empty() ? type_name() : type_name() + "[" + what + "]";
+}
+
 at::Tensor BasicLinear::tensor_parallel_forward(OperationContext& ctx, const at::Tensor& x,
                                                 const ForwardArgs& args) {
   constexpr const char* op = "BasicLinear";

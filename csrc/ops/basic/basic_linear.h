@@ -36,6 +36,9 @@ class BasicLinear : public BasicOperation {
   const TensorParallel& tensor_parallel() const { return tp_; }
   /// Whether collectives run in this op (fusions built for local GEMMs decline it).
   bool is_tensor_parallel() const { return !tp_.mode.empty(); }
+  /// "BasicLinear", or with its collectives: "BasicLinear[all-gather input]" (column + sequence
+  /// parallel forward), "BasicLinear[all-reduce dgrad, overlapped]" (column backward), ...
+  std::string plan_label(bool backward) const override;
   /// The registered weight (a call computes with the call's own, OperationContext::params).
   at::Tensor& weight() { return *parameters_.find("weight"); }
   void reset_parameters() override;
