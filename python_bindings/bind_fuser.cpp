@@ -17,6 +17,13 @@ using ops::FusibleOperation;
 namespace {
 
 // [(op, [basic indices])] of one plan.
+// The fuser's plan, read without the GIL (a thread planning it may wait for the GIL under its
+// lock).
+std::shared_ptr<const fuser::Plan> current_plan(const OperationFuser& f) {
+  py::gil_scoped_release no_gil;
+  return f.plan();
+}
+
 py::list plan_entries(const std::vector<fuser::PlannedOp>& plan) {
   py::list out;
   for (const auto& p : plan) out.append(py::make_tuple(p.op, p.basic_indices));
@@ -80,13 +87,17 @@ void bind_fuser(py::module_& m) {
       .def_property_readonly("num_extra_inputs", &OperationFuser::num_extra_inputs)
       .def_property_readonly("num_extra_outputs", &OperationFuser::num_extra_outputs)
       .def("get_basic_ops", &OperationFuser::basic_ops)
-      .def("fusion_plan", &OperationFuser::fusion_plan)
+      // Without the GIL: a thread planning this fuser may hold its lock while it waits for the
+      // GIL (a Python fusion function).
+      .def("fusion_plan", &OperationFuser::fusion_plan, py::call_guard<py::gil_scoped_release>())
       .def("forward_ops",
            [](const OperationFuser& f) {
-             return f.plan() ? plan_entries(f.plan()->forward) : py::list();
+             const auto plan = current_plan(f);
+             return plan ? plan_entries(plan->forward) : py::list();
            })
       .def("backward_ops", [](const OperationFuser& f) {
-        return f.plan() ? plan_entries(f.plan()->backward) : py::list();
+        const auto plan = current_plan(f);
+        return plan ? plan_entries(plan->backward) : py::list();
       });
 
   // Python modules between fuser groups are plain steps: callables from tensor to tensor.
@@ -104,17 +115,36 @@ void bind_fuser(py::module_& m) {
              const Sequential::NamedTensors& named_inputs,
              const std::optional<std::vector<at::Tensor>>& params,
              const std::optional<Sequential::AroundFn>& around) {
+            // The runner `around` hands to Python releases the GIL again for its group.
+            Sequential::AroundFn wrapped;
+            if (around) {
+              wrapped = [py_around = *around](size_t entry, const at::Tensor& x,
+                                              const std::vector<at::Tensor>& extras,
+                                              const Sequential::GroupRunner& run) {
+                Sequential::GroupRunner released =
+                    [run](const at::Tensor& x, const std::vector<at::Tensor>& extras,
+                          const std::optional<std::vector<at::Tensor>>& params) {
+                      py::gil_scoped_release no_gil;
+                      return run(x, extras, params);
+                    };
+                return py_around(entry, x, extras, released);
+              };
+            }
             py::gil_scoped_release no_gil;  // as OperationFuser.forward
-            auto out = seq.run(input, extra_inputs, named_inputs, params,
-                               around ? *around : Sequential::AroundFn());
+            auto out = seq.run(input, extra_inputs, named_inputs, params, wrapped);
             return std::make_pair(std::move(out.outputs), std::move(out.named));
           },
           py::arg("input"), py::arg("extra_inputs"), py::arg("named_inputs"), py::arg("params"),
           py::arg("around") = std::nullopt)
       .def("groups", &Sequential::groups, py::arg("named_inputs") = std::set<std::string>())
       .def("fusion_plan", [](const Sequential& seq) {
+        std::vector<fuser::GroupPlan> plan;
+        {
+          py::gil_scoped_release no_gil;  // as OperationFuser.fusion_plan
+          plan = seq.fusion_plan();
+        }
         py::list out;
-        for (const auto& g : seq.fusion_plan()) {
+        for (const auto& g : plan) {
           if (!g.module.empty()) {
             out.append(py::dict(py::arg("module") = g.module));
           } else {

@@ -255,10 +255,13 @@ void bind_python_ops(py::module_& m) {
       .def_property_readonly("python_object", &PyFusedOperation::python_object);
 
   // Built-in ops from Python fused ops: run a basic op's own forward/backward on a context.
+  // Without the GIL, as OperationFuser.forward: the op may wait for a collective.
   m.def("basic_op_forward", [](BasicOperation& op, OperationContext& ctx, const at::Tensor& x) {
+    py::gil_scoped_release no_gil;
     return op.op_forward(ctx, x, forward_args_for(x));
   });
   m.def("basic_op_backward", [](BasicOperation& op, OperationContext& ctx, const at::Tensor& dy) {
+    py::gil_scoped_release no_gil;
     return op.op_backward(ctx, dy);
   });
 }

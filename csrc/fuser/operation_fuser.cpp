@@ -193,6 +193,7 @@ ops::OpList run_fusions(ops::OpList list, ops::FusionPass pass, const ops::Fusio
 
 std::shared_ptr<const Plan> OperationFuser::plan_for(
     int64_t first_backward, const std::vector<at::ScalarType>& param_dtypes) {
+  const std::lock_guard<std::mutex> lock(plan_mutex_);
   const auto version = ops::FusionRegistry::instance().version();
   // Fusion functions see the recipe kind (te.ops re-fuses when it changes).
   const auto& autocast = ops::fp8_autocast();
@@ -226,6 +227,7 @@ std::shared_ptr<const Plan> OperationFuser::plan_for(
 
 std::pair<std::vector<std::string>, std::vector<std::string>> OperationFuser::fusion_plan() const {
   std::pair<std::vector<std::string>, std::vector<std::string>> names;
+  const std::lock_guard<std::mutex> lock(plan_mutex_);
   if (!plan_) return names;
   for (const auto& p : plan_->forward) names.first.push_back(p.op->plan_label(false));
   for (const auto& p : plan_->backward) names.second.push_back(p.op->plan_label(true));

@@ -6,6 +6,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -79,7 +80,10 @@ class OperationFuser {
   const Routing& routing() const { return *routing_; }
   const std::vector<std::shared_ptr<ops::BasicOperation>>& basic_ops() const { return basic_ops_; }
   /// The plan of the most recent forward (null before the first).
-  std::shared_ptr<const Plan> plan() const { return plan_; }
+  std::shared_ptr<const Plan> plan() const {
+    const std::lock_guard<std::mutex> lock(plan_mutex_);
+    return plan_;
+  }
   /// Type names of the most recent plan: {forward names, backward names}.
   std::pair<std::vector<std::string>, std::vector<std::string>> fusion_plan() const;
 
@@ -109,6 +113,8 @@ class OperationFuser {
 
   // Plan cache key and plan: ops, grad, registry and the call's parameter dtypes (fusion
   // preconditions), never parameter values or devices.
+  // Calls from Python run without the GIL: two threads may plan one fuser at once.
+  mutable std::mutex plan_mutex_;
   std::shared_ptr<const Plan> plan_;
   int64_t plan_first_backward_ = -1;
   int64_t plan_registry_version_ = -1;

@@ -163,10 +163,11 @@ def _collectives_case(rank, world_size):
     x = x.requires_grad_()
     y = ops.AllGather()(x)
     torch.testing.assert_close(y, torch.cat(xs))
-    dy = torch.ones_like(y) * (rank + 1)
-    y.backward(dy)  # the adjoint: this rank's rows of the sum of every rank's dy
-    total = sum(r + 1 for r in range(world_size))
-    torch.testing.assert_close(x.grad, torch.full_like(x, float(total)))
+    # dy differs by row and rank: the adjoint gives this rank's rows of the sum of every rank's dy.
+    dy_of = lambda r: torch.arange(y.numel(), dtype=torch.float64).reshape(y.shape) * (r + 1)  # noqa: E731
+    y.backward(dy_of(rank))
+    total = sum(dy_of(r) for r in range(world_size))
+    torch.testing.assert_close(x.grad, total[2 * rank : 2 * rank + 2])
     z = torch.arange(4 * world_size, dtype=torch.float64).reshape(2 * world_size, 2)
     z = (z + rank).requires_grad_()
     s = ops.ReduceScatter()(z)
@@ -260,3 +261,22 @@ def test_tensor_parallelism_without_a_process_group_is_refused():
         ops.BasicLinear(4, 4, sequence_parallel=True)
     with pytest.raises(ValueError, match="sequence_parallel needs tensor parallelism"):
         ops.Linear(4, 4, sequence_parallel=True)
+
+
+def _hooked_case(rank, world_size):
+    """An op with a forward hook runs through Python (the Sequential's `around` path); its
+    collectives must still run without the GIL held (a held GIL hung gloo groups)."""
+    torch.manual_seed(7)
+    model = _mlp(world_size, False, dtype=torch.float64)
+    plain = _mlp(world_size, False, dtype=torch.float64)
+    plain.load_state_dict(model.state_dict())
+    seen = []
+    model[2].register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    x = torch.randn(T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    for _ in range(5):
+        torch.testing.assert_close(model(x), plain(x))
+    assert seen == [(T, H)] * 5
+
+
+def test_a_hooked_parallel_op_runs_its_collectives():
+    _spawn(2, _hooked_case)
