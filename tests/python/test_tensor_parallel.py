@@ -23,11 +23,13 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _entry(rank, world_size, port, fn, args):
+def _entry(rank, world_size, port, fn, args, backend="gloo"):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     # A rank that fails makes the others' collectives time out instead of hanging them.
     dist.init_process_group(
-        "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60)
+        backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60)
     )
     try:
         fn(rank, world_size, *args)
@@ -35,11 +37,12 @@ def _entry(rank, world_size, port, fn, args):
         dist.destroy_process_group()
 
 
-def _spawn(world_size, fn, *args):
-    """fn(rank, world_size, *args) on every rank; an exception on any rank fails the test."""
+def _spawn(world_size, fn, *args, backend="gloo"):
+    """fn(rank, world_size, *args) on every rank; an exception on any rank fails the test. The
+    NCCL environment variables the machine sets reach the ranks (spawn inherits the environment)."""
     mp.start_processes(
         _entry,
-        args=(world_size, _free_port(), fn, args),
+        args=(world_size, _free_port(), fn, args, backend),
         nprocs=world_size,
         join=True,
         start_method="spawn",
@@ -280,3 +283,44 @@ def _hooked_case(rank, world_size):
 
 def test_a_hooked_parallel_op_runs_its_collectives():
     _spawn(2, _hooked_case)
+
+
+def _nccl_mlp_case(rank, world_size):
+    """The tensor-parallel bf16 MLP on one GPU per rank against the same model on one GPU."""
+    full = _full_weights()
+    dev, bf = f"cuda:{rank}", torch.bfloat16
+    model = _mlp(world_size, True, device=dev, dtype=bf)
+    fc1, fc2 = model[0], model[2]
+    cols = slice(rank * FF // world_size, (rank + 1) * FF // world_size)
+    rows = slice(rank * T // world_size, (rank + 1) * T // world_size)
+    with torch.no_grad():
+        fc1.weight.copy_(full["w1"][cols])
+        fc1.bias.copy_(full["b1"][cols])
+        fc2.weight.copy_(full["w2"][:, cols])
+        fc2.bias.copy_(full["b2"] / world_size)
+    x = full["x"][rows].to(dev, bf).requires_grad_()
+    y = model(x)
+    y.backward(full["dy"][rows].to(dev, bf))
+    one = ops.Sequential(
+        ops.Linear(H, FF, device=dev, dtype=bf), ops.GELU(), ops.Linear(FF, H, device=dev, dtype=bf)
+    )
+    with torch.no_grad():
+        one[0].weight.copy_(full["w1"])
+        one[0].bias.copy_(full["b1"])
+        one[2].weight.copy_(full["w2"])
+        one[2].bias.copy_(full["b2"])
+    x1 = full["x"].to(dev, bf).requires_grad_()
+    y1 = one(x1)
+    y1.backward(full["dy"].to(dev, bf))
+    tol = dict(rtol=1.6e-2, atol=2e-2)  # two bf16 runs, each within bf16 rounding of float64
+    torch.testing.assert_close(y, y1[rows], **tol)
+    torch.testing.assert_close(x.grad, x1.grad[rows], **tol)
+    torch.testing.assert_close(fc1.weight.grad, one[0].weight.grad[cols], **tol)
+    torch.testing.assert_close(fc2.weight.grad, one[2].weight.grad[:, cols], **tol)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs"
+)
+def test_nccl_mlp_on_two_gpus_matches_one_gpu():
+    _spawn(2, _nccl_mlp_case, backend="nccl")
