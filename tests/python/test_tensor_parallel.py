@@ -324,3 +324,28 @@ def _nccl_mlp_case(rank, world_size):
 )
 def test_nccl_mlp_on_two_gpus_matches_one_gpu():
     _spawn(2, _nccl_mlp_case, backend="nccl")
+
+
+def _load_full_case(rank, world_size):
+    """A single-process model's state dict loads into the shards (load_full_state_dict); the
+    parallel model then computes what the single-process one does, and full_state_dict gives the
+    single-process state dict back."""
+    torch.manual_seed(11)  # the same single-process model on every rank
+    one = ops.Sequential(
+        ops.Linear(H, FF, dtype=torch.float64, device="cpu"),
+        ops.GELU(),
+        ops.Linear(FF, H, dtype=torch.float64, device="cpu"),
+    )
+    with torch.no_grad():
+        one[2].bias.normal_()
+    model = _mlp(world_size, False, dtype=torch.float64)
+    ops.load_full_state_dict(model, one.state_dict())
+    x = torch.randn(T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(model(x), one(x))
+    for key, value in ops.full_state_dict(model).items():
+        torch.testing.assert_close(value, one.state_dict()[key])
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_a_full_state_dict_loads_into_the_shards(world_size):
+    _spawn(world_size, _load_full_case)

@@ -40,7 +40,7 @@ from ._basic import (
 )
 from ._collectives import AllGather, AllReduce, ReduceScatter
 from ._containers import OperationFuser, Sequential
-from ._distributed import full_state_dict
+from ._distributed import full_state_dict, load_full_state_dict
 from ._fusions import (
     register_backward_fusion,
     register_forward_backward_fusion,
@@ -103,6 +103,7 @@ __all__ = [
     "register_forward_fusion",
     "te_ops_state_dict",
     "full_state_dict",
+    "load_full_state_dict",
     "register_backward_fusion",
     "register_forward_backward_fusion",
     "unregister_fusion",

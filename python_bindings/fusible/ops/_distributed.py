@@ -70,3 +70,35 @@ def full_state_dict(module):
         elif isinstance(m, Bias) and m.tensor_parallel and bias in state:
             state[bias] = _gather(state[bias], 0, m.tensor_parallel_group)
     return state
+
+
+def _shard(tensor, dim, group):
+    dist = torch.distributed
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    return tensor.chunk(size, dim)[rank]
+
+
+def load_full_state_dict(module, full_state, strict=True):
+    """Loads the single-process model's state dict into this rank's shards: the inverse of
+    full_state_dict (column-parallel weights and sharded biases split along dim 0, row-parallel
+    weights along dim 1, a row-parallel Linear's bias divided over the ranks, whose sum te.ops
+    adds). Needs no communication. Returns load_state_dict's result."""
+    from ._basic import BasicLinear, Bias, Linear
+
+    state = dict(full_state)
+    for name, m in module.named_modules():
+        prefix = f"{name}." if name else ""
+        weight, bias = prefix + "weight", prefix + "bias"
+        if isinstance(m, (Linear, BasicLinear)) and m.tensor_parallel_mode is not None:
+            group = m.tensor_parallel_group
+            if weight in state:
+                dim = 0 if m.tensor_parallel_mode == "column" else 1
+                state[weight] = _shard(state[weight], dim, group)
+            if isinstance(m, Linear) and state.get(bias) is not None:
+                if m.tensor_parallel_mode == "column":
+                    state[bias] = _shard(state[bias], 0, group)
+                else:
+                    state[bias] = state[bias] / torch.distributed.get_world_size(group)
+        elif isinstance(m, Bias) and m.tensor_parallel and bias in state:
+            state[bias] = _shard(state[bias], 0, m.tensor_parallel_group)
+    return module.load_state_dict(state, strict=strict)
