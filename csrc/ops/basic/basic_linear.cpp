@@ -162,26 +162,21 @@ at::Tensor BasicLinear::tensor_parallel_forward(OperationContext& ctx, const at:
 std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::tensor_parallel_backward(
     OperationContext& ctx, const at::Tensor& dy_in) {
   constexpr const char* op = "BasicLinear";
-  const bool sp = tp_.sequence_parallel;
+  const bool sp = tp_.sequence_parallel, column = tp_.mode == "column";
   auto dy = cast_to(dy_in, ctx.compute_dtype);
-  if (tp_.mode == "row" && sp) dy = wait(all_gather_start(op, dy, tp_.group));
-  const auto x = saved_input(ctx);
-  const auto w = saved_weight(ctx);
-  const bool need_dw = x.columnwise.defined();
-  const bool need_dx = w.rowwise.defined() || w.columnwise.defined();
-  const auto g = ctx.fp8.backward_operand(dy, 0, need_dx, need_dw);
-  // Column parallel: dx is a partial sum over the ranks' output features; its reduction runs
-  // while the wgrad computes (te's overlap), and is waited for last.
-  at::Tensor dx, dw;
-  if (need_dx) {
-    dx = gemms::dgrad(g, w);
-    if (tp_.mode == "column") {
-      dx = sp ? reduce_scatter_start(op, dx, tp_.group) : all_reduce_start(op, dx, tp_.group);
-    }
-  }
-  if (need_dw) dw = gemms::wgrad(g, x, 1.0);
-  ctx.release_saved_tensor(0);
-  if (dx.defined() && tp_.mode == "column") dx = wait(dx);
+  if (!column && sp) dy = wait(all_gather_start(op, dy, tp_.group));
+  // Column parallel: dx is a partial sum over the ranks' output features; its reduction starts
+  // right after the dgrad, runs while the wgrad computes (te's overlap) and is waited for last.
+  auto [dx, dw] = backward_gemms(
+      ctx, dy, 1.0,
+      [&](const GemmOperand& g, const GemmOperand& w) {
+        auto partial = gemms::dgrad(g, w);
+        if (!column) return partial;
+        return sp ? reduce_scatter_start(op, partial, tp_.group)
+                  : all_reduce_start(op, partial, tp_.group);
+      },
+      /*dgrad_first=*/column);
+  if (dx.defined() && column) dx = wait(dx);
   return {dx, {dw}};
 }
 

@@ -62,21 +62,23 @@ class BasicLinear : public BasicOperation {
   /// The backward's GEMMs for dy (in the compute dtype) on a context this op's forward filled:
   /// the wgrad (scaled by alpha) first, so the saved input is released before dx is allocated,
   /// then dx = dgrad(dy, w) where the input needs a gradient (fused ops pass an epilogue GEMM from
-  /// ops/linear_gemms.h). dy is cast as the forward's FP8 recipe says. -> (dx, dw), each
-  /// undefined where not needed.
+  /// ops/linear_gemms.h). dy is cast as the forward's FP8 recipe says. dgrad_first: the dgrad
+  /// runs first instead (a tensor-parallel linear starts dx's reduction there and the wgrad
+  /// overlaps it). -> (dx, dw), each undefined where not needed.
   template <typename Dgrad>
   static std::pair<at::Tensor, at::Tensor> backward_gemms(OperationContext& ctx,
                                                           const at::Tensor& dy_in, double alpha,
-                                                          Dgrad&& dgrad) {
+                                                          Dgrad&& dgrad, bool dgrad_first = false) {
     at::Tensor dx, dw;
     const auto x = saved_input(ctx);
     const auto w = saved_weight(ctx);
     const bool need_dw = x.columnwise.defined();
     const bool need_dx = w.rowwise.defined() || w.columnwise.defined();
     const auto dy = ctx.fp8.backward_operand(dy_in, 0, need_dx, need_dw);
+    if (dgrad_first && need_dx) dx = dgrad(dy, w);
     if (need_dw) dw = gemms::wgrad(dy, x, alpha);
     ctx.release_saved_tensor(0);
-    if (need_dx) dx = dgrad(dy, w);
+    if (!dgrad_first && need_dx) dx = dgrad(dy, w);
     return {dx, dw};
   }
 

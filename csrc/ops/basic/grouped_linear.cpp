@@ -6,6 +6,7 @@
 #include <ATen/ops/stack.h>
 
 #include "common/checks.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/ops.h"
 #include "ops/parameter_utils.h"
 
@@ -194,11 +195,7 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
   at::Tensor scales;  // scale_bias: one per row, as given
   if (scale_bias_) {
     scales = extra_inputs.at(1);
-    FUSIBLE_CHECK_FLOATING(op, "scales", scales);
-    FUSIBLE_CHECK_SAME_DEVICE(op, "input", input, "scales", scales);
-    TORCH_CHECK(scales.dim() == 1 && scales.size(0) == rows,
-                "GroupedLinear: expected scales of shape [", rows, "] (one per row), got ",
-                scales.sizes());
+    kernels::check_grouped_scales(op, x, scales);
   }
   auto y = kernels::grouped_linear_fwd(
       x, weight, sizes, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,

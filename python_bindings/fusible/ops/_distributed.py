@@ -19,13 +19,8 @@ def group_spec(op_name, group):
 
 def tensor_parallel_args(op_name, mode, group, sequence_parallel):
     """BasicLinear's C++ keywords for te.ops' tensor-parallel ones (the C++ op checks the rest)."""
-    if mode is None:
-        if sequence_parallel:
-            raise ValueError(
-                f"{op_name}: sequence_parallel needs tensor parallelism (tensor_parallel_mode "
-                '"column" or "row")'
-            )
-        return {}
+    if mode is None:  # sequence_parallel alone: the C++ op refuses it
+        return {"sequence_parallel": True} if sequence_parallel else {}
     name, size, rank = group_spec(op_name, group)
     return dict(
         mode=str(mode),
@@ -36,11 +31,22 @@ def tensor_parallel_args(op_name, mode, group, sequence_parallel):
     )
 
 
-def _gather(tensor, dim, group):
-    dist = torch.distributed
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, tensor.detach().contiguous(), group=group)
-    return torch.cat(parts, dim)
+def _sharded_entries(module, state):
+    """(key, dim, group) for every tensor-parallel entry of module's state dict: dim 0 or 1, the
+    dim the shards split, or None for a row-parallel Linear's bias (each rank holds a summand)."""
+    from ._basic import BasicLinear, Bias, Linear
+
+    for name, m in module.named_modules():
+        prefix = f"{name}." if name else ""
+        weight, bias = prefix + "weight", prefix + "bias"
+        if isinstance(m, (Linear, BasicLinear)) and m.tensor_parallel_mode is not None:
+            column = m.tensor_parallel_mode == "column"
+            if weight in state:
+                yield weight, 0 if column else 1, m.tensor_parallel_group
+            if isinstance(m, Linear) and state.get(bias) is not None:
+                yield bias, 0 if column else None, m.tensor_parallel_group
+        elif isinstance(m, Bias) and m.tensor_parallel and bias in state:
+            yield bias, 0, m.tensor_parallel_group
 
 
 def full_state_dict(module):
@@ -48,57 +54,31 @@ def full_state_dict(module):
     rank order (column-parallel weights and sharded biases along dim 0, row-parallel weights along
     dim 1) and a row-parallel Linear's per-rank biases summed (te.ops adds each before the
     reduction). A collective: call it on every rank; every rank gets the whole dict."""
-    from ._basic import BasicLinear, Bias, Linear
-
+    dist = torch.distributed
     state = module.state_dict()
-    dist = torch.distributed
-    for name, m in module.named_modules():
-        prefix = f"{name}." if name else ""
-        weight, bias = prefix + "weight", prefix + "bias"
-        if isinstance(m, (Linear, BasicLinear)) and m.tensor_parallel_mode is not None:
-            group = m.tensor_parallel_group
-            if weight in state:
-                dim = 0 if m.tensor_parallel_mode == "column" else 1
-                state[weight] = _gather(state[weight], dim, group)
-            if isinstance(m, Linear) and state.get(bias) is not None:
-                if m.tensor_parallel_mode == "column":
-                    state[bias] = _gather(state[bias], 0, group)
-                else:
-                    summed = state[bias].detach().clone()
-                    dist.all_reduce(summed, group=group)
-                    state[bias] = summed
-        elif isinstance(m, Bias) and m.tensor_parallel and bias in state:
-            state[bias] = _gather(state[bias], 0, m.tensor_parallel_group)
+    for key, dim, group in list(_sharded_entries(module, state)):
+        shard = state[key].detach().contiguous()
+        if dim is None:
+            summed = shard.clone()
+            dist.all_reduce(summed, group=group)
+            state[key] = summed
+        else:
+            parts = [torch.empty_like(shard) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(parts, shard, group=group)
+            state[key] = torch.cat(parts, dim)
     return state
-
-
-def _shard(tensor, dim, group):
-    dist = torch.distributed
-    size, rank = dist.get_world_size(group), dist.get_rank(group)
-    return tensor.chunk(size, dim)[rank]
 
 
 def load_full_state_dict(module, full_state, strict=True):
     """Loads the single-process model's state dict into this rank's shards: the inverse of
-    full_state_dict (column-parallel weights and sharded biases split along dim 0, row-parallel
-    weights along dim 1, a row-parallel Linear's bias divided over the ranks, whose sum te.ops
-    adds). Needs no communication. Returns load_state_dict's result."""
-    from ._basic import BasicLinear, Bias, Linear
-
+    full_state_dict (a row-parallel Linear's bias divided over the ranks, whose sum te.ops adds).
+    Needs no communication. Returns load_state_dict's result."""
+    dist = torch.distributed
     state = dict(full_state)
-    for name, m in module.named_modules():
-        prefix = f"{name}." if name else ""
-        weight, bias = prefix + "weight", prefix + "bias"
-        if isinstance(m, (Linear, BasicLinear)) and m.tensor_parallel_mode is not None:
-            group = m.tensor_parallel_group
-            if weight in state:
-                dim = 0 if m.tensor_parallel_mode == "column" else 1
-                state[weight] = _shard(state[weight], dim, group)
-            if isinstance(m, Linear) and state.get(bias) is not None:
-                if m.tensor_parallel_mode == "column":
-                    state[bias] = _shard(state[bias], 0, group)
-                else:
-                    state[bias] = state[bias] / torch.distributed.get_world_size(group)
-        elif isinstance(m, Bias) and m.tensor_parallel and bias in state:
-            state[bias] = _shard(state[bias], 0, m.tensor_parallel_group)
+    for key, dim, group in list(_sharded_entries(module, state)):
+        size = dist.get_world_size(group)
+        if dim is None:
+            state[key] = state[key] / size
+        else:
+            state[key] = state[key].chunk(size, dim)[dist.get_rank(group)]
     return module.load_state_dict(state, strict=strict)
