@@ -35,9 +35,10 @@ LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps,
       zero_centered_gamma_(zero_centered_gamma) {
   check_normalized_shape("LayerNorm", normalized_shape_);
   const auto opts = param_options(device, dtype);
-  const auto& w = register_parameter("weight", at::empty(normalized_shape_, opts));
+  // A reference into the parameter dict would dangle once "bias" grows it.
+  const bool meta = register_parameter("weight", at::empty(normalized_shape_, opts)).is_meta();
   register_parameter("bias", at::empty(normalized_shape_, opts));
-  if (!w.is_meta()) reset_parameters();
+  if (!meta) reset_parameters();
 }
 
 void LayerNorm::reset_parameters() {
