@@ -6,6 +6,7 @@
 #include <torch/custom_class.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "fuser/channel_routing.h"
@@ -30,6 +31,12 @@ struct FuserCall : torch::CustomClassHolder {
   // outputs, so autograd checks their versions); -1, held in the context itself (made inside the
   // forward and reachable by no one else), so the backward can free them op by op.
   std::vector<std::vector<int64_t>> saved_slots;
+  // Shapes of the differentiable inputs, in run_backward's order: a gradient of another shape
+  // (user code's backward) is an error, not something autograd sums away.
+  std::vector<std::vector<int64_t>> grad_shapes;
+  // Per basic op, the shape of its input where a forward step began at it (a fused forward does
+  // not see its inner ops' inputs): what that op's input gradient must be.
+  std::vector<std::optional<std::vector<int64_t>>> step_input_shapes;
   // y's metadata, to make a zero gradient when only extra outputs were used.
   std::vector<int64_t> output_shape;
   at::TensorOptions output_options;

@@ -24,6 +24,15 @@ void accumulate(at::Tensor& slot, const at::Tensor& g) {
   slot = slot.defined() ? slot + g : g;
 }
 
+// A gradient must have its tensor's shape: autograd would sum a broadcastable one away silently.
+void check_grad_shape(const FuserCall& call, const ops::FusibleOperation& op, const at::Tensor& g,
+                      size_t slot, const char* what) {
+  if (!g.defined() || slot >= call.grad_shapes.size()) return;
+  const auto& shape = call.grad_shapes[slot];
+  TORCH_CHECK(g.sizes().equals(shape), op.type_name(), ": backward returned a gradient of shape ",
+              g.sizes(), " for ", what, " of shape ", c10::IntArrayRef(shape));
+}
+
 }  // namespace
 
 std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
@@ -42,6 +51,8 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
     // first op's are exact.
     for (auto* c : ctxs) c->input_dtype = x.scalar_type();
     ctxs[0]->input_shape = x.sizes().vec();
+    call.step_input_shapes.resize(n);
+    call.step_input_shapes[p.basic_indices.front()] = ctxs[0]->input_shape;
     ops::TensorLists sub_in, sub_out;
     for (auto i : p.basic_indices) {
       std::vector<at::Tensor> in;
@@ -149,6 +160,7 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
         if (p.op->is_fused() && fused_basics.empty()) fused_basics = p.op->basic_ops();
         auto& owner =
             p.op->is_fused() ? *fused_basics.at(k) : static_cast<ops::BasicOperation&>(*p.op);
+        check_grad_shape(call, *p.op, g, 1 + pp[s], "a parameter");
         auto taken = owner.take_param_grad(s, g);
         if (taken.defined()) grads[1 + pp[s]] = ops::cast_to(taken, call.param_dtypes[pp[s]]);
       }
@@ -162,11 +174,15 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
         const auto& src = sources[s];
         switch (src.kind) {
           case InputSource::Kind::kPublic:
+            check_grad_shape(call, *p.op, g, 1 + num_params + src.index, "an extra input");
             accumulate(grads[1 + num_params + src.index], g);
             break;
-          case InputSource::Kind::kExternal:
-            accumulate(grads[1 + num_params + routing.num_public_inputs + src.index], g);
+          case InputSource::Kind::kExternal: {
+            const auto slot = 1 + num_params + routing.num_public_inputs + src.index;
+            check_grad_shape(call, *p.op, g, slot, "a channel input");
+            accumulate(grads[slot], g);
             break;
+          }
           case InputSource::Kind::kInternal:
             // Summed into the producer's output gradient before the producer's backward runs.
             if (!inside(p, src.op)) accumulate(grad_extra_out[src.op][src.slot], g);
@@ -175,6 +191,13 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
       }
     }
     dy = r.grad_input;
+    const auto first = static_cast<size_t>(p.basic_indices.front());
+    if (dy.defined() && first < call.step_input_shapes.size() && call.step_input_shapes[first]) {
+      const auto& shape = *call.step_input_shapes[first];
+      TORCH_CHECK(dy.sizes().equals(shape), p.op->type_name(),
+                  ": backward returned an input gradient of shape ", dy.sizes(),
+                  ", expected the input's shape ", c10::IntArrayRef(shape));
+    }
     if (dy.defined()) dy = ops::cast_to(dy, ctxs[0]->input_dtype);
     TORCH_CHECK(dy.defined() || p.basic_indices.front() <= call.first_backward, p.op->type_name(),
                 ": backward returned no input gradient, but earlier ops need one");

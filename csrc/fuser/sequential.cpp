@@ -13,17 +13,20 @@ Sequential::Sequential(std::vector<std::shared_ptr<ops::FusibleOperation>> ops) 
 void Sequential::push_back(std::shared_ptr<ops::FusibleOperation> op) {
   TORCH_CHECK_VALUE(op != nullptr, "Sequential: expected an op, got null");
   register_module(std::to_string(entries_.size()), op);
+  const std::lock_guard lock(grouping_mutex_);
   entries_.push_back({std::move(op), nullptr, ""});
   invalidate_groups();
 }
 
 void Sequential::push_back(TensorFn fn, std::string name) {
   TORCH_CHECK_VALUE(fn != nullptr, "Sequential: expected a function, got null");
+  const std::lock_guard lock(grouping_mutex_);
   entries_.push_back({nullptr, std::move(fn), std::move(name)});
   invalidate_groups();
 }
 
 void Sequential::set_isolated(const std::vector<bool>& flags) {
+  const std::lock_guard lock(grouping_mutex_);
   TORCH_CHECK_VALUE(flags.size() == entries_.size(), "Sequential: expected ", entries_.size(),
                     " isolation flags, got ", flags.size());
   bool changed = false;
@@ -35,20 +38,20 @@ void Sequential::set_isolated(const std::vector<bool>& flags) {
   if (changed) invalidate_groups();
 }
 
-void Sequential::invalidate_groups() {
-  groups_.clear();  // drops the fusers: releases their channel locks now
-  groups_valid_ = false;
+void Sequential::invalidate_groups() {  // with grouping_mutex_ held
+  grouping_.reset();  // drops the fusers (and their channel locks) once no call runs them
+  ++generation_;
 }
 
-void Sequential::build_groups(const std::set<std::string>& named_inputs) {
-  invalidate_groups();  // also when building fails below: never run stale groups
+std::shared_ptr<const Sequential::Grouping> Sequential::build_grouping(
+    const std::vector<Entry>& entries, const std::set<std::string>& named_inputs) {
   // Consecutive fusible ops form one group; plain steps and isolated ops stand alone.
   std::vector<std::vector<std::shared_ptr<ops::FusibleOperation>>> runs;
   std::vector<size_t> first_entry;  // per group
   std::vector<bool> is_step;        // per group
   bool in_run = false;
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    const auto& e = entries_[i];
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
     if (!e.op || e.isolated || !in_run) {
       runs.emplace_back();
       first_entry.push_back(i);
@@ -64,35 +67,47 @@ void Sequential::build_groups(const std::set<std::string>& named_inputs) {
     }
   }
   const auto channels = plan_group_channels(basic, named_inputs);
-  std::vector<Group> groups;
-  std::set<std::string> consumed;
+  auto grouping = std::make_shared<Grouping>();
   for (size_t g = 0; g < runs.size(); ++g) {
+    const auto entry = first_entry[g];
     if (is_step[g]) {
-      groups.push_back({nullptr, first_entry[g]});
+      grouping->groups.push_back({nullptr, entry, false, entries[entry].fn, entries[entry].name});
       continue;
     }
     FuserOptions options;
     options.external_inputs = channels[g].external_inputs;
     options.export_channels = channels[g].export_channels;
-    consumed.insert(options.external_inputs.begin(), options.external_inputs.end());
-    groups.push_back(
-        {std::make_shared<OperationFuser>(runs[g], std::move(options)), first_entry[g]});
+    grouping->consumed_names.insert(options.external_inputs.begin(), options.external_inputs.end());
+    grouping->groups.push_back({std::make_shared<OperationFuser>(runs[g], std::move(options)),
+                                entry, entries[entry].isolated});
   }
-  groups_ = std::move(groups);
-  groups_valid_ = true;
-  groups_named_inputs_ = named_inputs;
-  consumed_names_ = std::move(consumed);
+  grouping->named_inputs = named_inputs;
+  return grouping;
 }
 
-void Sequential::ensure_groups(const std::set<std::string>& named_inputs) {
-  if (!groups_valid_ || named_inputs != groups_named_inputs_) build_groups(named_inputs);
+std::shared_ptr<const Sequential::Grouping> Sequential::grouping(
+    const std::set<std::string>& named_inputs) {
+  std::vector<Entry> entries;
+  int64_t generation = 0;
+  {
+    const std::lock_guard lock(grouping_mutex_);
+    if (grouping_ && grouping_->named_inputs == named_inputs) return grouping_;
+    grouping_.reset();  // never kept for other inputs: a failed build below leaves no grouping
+    entries = entries_;
+    generation = generation_;
+  }
+  // Built without the lock: an op's basic_ops() may call back into Python, which may wait for
+  // the GIL that a thread calling set_isolated holds. A failed build leaves nothing behind.
+  auto built = build_grouping(entries, named_inputs);
+  const std::lock_guard lock(grouping_mutex_);
+  if (generation == generation_) grouping_ = built;  // else: the entries changed meanwhile
+  return built;
 }
 
 std::vector<std::pair<std::shared_ptr<OperationFuser>, size_t>> Sequential::groups(
     const std::set<std::string>& named_inputs) {
-  ensure_groups(named_inputs);
   std::vector<std::pair<std::shared_ptr<OperationFuser>, size_t>> out;
-  for (const auto& g : groups_) out.emplace_back(g.fuser, g.entry);
+  for (const auto& g : grouping(named_inputs)->groups) out.emplace_back(g.fuser, g.entry);
   return out;
 }
 
@@ -103,15 +118,16 @@ Sequential::Outputs Sequential::run(const at::Tensor& input,
                                     const AroundFn& around) {
   std::set<std::string> names;
   for (const auto& [name, t] : named_inputs) names.insert(name);
-  ensure_groups(names);
+  const auto current = grouping(names);  // kept for the whole call
+  const auto& groups = current->groups;
   std::vector<std::string> unused;
   for (const auto& name : names) {
-    if (!consumed_names_.count(name)) unused.push_back(name);
+    if (!current->consumed_names.count(name)) unused.push_back(name);
   }
   TORCH_CHECK_VALUE(unused.empty(), "Sequential: channel_inputs ", c10::Join(", ", unused),
                     " feed no bound input that lacks a producer inside the model");
   int64_t needed = 0, num_params = 0;
-  for (const auto& g : groups_) {
+  for (const auto& g : groups) {
     if (!g.fuser) continue;
     needed += g.fuser->num_extra_inputs();
     num_params += g.fuser->parameter_layout().size;
@@ -125,9 +141,9 @@ Sequential::Outputs Sequential::run(const at::Tensor& input,
   result.outputs.emplace_back();
   NamedTensors channels = named_inputs;  // tensors by channel name, as groups produce them
   size_t next_extra = 0, next_param = 0;
-  for (const auto& g : groups_) {
+  for (const auto& g : groups) {
     if (!g.fuser) {
-      x = entries_[g.entry].fn(x);
+      x = g.fn(x);
       continue;
     }
     const auto k = g.fuser->num_extra_inputs();
@@ -141,7 +157,7 @@ Sequential::Outputs Sequential::run(const at::Tensor& input,
       next_param += n;
     }
     std::vector<at::Tensor> out;
-    if (entries_[g.entry].isolated && around) {
+    if (g.isolated && around) {
       // By value: a binding may keep the runner past this call.
       std::optional<std::vector<at::Tensor>> own_params;
       if (group_params) own_params = group_params->vec();
@@ -173,10 +189,16 @@ Sequential::Outputs Sequential::run(const at::Tensor& input,
 }
 
 std::vector<GroupPlan> Sequential::fusion_plan() const {
+  std::shared_ptr<const Grouping> current;
+  {
+    const std::lock_guard lock(grouping_mutex_);
+    current = grouping_;
+  }
   std::vector<GroupPlan> out;
-  for (const auto& g : groups_) {
+  if (!current) return out;
+  for (const auto& g : current->groups) {
     if (!g.fuser) {
-      out.push_back({entries_[g.entry].name, {}, {}});
+      out.push_back({g.name, {}, {}});
       continue;
     }
     auto [f, b] = g.fuser->fusion_plan();

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -91,16 +92,27 @@ class Sequential : public torch::nn::Module {
   struct Group {
     std::shared_ptr<OperationFuser> fuser;  // null for a plain step
     size_t entry = 0;                       // index of its (first) entry
+    bool isolated = false;                  // an isolated op's group (runs through `around`)
+    TensorFn fn;                            // a plain step's function and name
+    std::string name;
   };
-  void ensure_groups(const std::set<std::string>& named_inputs);
-  void build_groups(const std::set<std::string>& named_inputs);
+  /// One grouping, never changed once built: a call runs the grouping it started with to its
+  /// end, while another thread may replace it (calls run without the GIL).
+  struct Grouping {
+    std::vector<Group> groups;
+    std::set<std::string> named_inputs;    // the named inputs the groups were wired for
+    std::set<std::string> consumed_names;  // channels the groups take from outside
+  };
+  /// The current grouping for these named inputs, built if needed.
+  std::shared_ptr<const Grouping> grouping(const std::set<std::string>& named_inputs);
+  static std::shared_ptr<const Grouping> build_grouping(const std::vector<Entry>& entries,
+                                                        const std::set<std::string>& named_inputs);
   void invalidate_groups();
 
   std::vector<Entry> entries_;
-  std::vector<Group> groups_;
-  bool groups_valid_ = false;
-  std::set<std::string> groups_named_inputs_;  // the named inputs the groups were wired for
-  std::set<std::string> consumed_names_;       // channels the groups take from outside
+  mutable std::mutex grouping_mutex_;         // guards grouping_, generation_, entries' flags
+  std::shared_ptr<const Grouping> grouping_;  // null: built on the next call
+  int64_t generation_ = 0;                    // bumped by every change to the entries
 };
 
 }  // namespace fusible::fuser

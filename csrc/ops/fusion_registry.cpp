@@ -8,15 +8,17 @@
 namespace fusible::ops {
 
 FusionRegistry& FusionRegistry::instance() {
-  static FusionRegistry registry = [] {
-    FusionRegistry r;
-    register_builtin_fusions(r);
+  // Never destroyed: fusers may still plan while the process exits.
+  static FusionRegistry* registry = [] {
+    auto* r = new FusionRegistry;
+    register_builtin_fusions(*r);
     return r;
   }();
-  return registry;
+  return *registry;
 }
 
 int64_t FusionRegistry::add(std::string name, FusionPass pass, FusionFunction fn, bool prepend) {
+  const std::lock_guard lock(mutex_);
   const int64_t id = next_id_++;
   FusionEntry entry{id, std::move(name), pass, std::move(fn)};
   if (prepend) {
@@ -29,15 +31,19 @@ int64_t FusionRegistry::add(std::string name, FusionPass pass, FusionFunction fn
 }
 
 bool FusionRegistry::remove(int64_t id) {
+  FusionEntry removed;  // destroyed after the lock: a Python function's release takes the GIL
+  const std::lock_guard lock(mutex_);
   const auto it = std::find_if(entries_.begin(), entries_.end(),
                                [id](const FusionEntry& e) { return e.id == id; });
   if (it == entries_.end()) return false;
+  removed = std::move(*it);
   entries_.erase(it);
   ++version_;
   return true;
 }
 
 std::vector<FusionEntry> FusionRegistry::entries(FusionPass pass) const {
+  const std::lock_guard lock(mutex_);
   std::vector<FusionEntry> out;
   for (const auto& e : entries_) {
     if (e.pass == pass) out.push_back(e);
@@ -45,9 +51,20 @@ std::vector<FusionEntry> FusionRegistry::entries(FusionPass pass) const {
   return out;
 }
 
+std::vector<FusionEntry> FusionRegistry::snapshot() const {
+  const std::lock_guard lock(mutex_);
+  return entries_;
+}
+
 void FusionRegistry::restore(std::vector<FusionEntry> snapshot) {
-  entries_ = std::move(snapshot);
+  const std::lock_guard lock(mutex_);
+  std::swap(entries_, snapshot);  // the old entries go with `snapshot`, after the lock
   ++version_;
+}
+
+int64_t FusionRegistry::version() const {
+  const std::lock_guard lock(mutex_);
+  return version_;
 }
 
 }  // namespace fusible::ops

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -54,7 +55,8 @@ struct FusionEntry {
   FusionFunction fn;
 };
 
-/// Process-wide, ordered. Not thread-safe against concurrent registration (register at start-up).
+/// Process-wide, ordered. Thread-safe: fusers read it without the GIL while Python code may
+/// register or remove fusions.
 class FusionRegistry {
  public:
   static FusionRegistry& instance();
@@ -66,12 +68,15 @@ class FusionRegistry {
   /// The entries of one pass, in order.
   std::vector<FusionEntry> entries(FusionPass pass) const;
   /// Every entry, for snapshot/restore in tests.
-  std::vector<FusionEntry> snapshot() const { return entries_; }
+  std::vector<FusionEntry> snapshot() const;
   void restore(std::vector<FusionEntry> snapshot);
   /// Changes whenever the registry changes, so fusers know to re-plan.
-  int64_t version() const { return version_; }
+  int64_t version() const;
 
  private:
+  FusionRegistry() = default;
+
+  mutable std::mutex mutex_;  // guards everything below
   std::vector<FusionEntry> entries_;
   int64_t next_id_ = 1;
   int64_t version_ = 0;

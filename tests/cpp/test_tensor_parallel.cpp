@@ -6,15 +6,15 @@
 #include <fusible/fusible.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <atomic>
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "test_utils.h"
 
@@ -213,8 +213,8 @@ TEST_P(TensorParallelCpp, SequenceParallelMlpMatchesOneProcess) {
   std::vector<at::Tensor> ref_inputs{x.clone().requires_grad_(true),
                                      w1.clone().requires_grad_(true),
                                      w2.clone().requires_grad_(true)};
-  const auto ref_y = at::linear(at::gelu(at::linear(ref_inputs[0], ref_inputs[1]), "tanh"),
-                                ref_inputs[2]);
+  const auto ref_y =
+      at::linear(at::gelu(at::linear(ref_inputs[0], ref_inputs[1]), "tanh"), ref_inputs[2]);
   const auto ref_grads = torch::autograd::grad({ref_y}, ref_inputs, {dy});
 
   run_ranks(size, [&](const ops::ProcessGroupSpec& spec) {
@@ -250,8 +250,11 @@ TEST_P(TensorParallelCpp, IndivisibleRowsFailBeforeCommunicating) {
   std::atomic<int> failures{0};
   run_ranks(size, [&](const ops::ProcessGroupSpec& spec) {
     fuser::Sequential seq({std::make_shared<ops::ReduceScatter>(spec)});
-    expect_error_contains([&] { seq.forward(at::randn({size + 1, 2}, at::kDouble)); },
-                          "divisible by the process group's size");
+    expect_error_contains(
+        [&] {
+          seq.forward(at::randn({size + 1, 2}, at::kDouble));
+        },
+        "divisible by the process group's size");
     ++failures;
   });
   EXPECT_EQ(failures.load(), size);

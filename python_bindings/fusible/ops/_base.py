@@ -3,6 +3,7 @@ start as the C++ op's own tensors (one autograd leaf, one storage) and each call
 module's current ones (DESIGN.md, "Parameters are call inputs")."""
 
 import contextvars
+import threading
 import weakref
 
 import torch
@@ -381,14 +382,23 @@ class PreForwardHooks:
         self._basic = list(basic_ops) if self._ops else []
         self._wanted = {id(op) for op in self._ops}
         self._first = True
+        self._first_lock = threading.RLock()
+
+    # A lock cannot be copied or pickled (a model that has run may be): copies get their own.
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_first_lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._first_lock = threading.RLock()
 
     def __call__(self, input, extra_inputs):
         if not self._ops:
             return
         if self._first:
-            for op in self._ops:
-                op.pre_first_fuser_forward()
-            self._first = False
+            self._run_first_calls()
         # te.ops: an op requires backward from the first one whose input or parameters need
         # gradients on.
         grad = torch.is_grad_enabled()
@@ -399,6 +409,16 @@ class PreForwardHooks:
             needs = needs or (grad and any(p.requires_grad for p in op.parameters()))
             if id(op) in self._wanted:
                 op.pre_fuser_forward(requires_grad=bool(needs))
+
+    def _run_first_calls(self):
+        # Once per fuser even when its first calls come from several threads at once (the fuser
+        # runs without the GIL, and a hook may let other threads in): the others wait for it.
+        # If a hook raises, the flag stays set and the next call runs the hooks again.
+        with self._first_lock:
+            if self._first:
+                for op in self._ops:
+                    op.pre_first_fuser_forward()
+                self._first = False
 
 
 def _defines(cls, base, name):
