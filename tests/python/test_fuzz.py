@@ -1,0 +1,237 @@
+"""Differential fuzzing (issue 17), the fixed-seed slice for CI: random chains of every basic op
+against the unfused float64 reference (fuzz_chains.py), one test per seed, on CPU and (a smaller
+slice) on CUDA; the slice's coverage of ops and fusions, so that a shrinking fuzzer fails; a wrong
+reference is caught; and the fusible bugs the fuzzer found, as strict xfails that flip when fixed.
+Longer runs with random seeds: scripts/fuzz.sh --minutes N."""
+
+import collections
+
+import fuzz_chains
+import pytest
+import torch
+from conftest import cuda_only
+from fusible import ops
+from fuzz_chains import CaseFailure, make_case, run_case
+from op_specs import GROUPED_SPECS, SPECS
+
+D = torch.float64
+CPU_SEEDS = range(1000)  # about a minute on a 2-core CPU
+CUDA_SEEDS = range(150)
+
+_fusions_by_seed = {}  # CPU seed -> the fusions its case used (read by TestCoverage)
+
+
+@pytest.mark.parametrize("seed", CPU_SEEDS, ids=lambda seed: f"seed{seed}")
+def test_cpu_case(seed):
+    _fusions_by_seed[seed] = run_case(make_case(seed, "cpu"))
+
+
+@cuda_only
+@pytest.mark.parametrize("seed", CUDA_SEEDS, ids=lambda seed: f"seed{seed}")
+def test_cuda_case(seed):
+    run_case(make_case(seed, "cuda"))
+
+
+class TestCoverage:
+    COLLECTIVES = {"AllGather", "AllReduce", "ReduceScatter"}  # need a process group
+
+    def test_op_specs_cover_every_basic_op(self):
+        """Every basic op class of fusible.ops has a spec (collectives: test_tensor_parallel.py)."""
+        exported = {
+            name
+            for name in ops.__all__
+            if isinstance(getattr(ops, name), type)
+            and issubclass(getattr(ops, name), ops.BasicOperation)
+            and name != "BasicOperation"
+        }
+        made = set()
+        for spec in SPECS + GROUPED_SPECS:
+            op = spec.make("meta", D)
+            made |= {type(m).__name__ for m in op.modules()}
+        assert exported - made == self.COLLECTIVES
+
+    def test_the_slice_generates_every_spec(self):
+        generated = collections.Counter(
+            step.spec.name for seed in CPU_SEEDS for step in make_case(seed).steps
+        )
+        assert set(fuzz_chains.CATALOGUE) - set(generated) == set()
+        assert min(generated.values()) >= 5, generated
+
+    def test_the_slice_exercises_every_fusion(self):
+        """Built-in and Python fusions, read from the plans of the slice's cases (those that
+        test_cpu_case ran, else run here)."""
+        counts = collections.Counter()
+        for seed in CPU_SEEDS:
+            if seed not in _fusions_by_seed:
+                try:
+                    _fusions_by_seed[seed] = run_case(make_case(seed))
+                except CaseFailure:
+                    continue  # test_cpu_case reports it
+            counts.update(_fusions_by_seed[seed])
+        assert set(counts) - {fuzz_chains.REDRAWN} == fuzz_chains.KNOWN_FUSIONS
+        assert min(counts.values()) >= 3, counts
+
+
+class TestSensitivity:
+    """A reference that is slightly off makes cases fail: the comparison is not vacuous."""
+
+    def _case_with(self, op_name, dtypes=(torch.float32, torch.float64)):
+        for seed in range(10_000):
+            case = make_case(seed)
+            if (
+                case.dtype in dtypes
+                and case.x_grad
+                and "grad" in case.calls
+                and case.steps[0].spec.name == op_name
+            ):
+                return case
+        raise AssertionError(f"no case starts with {op_name}")
+
+    def test_a_wrong_value_fails(self, monkeypatch):
+        case = self._case_with("ConstantScale")
+        monkeypatch.setattr(
+            fuzz_chains.CATALOGUE["ConstantScale"], "ref", lambda x, p, e: 0.3701 * x
+        )
+        with pytest.raises(
+            CaseFailure, match=r"\n(y|extra output \d+): Tensor-likes are not close"
+        ):
+            run_case(case)
+
+    def test_a_wrong_gradient_fails(self, monkeypatch):
+        case = self._case_with("ConstantScale")
+
+        def right_value_wrong_gradient(x, p, e):
+            return 0.37 * x + 1e-3 * (x - x.detach())
+
+        monkeypatch.setattr(
+            fuzz_chains.CATALOGUE["ConstantScale"], "ref", right_value_wrong_gradient
+        )
+        with pytest.raises(CaseFailure, match=r"\ngrad x: Tensor-likes are not close"):
+            run_case(case)
+
+
+class TestKnownBugs:
+    """The fusible bugs the fuzzer found (fuzz_chains.KNOWN_BUGS), minimized by hand. Generated
+    cases avoid these patterns unless asked not to: `scripts/fuzz.sh --seed S --known-bugs
+    --minimize` replays one that does not (which seeds hit one changes with the generator). When
+    a bug is fixed its test here fails (strict xfail): drop the xfail and the pattern in
+    fuzz_chains.KNOWN_BUGS with its avoidance.
+
+    Across groups and shared channel inputs: AddExtraInput::writes_in_place
+    (csrc/ops/basic/extra_io.cpp) writes into every extra tensor not made inside its own fuser, as
+    OperationFuser sets ctx.extra_input_from_caller for every source that is not internal
+    (csrc/fuser/operation_fuser.cpp): a channel value made in an earlier fuser group (another
+    fuser's output, possibly the caller's x or a tensor saved for backward) and a channel_inputs
+    tensor that other slots also read are written like a public extra input.
+
+    Grouped linear: GroupedLinear's forward saves x.reshape(rows, in_features), a view of its
+    input made inside the fuser's forward (no-grad mode); when that input is a caller's tensor
+    written in place and returned (MakeExtraOutput), FuserAutograd::forward marks it dirty and
+    autograd refuses the earlier view (csrc/ops/basic/grouped_linear.cpp; saving the input
+    itself and reshaping in the backward, as BasicLinear does, would avoid it).
+
+    Views: FuserAutograd::forward (csrc/fuser/operation_fuser.cpp) marks the written extra input
+    dirty; for a view, autograd rebases its history through CopySlices, which assumes the dirty
+    tensor is the node's first input (x is): x's edge is dropped (no gradient, no error) or,
+    with autograd.grad or parameters, an internal assert fires. Adding out of place when the
+    extra tensor is a view (writes_in_place, and ForwardLinearBiasAdd's in-place test) would
+    avoid it."""
+
+    @staticmethod
+    def _across_a_plain_module():
+        make = ops.MakeExtraOutput().set_extra_output_channel(0, "r", output_to_caller=False)
+        add = ops.AddExtraInput(in_place=True).set_extra_input_channel(0, "r")
+        return ops.Sequential(make, torch.nn.Tanh(), add)
+
+    @pytest.mark.xfail(strict=True, reason="bug: in-place add across fuser groups writes into x")
+    def test_in_place_add_across_fuser_groups_keeps_x(self):
+        x = torch.full((4,), 0.5, dtype=D)
+        y = self._across_a_plain_module()(x)
+        torch.testing.assert_close(y, torch.full((4,), 0.5, dtype=D).tanh() + 0.5)
+        assert torch.equal(x, torch.full((4,), 0.5, dtype=D))  # fails: x holds y
+
+    @pytest.mark.xfail(
+        strict=True, raises=RuntimeError, reason="bug: in-place add across fuser groups"
+    )
+    def test_in_place_add_across_fuser_groups_with_grad(self):
+        # The same model in one fuser group works; across a plain module the forward raises ("a
+        # view ... is being modified inplace"), or after a norm the backward does ("modified by
+        # an inplace operation").
+        x = torch.randn(3, 4, dtype=D, requires_grad=True)
+        y = self._across_a_plain_module()(x)
+        (g,) = torch.autograd.grad(y, [x], torch.ones_like(y))
+        torch.testing.assert_close(g, 1 - torch.tanh(x.detach()) ** 2 + 1)
+
+    @pytest.mark.xfail(strict=True, reason="bug: in-place add into a shared channel input")
+    def test_in_place_add_into_a_shared_channel_input(self):
+        first = ops.AddExtraInput(in_place=True).set_extra_input_channel(0, "r")
+        second = ops.AddExtraInput().set_extra_input_channel(0, "r")
+        seq = ops.Sequential(ops.ConstantScale(2.0), first, ops.ConstantScale(3.0), second)
+        x, r = torch.ones(4, dtype=D), torch.full((4,), 10.0, dtype=D)
+        y = seq(x, channel_inputs={"r": r})
+        # Both consumers read the caller's r: (2 + 10) * 3 + 10; the second gets the first's sum.
+        torch.testing.assert_close(y, torch.full((4,), 46.0, dtype=D))  # got 48
+
+    @pytest.mark.xfail(strict=True, reason="bug: in-place add into a view loses x's gradient")
+    def test_in_place_add_into_a_view_keeps_the_gradient_of_x(self):
+        x = torch.randn(3, 4, dtype=D, requires_grad=True)
+        residual = torch.randn(4, 4, dtype=D)[1:]  # a view: rows 1.. of a buffer
+        ops.AddExtraInput(in_place=True)(x, residual).sum().backward()
+        assert x.grad is not None  # fails: None, and no error
+
+    @pytest.mark.xfail(strict=True, raises=RuntimeError, reason="bug: in-place add into a view")
+    def test_in_place_add_into_a_view_after_a_linear(self):
+        seq = ops.Sequential(
+            ops.Linear(4, 4, device="cpu", dtype=D), ops.AddExtraInput(in_place=True)
+        )
+        x = torch.randn(3, 4, dtype=D, requires_grad=True)
+        residual = torch.randn(4, 4, dtype=D)[1:]
+        y = seq(x, residual)
+        # Raises "fn_edge.is_valid() == this_edge.is_valid() INTERNAL ASSERT FAILED".
+        torch.autograd.grad(y.sum(), [x, seq[0].weight])
+
+    @pytest.mark.xfail(strict=True, raises=RuntimeError, reason="bug: in-place add before grouped")
+    def test_in_place_add_then_extra_output_then_grouped_linear(self):
+        # The residual pattern of a MoE block: h = x + r in r's storage, r = h, then the experts.
+        seq = ops.Sequential(
+            ops.AddExtraInput(in_place=True),
+            ops.MakeExtraOutput(),
+            ops.GroupedLinear(3, 8, 8, device="cpu", dtype=D),
+        )
+        x, r = torch.randn(5, 8, dtype=D), torch.randn(5, 8, dtype=D)
+        expected = x + r
+        # Raises "A view was created in no_grad mode and its base ... modified inplace".
+        _, residual = seq(x, r, torch.tensor([2, 1, 2]))
+        torch.testing.assert_close(residual, expected)
+
+    def test_a_wrong_shaped_extra_gradient_is_not_broadcast(self):
+        # A forward-only Python fusion over ConstantScale + AddExtraInput cannot record the
+        # broadcast in AddExtraInput's context (ctx.state is C++-private), so the unfused backward
+        # returns the extra input's gradient at x's shape; accumulate() (csrc/fuser/fuser_run.cpp)
+        # adds it to the other consumer's by broadcasting: grad r is 42, not 12, and no error.
+        class ScaleAddForward(ops.FusedOperation):
+            def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, **unused):
+                extra = basic_op_extra_inputs[1][0]
+                return self.basic_ops[0].scale * input_ + extra, [[], []]
+
+        def fuse(ops_list, *, recipe):
+            scale, add = ops_list[:2] if len(ops_list) > 2 else (None, None)
+            if isinstance(scale, ops.ConstantScale) and isinstance(add, ops.AddExtraInput):
+                return [ScaleAddForward([scale, add]), *ops_list[2:]]
+            return ops_list
+
+        snapshot = ops.snapshot_fusions()
+        ops.register_forward_fusion(fuse)
+        try:
+            first = ops.AddExtraInput().set_extra_input_channel(0, "r")
+            second = ops.AddExtraInput().set_extra_input_channel(0, "r")
+            seq = ops.Sequential(ops.ConstantScale(2.0), first, second)
+            r = torch.randn(4, dtype=D, requires_grad=True)  # broadcast over x's [2, 3, 4]
+            y = seq(torch.randn(2, 3, 4, dtype=D), channel_inputs={"r": r})
+            try:
+                (g,) = torch.autograd.grad(y.sum(), [r])
+            except (RuntimeError, ValueError):
+                return  # refusing the wrong-shaped gradient is a fix too
+            torch.testing.assert_close(g, torch.full((4,), 12.0, dtype=D))  # got 42
+        finally:
+            ops.restore_fusions(snapshot)
