@@ -439,7 +439,7 @@ def _parameter_names(step):
 
 # Fusible bugs this fuzzer found (test_fuzz.py keeps a strict xfail per bug, with its analysis).
 # Cases avoid their patterns unless made with avoid_known_bugs=False, so that a long run looks for
-# new bugs. All three are in-place adds writing where they should not.
+# new bugs. All are in-place adds writing where they should not.
 KNOWN_BUGS = {
     "in-place add into a shared channel input": "an AddExtraInput(in_place=True) fed by a "
     "channel_inputs name that also feeds another op writes the sum into that tensor, so the "
@@ -447,9 +447,6 @@ KNOWN_BUGS = {
     "in-place add across fuser groups": "an AddExtraInput(in_place=True) bound to a channel made "
     "in an earlier fuser group (a plain module between them) writes into the producer's tensor: "
     "the caller's x, or a tensor saved for backward (the backward then raises)",
-    "in-place add into a view": "an AddExtraInput(in_place=True) whose extra tensor is a view "
-    "(a slice, a transpose) loses x's gradient without a word, or autograd raises (an internal "
-    "assert with autograd.grad)",
     "in-place add, extra output, grouped linear": "AddExtraInput(in_place=True), then "
     "MakeExtraOutput (public), then GroupedLinear: the forward raises (a view created in no-grad "
     "mode of a tensor modified in place)",
@@ -834,14 +831,12 @@ def _device_inputs(case, inputs, x_grad):
     """The call's tensors in the case's device, dtype and layout, with the case's requires-grad
     flags."""
 
-    written = _written_in_place(case) if case.avoids_known_bugs else set()
-
     def leaf(key, t, grad):
         if not t.is_floating_point():  # split sizes
             return t.to(case.device, case.index_dtype)
         # A copy: in-place ops write into the caller's extra tensors.
         t = t.to(case.device, case.dtype, copy=True)
-        t = t if key in written else _with_layout(t, case.layout)  # known bug: views
+        t = _with_layout(t, case.layout)
         return t.requires_grad_(grad)
 
     def leaves(tensors):
@@ -852,16 +847,6 @@ def _device_inputs(case, inputs, x_grad):
         "public": leaves(inputs.public),
         "named": leaves(inputs.named),
     }
-
-
-def _written_in_place(case):
-    """The caller's extra inputs (slot or channel names) that an in-place add reads."""
-    keys = set()
-    for step in case.steps:
-        if step.spec.extras == ("x",) and step.options.get("in_place"):
-            how, name = step.inputs[0]
-            keys.add(name if how == "caller" else _slot_name(step, 0))
-    return keys
 
 
 def _with_layout(t, layout):
