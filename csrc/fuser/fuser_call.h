@@ -2,11 +2,11 @@
 // node).
 #pragma once
 
+#include <ATen/core/DimVector.h>
 #include <ATen/core/Tensor.h>
 #include <torch/custom_class.h>
 
 #include <memory>
-#include <optional>
 #include <vector>
 
 #include "fuser/channel_routing.h"
@@ -33,10 +33,10 @@ struct FuserCall : torch::CustomClassHolder {
   std::vector<std::vector<int64_t>> saved_slots;
   // Shapes of the differentiable inputs, in run_backward's order: a gradient of another shape
   // (user code's backward) is an error, not something autograd sums away.
-  std::vector<std::vector<int64_t>> grad_shapes;
-  // Per basic op, the shape of its input where a forward step began at it (a fused forward does
-  // not see its inner ops' inputs): what that op's input gradient must be.
-  std::vector<std::optional<std::vector<int64_t>>> step_input_shapes;
+  std::vector<c10::DimVector> grad_shapes;
+  // Per basic op, whether a forward step began at it: then its context's input_shape is exact
+  // (a fused forward's inner ops have only defaults) and its input gradient must match it.
+  std::vector<char> step_starts;
   // y's metadata, to make a zero gradient when only extra outputs were used.
   std::vector<int64_t> output_shape;
   at::TensorOptions output_options;

@@ -51,8 +51,8 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
     // first op's are exact.
     for (auto* c : ctxs) c->input_dtype = x.scalar_type();
     ctxs[0]->input_shape = x.sizes().vec();
-    call.step_input_shapes.resize(n);
-    call.step_input_shapes[p.basic_indices.front()] = ctxs[0]->input_shape;
+    call.step_starts.resize(n);
+    call.step_starts[p.basic_indices.front()] = 1;
     ops::TensorLists sub_in, sub_out;
     for (auto i : p.basic_indices) {
       std::vector<at::Tensor> in;
@@ -192,8 +192,8 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
     }
     dy = r.grad_input;
     const auto first = static_cast<size_t>(p.basic_indices.front());
-    if (dy.defined() && first < call.step_input_shapes.size() && call.step_input_shapes[first]) {
-      const auto& shape = *call.step_input_shapes[first];
+    if (dy.defined() && first < call.step_starts.size() && call.step_starts[first]) {
+      const auto& shape = ctxs[0]->input_shape;
       TORCH_CHECK(dy.sizes().equals(shape), p.op->type_name(),
                   ": backward returned an input gradient of shape ", dy.sizes(),
                   ", expected the input's shape ", c10::IntArrayRef(shape));

@@ -360,8 +360,9 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
     ctx->saved_data["call"] = c10::IValue::make_capsule(call);
     const std::vector<at::Tensor> extras(extra_inputs.begin(), extra_inputs.end());
     const std::vector<at::Tensor> external(external_inputs.begin(), external_inputs.end());
+    call->grad_shapes.reserve(1 + params.size() + extra_inputs.size() + external_inputs.size());
     for (const auto list : {at::TensorList(input), params, extra_inputs, external_inputs}) {
-      for (const auto& t : list) call->grad_shapes.push_back(t.sizes().vec());
+      for (const auto& t : list) call->grad_shapes.emplace_back(t.sizes());
     }
     std::vector<at::Tensor> outputs;
     {
