@@ -3,7 +3,7 @@
 # seeds for N minutes; one line per failure (its seed and chain), then a summary (cases, failures,
 # cases per fusion). Exits non-zero on any failure. --seed S replays one case verbosely.
 #   scripts/fuzz.sh --minutes 5 [--device cpu|cuda]
-#   scripts/fuzz.sh --seed 1234 [--device cuda] [--minimize] [--known-bugs]
+#   scripts/fuzz.sh --seed 1234 [--device cuda] [--minimize]
 # Python: .venv/bin/python, or PY=python3 (with PYTHONPATH at a build's python folder).
 # The fixed-seed CI slice is tests/python/test_fuzz.py; the generator is tests/python/fuzz_chains.py.
 set -euo pipefail

@@ -16,7 +16,7 @@ start=$(date +%s)
 
 # vptr checks need the RTTI of every class across torch's libraries, which were built without
 # UBSan; the other UB checks are local to our code.
-flags="-fsanitize=address,undefined -fno-sanitize=vptr -fno-omit-frame-pointer -g -O1"
+flags="-fsanitize=address,undefined -fno-sanitize=vptr -fno-omit-frame-pointer -g1 -O0"
 # Reports go to a file per process and the script decides (below): the exit code is shared by
 # errors and leaks, and Python's own leaks must not fail a run. A process that an error stopped
 # is caught by its missing summary line.

@@ -275,7 +275,7 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
           break;
       }
       ctx.extra_input_requires_grad.push_back(ctx.requires_grad && needs);
-      ctx.extra_input_from_caller.push_back(src.kind != InputSource::Kind::kInternal);
+      ctx.extra_input_writable.push_back(src.kind == InputSource::Kind::kPublic);
     }
   }
   return call;

@@ -102,7 +102,20 @@ std::vector<std::shared_ptr<BasicOperation>> BasicOperation::basic_ops() {
 }
 
 void BasicOperation::pre_first_forward(const at::Tensor& input) {
-  if (materialize_meta_parameters(input.device())) reset_parameters();
+  std::vector<at::Tensor> made;  // the parameters this call makes real
+  for (const auto& p : op_parameters()) {
+    if (p.is_meta()) made.push_back(p);
+  }
+  if (made.empty()) return;
+  try {
+    for (const auto& p : made) materialize_(p, input.device());
+    reset_parameters();
+  } catch (...) {
+    // Back to meta: left real, they would hold uninitialized memory that the next call computes
+    // with; on meta, the next first call materializes and resets them again.
+    for (const auto& p : made) materialize_(p, c10::Device(c10::kMeta));
+    throw;
+  }
 }
 
 bool BasicOperation::materialize_meta_parameters(c10::Device device) {

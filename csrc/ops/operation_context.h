@@ -36,8 +36,11 @@ struct OperationContext : std::enable_shared_from_this<OperationContext> {
   bool input_requires_grad = false;
   /// Whether each extra input (in slot order) needs a gradient.
   std::vector<bool> extra_input_requires_grad;
-  /// Whether each extra input (in slot order) came from the caller (not from another op).
-  std::vector<bool> extra_input_from_caller;
+  /// Whether each extra input (in slot order) is a positional extra tensor of the caller, the one
+  /// kind an in-place op may write into (te.ops' AddExtraInput(in_place=True)). A channel value is
+  /// not: other consumers may read it, and one made in an earlier fuser group may be the caller's
+  /// x (MakeExtraOutput hands out its input itself) or a tensor saved for backward.
+  std::vector<bool> extra_input_writable;
   /// Dtype of the input as it arrived (its gradient goes back in this dtype).
   at::ScalarType input_dtype = at::kFloat;
   /// Dtype the op computed in (parameter dtype, or autocast's).

@@ -10,7 +10,7 @@ functions (tolerance: _compare; derivative kinks: run_case). Everything follows 
 and the device (scripts/fuzz.sh wraps this):
 
     python -m fuzz_chains --minutes 5 [--device cuda]       # random seeds, a line per failure
-    python -m fuzz_chains --seed 1234 [--device cuda] [--minimize] [--known-bugs]
+    python -m fuzz_chains --seed 1234 [--device cuda] [--minimize]
 """
 
 import argparse
@@ -317,7 +317,6 @@ class Case:
     dy_layout: str  # of the output gradients
     broadcast: dict  # float extra input (slot or channel name) -> its smaller, broadcast shape
     index_dtype: torch.dtype  # of split sizes
-    avoids_known_bugs: bool = True
     minimized: bool = False  # a smaller variant of the seed's case (minimize), not the case itself
 
     @property
@@ -325,7 +324,7 @@ class Case:
         return any(step.spec.gemm for step in self.steps)
 
 
-def make_case(seed, device="cpu", avoid_known_bugs=True):
+def make_case(seed, device="cpu"):
     """The case of this seed: structure, flags and (through the seed) every value."""
     rng = random.Random(seed)
     dtype = rng.choices(DTYPES, DTYPE_WEIGHTS)[0]
@@ -336,9 +335,7 @@ def make_case(seed, device="cpu", avoid_known_bugs=True):
     steps = _random_steps(rng, x_shape)
     for uid, step in enumerate(steps):
         step.uid = uid
-    if avoid_known_bugs:
-        _add_out_of_place_before_grouped_linear(steps)
-    wiring = _Wiring(rng, avoid_known_bugs)
+    wiring = _Wiring(rng)
     wiring.route(steps)
     for step in steps:
         step.frozen = _random_frozen(rng, step)
@@ -361,7 +358,6 @@ def make_case(seed, device="cpu", avoid_known_bugs=True):
         dy_layout=rng.choice(["contiguous", "contiguous", "strided", "expanded"]),
         broadcast=_random_broadcasts(rng, steps, float_inputs),
         index_dtype=rng.choice([torch.int64, torch.int32]),
-        avoids_known_bugs=avoid_known_bugs,
     )
 
 
@@ -437,70 +433,35 @@ def _parameter_names(step):
     return [name for name, _ in op.named_parameters()]
 
 
-# Fusible bugs this fuzzer found (test_fuzz.py keeps a strict xfail per bug, with its analysis).
-# Cases avoid their patterns unless made with avoid_known_bugs=False, so that a long run looks for
-# new bugs. All are in-place adds writing where they should not.
-KNOWN_BUGS = {
-    "in-place add into a shared channel input": "an AddExtraInput(in_place=True) fed by a "
-    "channel_inputs name that also feeds another op writes the sum into that tensor, so the "
-    "other op sees the sum",
-    "in-place add across fuser groups": "an AddExtraInput(in_place=True) bound to a channel made "
-    "in an earlier fuser group (a plain module between them) writes into the producer's tensor: "
-    "the caller's x, or a tensor saved for backward (the backward then raises)",
-    "in-place add, extra output, grouped linear": "AddExtraInput(in_place=True), then "
-    "MakeExtraOutput (public), then GroupedLinear: the forward raises (a view created in no-grad "
-    "mode of a tensor modified in place)",
-}
-
-
-def _add_out_of_place_before_grouped_linear(steps):
-    """Known bug: no in-place add before a MakeExtraOutput and a GroupedLinear of its group."""
-    for i, step in enumerate(steps):
-        later = [s.spec.name for s in steps[i + 1 : _group_end(steps, i)]]
-        grouped = [n for n in later if n.startswith("GroupedLinear")]
-        if step.options.get("in_place") and step.spec.extras and grouped:
-            if "MakeExtraOutput" in later[: later.index(grouped[0])]:
-                step.options = {**step.options, "in_place": False}
-
-
-def _group_end(steps, i):
-    """The index of the first plain module after op i (the end of its fuser group)."""
-    return next((j for j in range(i + 1, len(steps)) if steps[j].spec in MODULE_SPECS), len(steps))
-
-
 class _Wiring:
     """Routes every extra tensor of a chain: each extra input is public, fed by name by the
     caller or bound to an earlier producer of its shape; each extra output is public, named or
     hidden."""
 
-    def __init__(self, rng, avoid_known_bugs):
-        self.rng, self.avoid = rng, avoid_known_bugs
-        self.producers = []  # [shape, name, consumer count, step, fuser group] per extra output
+    def __init__(self, rng):
+        self.rng = rng
+        self.producers = []  # [shape, name, consumer count, step] per extra output
         self.callers = {}  # channel name -> shape (None for split sizes), for caller-fed names
-        self.in_place_callers = set()  # caller-fed names an in-place add consumes
         self.public = []  # slot names of the public float extra inputs
 
     def route(self, steps):
-        group = 0
         for step in steps:
-            group += step.spec in MODULE_SPECS
-            in_place = step.options.get("in_place", False) and step.spec.extras == ("x",)
             for slot, kind in enumerate(step.spec.extras):
                 key = _slot_name(step, slot)
-                source = self._source(kind, step.shape, key, in_place, group)
+                source = self._source(kind, step.shape, key)
                 step.inputs.append(source)
                 if source[0] == "public" and kind != "splits":
                     self.public.append(key)
             for slot, kind in enumerate(step.spec.extra_outputs):
                 name = f"c{step.uid}_{slot}"
-                self.producers.append([extra_shape(kind, step.shape), name, 0, step, group])
-        for _, name, consumers, step, _ in self.producers:
+                self.producers.append([extra_shape(kind, step.shape), name, 0, step])
+        for _, name, consumers, step in self.producers:
             step.outputs.append(_output_routing(self.rng, name, consumers))
 
     def float_callers(self):
         return [name for name, shape in self.callers.items() if shape is not None]
 
-    def _source(self, kind, shape, fresh_name, in_place, group):
+    def _source(self, kind, shape, fresh_name):
         rng = self.rng
         if kind == "splits":  # integers: from the caller, by position or by name
             if rng.random() < 0.3:
@@ -509,25 +470,19 @@ class _Wiring:
             return ("public", None)
         wanted = extra_shape(kind, shape)
         matching = [p for p in self.producers if p[0] == wanted]
-        if in_place and self.avoid:
-            matching = [p for p in matching if p[4] == group]
         if matching and rng.random() < 0.6:
             producer = rng.choice(matching)
             producer[2] += 1
             return ("bound", producer[1])
         if rng.random() < 0.25:
-            return ("caller", self._caller_name(wanted, fresh_name, in_place))
+            return ("caller", self._caller_name(wanted, fresh_name))
         return ("public", None)
 
-    def _caller_name(self, shape, fresh_name, in_place):
+    def _caller_name(self, shape, fresh_name):
         """A fresh name, or (half the time) one the caller already feeds: fan-out."""
         shared = [n for n, s in self.callers.items() if s == shape]
-        if self.avoid:
-            shared = [] if in_place else [n for n in shared if n not in self.in_place_callers]
         name = self.rng.choice(shared) if shared and self.rng.random() < 0.5 else fresh_name
         self.callers[name] = shape
-        if in_place:
-            self.in_place_callers.add(name)
         return name
 
 
@@ -550,8 +505,6 @@ def _output_routing(rng, name, consumers):
 def describe(case):
     """The case in words: the seed (enough to replay it), the call, then one line per op."""
     origin = f"seed {case.seed}" + (", minimized" if case.minimized else "")
-    if not case.avoids_known_bugs:
-        origin += ", known-bug patterns allowed"
     lines = [
         f"{origin} on {case.device}: {str(case.dtype).replace('torch.', '')}, "
         f"x {list(case.x_shape)} requires_grad={case.x_grad}, calls {'+'.join(case.calls)}, "
@@ -1150,14 +1103,13 @@ def summary(cases, failures, counts, minutes):
     lines = [f"fuzz: {cases} cases in {minutes:g} min, {failures} failures; cases per fusion:"]
     lines += [f"  {counts[name]:7d}  {name}" for name in sorted(KNOWN_FUSIONS)]
     lines.append(f"{counts[REDRAWN]} cases passed with redrawn values (a derivative kink)")
-    lines.append(f"(known-bug patterns avoided: {'; '.join(KNOWN_BUGS)})")
     return "\n".join(lines)
 
 
-def replay(seed, device, known_bugs, shrink):
+def replay(seed, device, shrink):
     """Runs one case verbosely: its description, each call's plan, the failure (and with shrink
     the smallest failing variant). Returns 0 when it passes."""
-    case = make_case(seed, device, avoid_known_bugs=not known_bugs)
+    case = make_case(seed, device)
     print(describe(case))
     try:
         fusions = run_case(case)
@@ -1190,15 +1142,12 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, help="replay this case verbosely")
     parser.add_argument("--minimize", action="store_true", help="with --seed: shrink a failure")
     parser.add_argument(
-        "--known-bugs", action="store_true", help="with --seed: allow the KNOWN_BUGS patterns"
-    )
-    parser.add_argument(
         "--progress", action="store_true", help="print each seed to stderr before running it"
     )
     args = parser.parse_args(argv)
     faulthandler.enable()
     if args.seed is not None:
-        return replay(args.seed, args.device, args.known_bugs, args.minimize)
+        return replay(args.seed, args.device, args.minimize)
     cases, failures, counts = fuzz(args.minutes, args.device, progress=args.progress)
     print(summary(cases, failures, counts, args.minutes))
     return 1 if failures else 0

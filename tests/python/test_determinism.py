@@ -1,11 +1,10 @@
 """Determinism: with torch.use_deterministic_algorithms(True), two training runs in separate
-processes should end with bit-identical parameters (CUDA: the demo MLP in fp32, bf16 and FP8, and
-the fused MoE expert MLP; CPU: the demo in fp32). fusible's own kernels use no floating-point
-atomics (bias, norm and grouped-bias gradients are fixed-order two-pass sums; the FP8 amax is an
-atomic max, which is order-free). Yet on the H200 (2026-12-02) two CUDA runs of the fp32 demo
-ended with different parameters: the CUDA case is an expected failure until the cause (a
-cuBLASLt algorithm or epilogue, or one of our kernels) is found. A nondeterministic PyTorch op
-called inside a fused call raises PyTorch's own error."""
+processes end with bit-identical parameters (CUDA: the demo MLP in fp32, bf16 and FP8, and the
+fused MoE expert MLP; CPU: the demo in fp32). fusible's own kernels use no floating-point atomics
+(bias, norm and grouped-bias gradients are fixed-order two-pass sums; the FP8 amax is an atomic
+max, which is order-free). Two CUDA runs differed until CUDA parameters followed a seed set before
+Python's first CUDA call (each process had drawn its Linear weights from a randomly seeded
+generator). A nondeterministic PyTorch op called inside a fused call raises PyTorch's own error."""
 
 import os
 import subprocess
@@ -34,14 +33,7 @@ def _train(device, out, steps):
     return torch.load(out)
 
 
-CUDA_RUNS_DIFFER = pytest.mark.xfail(
-    reason="open: two CUDA runs of the fp32 demo differ after 50 steps (H200, 2026-12-02)"
-)
-
-
-@pytest.mark.parametrize(
-    "device", ["cpu", pytest.param("cuda", marks=[cuda_only, CUDA_RUNS_DIFFER])]
-)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda_only)])
 def test_two_training_runs_are_bit_identical(device, tmp_path):
     steps = 50
     first = _train(device, tmp_path / "a.pt", steps)
@@ -58,6 +50,34 @@ def test_two_training_runs_are_bit_identical(device, tmp_path):
     untrained = _train(device, tmp_path / "c.pt", 0)
     for run, params in first.items():
         assert any(not torch.equal(v, untrained[run][k]) for k, v in params.items()), run
+
+
+_FRESH_PROCESS_INIT = """
+import torch
+from fusible import ops
+torch.manual_seed(0)  # before any CUDA call of Python's
+made = {"cuda": ops.Linear(8, 8, device="cuda").weight, "default": ops.Linear(8, 8).weight}
+meta = ops.Linear(8, 8, device="meta")
+meta.reset_parameters()  # materialized on the CUDA device by C++
+made["meta"] = meta.weight
+print({k: v.detach().cpu().tolist() for k, v in made.items()})
+"""
+
+
+@cuda_only
+def test_cuda_parameters_follow_a_seed_set_before_the_first_cuda_call():
+    # Python applies such a seed to the CUDA generators when it sets CUDA up; C++ allocating
+    # CUDA parameters does not set it up, and two processes initialized them differently.
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _FRESH_PROCESS_INIT], capture_output=True, text=True, timeout=300
+        )
+        for _ in range(2)
+    ]
+    for r in runs:
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert runs[0].stdout == runs[1].stdout
+    assert len(set(runs[0].stdout.split("],"))) > 1  # values, not one repeated row
 
 
 class _Histogram(ops.BasicOperation):

@@ -110,32 +110,22 @@ class TestSensitivity:
             run_case(case)
 
 
-class TestKnownBugs:
-    """The fusible bugs the fuzzer found (fuzz_chains.KNOWN_BUGS), minimized by hand. Generated
-    cases avoid these patterns unless asked not to: `scripts/fuzz.sh --seed S --known-bugs
-    --minimize` replays one that does not (which seeds hit one changes with the generator). When
-    a bug is fixed its test here fails (strict xfail): drop the xfail and the pattern in
-    fuzz_chains.KNOWN_BUGS with its avoidance.
+class TestFoundBugs:
+    """The fusible bugs the fuzzer found, minimized by hand, as regression tests. All were
+    in-place adds writing where they should not, or autograd refusing what they wrote.
 
-    Across groups and shared channel inputs: AddExtraInput::writes_in_place
-    (csrc/ops/basic/extra_io.cpp) writes into every extra tensor not made inside its own fuser, as
-    OperationFuser sets ctx.extra_input_from_caller for every source that is not internal
-    (csrc/fuser/operation_fuser.cpp): a channel value made in an earlier fuser group (another
-    fuser's output, possibly the caller's x or a tensor saved for backward) and a channel_inputs
-    tensor that other slots also read are written like a public extra input.
+    AddExtraInput(in_place=True) writes only into a positional extra tensor of the caller
+    (OperationContext::extra_input_writable, csrc/fuser/operation_fuser.cpp). It wrote into
+    every channel value too: one made in an earlier fuser group (MakeExtraOutput hands out its
+    input itself, so the caller's x) and a channel_inputs tensor that other slots also read.
 
-    Grouped linear: GroupedLinear's forward saves x.reshape(rows, in_features), a view of its
-    input made inside the fuser's forward (no-grad mode); when that input is a caller's tensor
-    written in place and returned (MakeExtraOutput), FuserAutograd::forward marks it dirty and
-    autograd refuses the earlier view (csrc/ops/basic/grouped_linear.cpp; saving the input
-    itself and reshaping in the backward, as BasicLinear does, would avoid it).
+    GroupedLinear saved a 2-D view of its input made inside the fuser's forward (grad mode off);
+    when that input was a caller's tensor written in place and returned (MakeExtraOutput), the
+    fuser marked it dirty and autograd refused the view. It saves the input itself now.
 
-    Views: FuserAutograd::forward (csrc/fuser/operation_fuser.cpp) marks the written extra input
-    dirty; for a view, autograd rebases its history through CopySlices, which assumes the dirty
-    tensor is the node's first input (x is): x's edge is dropped (no gradient, no error) or,
-    with autograd.grad or parameters, an internal assert fires. Adding out of place when the
-    extra tensor is a view (writes_in_place, and ForwardLinearBiasAdd's in-place test) would
-    avoid it."""
+    Views: marking a view dirty rebased its history onto the node's first input (x), so x's
+    gradient was lost silently, or an internal assert fired after a Linear. An in-place add into
+    a view adds out of place (AddExtraInput::writes_in_place)."""
 
     @staticmethod
     def _across_a_plain_module():
@@ -143,12 +133,11 @@ class TestKnownBugs:
         add = ops.AddExtraInput(in_place=True).set_extra_input_channel(0, "r")
         return ops.Sequential(make, torch.nn.Tanh(), add)
 
-    @pytest.mark.xfail(strict=True, reason="bug: in-place add across fuser groups writes into x")
     def test_in_place_add_across_fuser_groups_keeps_x(self):
         x = torch.full((4,), 0.5, dtype=D)
         y = self._across_a_plain_module()(x)
         torch.testing.assert_close(y, torch.full((4,), 0.5, dtype=D).tanh() + 0.5)
-        assert torch.equal(x, torch.full((4,), 0.5, dtype=D))  # fails: x holds y
+        assert torch.equal(x, torch.full((4,), 0.5, dtype=D))  # held y before the fix
 
     def test_in_place_add_across_fuser_groups_with_grad(self):
         # Raised "a view ... is being modified inplace" until an in-place add into a view (here the
@@ -158,7 +147,6 @@ class TestKnownBugs:
         (g,) = torch.autograd.grad(y, [x], torch.ones_like(y))
         torch.testing.assert_close(g, 1 - torch.tanh(x.detach()) ** 2 + 1)
 
-    @pytest.mark.xfail(strict=True, reason="bug: in-place add into a shared channel input")
     def test_in_place_add_into_a_shared_channel_input(self):
         first = ops.AddExtraInput(in_place=True).set_extra_input_channel(0, "r")
         second = ops.AddExtraInput().set_extra_input_channel(0, "r")
@@ -166,7 +154,8 @@ class TestKnownBugs:
         x, r = torch.ones(4, dtype=D), torch.full((4,), 10.0, dtype=D)
         y = seq(x, channel_inputs={"r": r})
         # Both consumers read the caller's r: (2 + 10) * 3 + 10; the second gets the first's sum.
-        torch.testing.assert_close(y, torch.full((4,), 46.0, dtype=D))  # got 48
+        torch.testing.assert_close(y, torch.full((4,), 46.0, dtype=D))  # was 48
+        assert torch.equal(r, torch.full((4,), 10.0, dtype=D))
 
     def test_in_place_add_into_a_view_keeps_the_gradient_of_x(self):
         x = torch.randn(3, 4, dtype=D, requires_grad=True)
@@ -185,7 +174,6 @@ class TestKnownBugs:
         dx, _ = torch.autograd.grad(y.sum(), [x, seq[0].weight])
         torch.testing.assert_close(dx, torch.ones(3, 4, dtype=D) @ seq[0].weight.detach())
 
-    @pytest.mark.xfail(strict=True, raises=RuntimeError, reason="bug: in-place add before grouped")
     def test_in_place_add_then_extra_output_then_grouped_linear(self):
         # The residual pattern of a MoE block: h = x + r in r's storage, r = h, then the experts.
         seq = ops.Sequential(
@@ -195,9 +183,18 @@ class TestKnownBugs:
         )
         x, r = torch.randn(5, 8, dtype=D), torch.randn(5, 8, dtype=D)
         expected = x + r
-        # Raises "A view was created in no_grad mode and its base ... modified inplace".
-        _, residual = seq(x, r, torch.tensor([2, 1, 2]))
+        # Raised "A view was created in no_grad mode and its base ... modified inplace".
+        y, residual = seq(x, r, torch.tensor([2, 1, 2]))
         torch.testing.assert_close(residual, expected)
+        assert residual.data_ptr() == r.data_ptr()  # in place: te.ops' semantics
+        grouped, rows = seq[2], expected.split([2, 1, 2])
+        weights = [getattr(grouped, f"weight{i}") for i in range(3)]
+        biases = [getattr(grouped, f"bias{i}") for i in range(3)]
+        reference = torch.cat([rows[i] @ weights[i].T + biases[i] for i in range(3)])
+        torch.testing.assert_close(y, reference)
+        y.sum().backward()  # the saved input, reshaped in the backward
+        for weight, x_g in zip(weights, rows):
+            torch.testing.assert_close(weight.grad, torch.ones(8, len(x_g), dtype=D) @ x_g)
 
     def test_a_wrong_shaped_extra_gradient_is_not_broadcast(self):
         # A forward-only Python fusion over ConstantScale + AddExtraInput cannot record the

@@ -55,10 +55,10 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ct
 
 bool AddExtraInput::writes_in_place(const OperationContext& ctx, const at::Tensor& x,
                                     const at::Tensor& extra) const {
-  const bool from_caller = ctx.extra_input_from_caller.empty() || ctx.extra_input_from_caller.at(0);
+  const bool writable = ctx.extra_input_writable.empty() || ctx.extra_input_writable.at(0);
   // Not into a view: marking a view dirty rebases its history onto this node's first input (x),
   // and x's gradient was lost. Adding out of place gives the same values.
-  return in_place_ && from_caller && !extra.is_view() &&
+  return in_place_ && writable && !extra.is_view() &&
          extra.unsafeGetTensorImpl() != x.unsafeGetTensorImpl();
 }
 

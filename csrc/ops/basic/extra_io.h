@@ -19,8 +19,8 @@ class AddExtraInput : public BasicOperation {
   BackwardResult fuser_backward(const std::vector<OperationContext*>& ctxs,
                                 const at::Tensor& grad_output,
                                 const TensorLists& grad_extra_outputs) override;
-  /// Whether x + extra is written into extra's storage: in_place, and extra is a tensor the caller
-  /// supplied (a channel's tensor may be another op's input or saved tensor) other than x.
+  /// Whether x + extra is written into extra's storage: in_place, and extra is a positional extra
+  /// tensor of the caller (OperationContext::extra_input_writable), not a view, other than x.
   bool writes_in_place(const OperationContext& ctx, const at::Tensor& x,
                        const at::Tensor& extra) const;
 

@@ -182,7 +182,8 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
   const int64_t rows = input.numel() / in_features_;
   const auto sizes = split_sizes_for(extra_inputs.at(0), input);
   ctx.compute_dtype = compute_dtype(args, w0.scalar_type());
-  const auto x = cast_to(input, ctx.compute_dtype).reshape({rows, in_features_});
+  const auto x_nd = cast_to(input, ctx.compute_dtype);
+  const auto x = x_nd.reshape({rows, in_features_});
   const int64_t nw = num_weight_params();
   const auto weight =
       cast_to(grouped_param(ctx, 0, single_weight_, "weight", {out_features_, in_features_}),
@@ -204,8 +205,10 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
   if (ctx.requires_grad) {
     bool any_weight_grad = false;
     for (int64_t i = 0; i < nw; ++i) any_weight_grad |= ctx.param_requires_grad.at(i);
-    // (split sizes, x for wgrad, the weights for dgrad, then with scale_bias: scales and biases)
-    ctx.save_for_backward({sizes, any_weight_grad && keep_input ? x : at::Tensor(),
+    // (split sizes, x for wgrad, the weights for dgrad, then with scale_bias: scales and biases).
+    // x as it came, not its 2-D view: a view made here (grad mode off) of a caller's tensor that
+    // an earlier op wrote in place is refused by autograd once the fuser marks that tensor dirty.
+    ctx.save_for_backward({sizes, any_weight_grad && keep_input ? x_nd : at::Tensor(),
                            ctx.input_requires_grad ? weight : at::Tensor(), scales,
                            scale_bias_ ? bias : at::Tensor()});
   }
@@ -223,7 +226,6 @@ std::pair<std::vector<at::Tensor>, at::Tensor> GroupedLinear::param_grads(
     const OperationContext& ctx, const at::Tensor& dy, const at::Tensor& input) const {
   const auto& saved = ctx.saved_tensors;
   const auto& sizes = saved.at(0);
-  const auto& x = input.defined() ? input : saved.at(1);
   const auto& scales = saved.at(3);
   const auto& bias = saved.at(4);
   const int64_t nw = num_weight_params(), nb = num_bias_params();
@@ -231,6 +233,7 @@ std::pair<std::vector<at::Tensor>, at::Tensor> GroupedLinear::param_grads(
   bool need_dw = false;
   for (int64_t i = 0; i < nw; ++i) need_dw |= ctx.param_requires_grad.at(i);
   if (need_dw) {
+    const auto x = input.defined() ? input : saved.at(1).reshape({-1, in_features_});
     const auto dw = kernels::grouped_linear_wgrad(dy, x, sizes);
     for (int64_t i = 0; i < nw; ++i) {
       if (ctx.param_requires_grad.at(i)) grads[i] = single_weight_ ? dw : dw[i];

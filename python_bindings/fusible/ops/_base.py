@@ -17,13 +17,23 @@ from .. import _C
 def _device(device):
     """API.md's device=None: the device of an active `with torch.device(d):` context or of
     torch.set_default_device(d); else None, and C++ picks the current CUDA device or the CPU."""
-    if device is not None:
-        return torch.device(device)
-    # Both push a DeviceContext mode (as torch.get_default_device reads them).
-    for mode in reversed(_get_current_function_mode_stack()):
-        if isinstance(mode, DeviceContext):
-            return torch.device(mode.device)
-    return None
+    if device is None:
+        # Both push a DeviceContext mode (as torch.get_default_device reads them).
+        for mode in reversed(_get_current_function_mode_stack()):
+            if isinstance(mode, DeviceContext):
+                device = mode.device
+                break
+    resolved = None if device is None else torch.device(device)
+    if resolved.type == "cuda" if resolved is not None else torch.cuda.is_available():
+        init_cuda_generators()
+    return resolved
+
+
+def init_cuda_generators():
+    """A torch.manual_seed made before Python's first CUDA call reaches the CUDA generators only
+    when Python sets CUDA up; our C++ allocates and initializes parameters without that call, and
+    would draw from a generator seeded at random in each process."""
+    torch.cuda.init()
 
 
 def _dtype(dtype):
@@ -315,6 +325,8 @@ class FusibleOperation(torch.nn.Module):
         # back here, so this must not call it again).
         if self._builtin:
             self._sync_cpp_parameters()
+            if torch.cuda.is_available():  # meta parameters become real on the CUDA device
+                init_cuda_generators()
             self._cpp.reset_parameters()
             quantize_fp8_weights(self)
 
