@@ -34,6 +34,7 @@ export PYTHONPATH=$PWD/build/gpu/python
 if stage test; then
   ctest --test-dir build/gpu -j 8 --output-on-failure >"$OUT/ctest.log" 2>&1
   (cd tests/python && PYTHONUNBUFFERED=1 "$PY" -m pytest -q -rs -p no:cacheprovider . ) >"$OUT/pytest.log" 2>&1
+  PY="$PY" bash scripts/fuzz.sh --minutes "${FUZZ_MINUTES:-1}" --device cuda >"$OUT/fuzz.log" 2>&1
   "$PY" examples/python/train_mlp.py --steps 200 >"$OUT/demo.log" 2>&1
   build/gpu/train_mlp 200 >"$OUT/demo_cpp.log" 2>&1
 fi
@@ -54,6 +55,8 @@ if stage test; then
   grep -E "^\s+[0-9]+ - .*(Failed|Exception)" "$OUT/ctest.log" | head -10
   echo "pytest: $(tail -1 "$OUT/pytest.log")"
   grep -E "^FAILED" "$OUT/pytest.log" | head -10
+  echo "fuzz (CUDA): $(grep -m1 "^fuzz:" "$OUT/fuzz.log")"
+  grep -E "^FAIL " "$OUT/fuzz.log" | head -5
   echo "demo: $(tail -1 "$OUT/demo.log")"
   echo "demo (C++): $(tail -1 "$OUT/demo_cpp.log")"
 fi

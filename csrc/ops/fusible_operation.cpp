@@ -108,7 +108,7 @@ void BasicOperation::pre_first_forward(const at::Tensor& input) {
   }
   if (made.empty()) return;
   try {
-    for (const auto& p : made) materialize_(p, input.device());
+    materialize_meta_parameters(input.device());  // an op's own layout (GroupedLinear's buffer)
     reset_parameters();
   } catch (...) {
     // Back to meta: left real, they would hold uninitialized memory that the next call computes
