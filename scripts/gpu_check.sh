@@ -34,6 +34,8 @@ export PYTHONPATH=$PWD/build/gpu/python
 if stage test; then
   ctest --test-dir build/gpu -j 8 --output-on-failure >"$OUT/ctest.log" 2>&1
   (cd tests/python && PYTHONUNBUFFERED=1 "$PY" -m pytest -q -rs -p no:cacheprovider . ) >"$OUT/pytest.log" 2>&1
+  # The long run's figures (memory and live objects before and after), printed with -s.
+  (cd tests/python && "$PY" -m pytest -q -s -p no:cacheprovider test_long_run.py -k cuda) >"$OUT/long_run.log" 2>&1
   PY="$PY" bash scripts/fuzz.sh --minutes "${FUZZ_MINUTES:-1}" --device cuda >"$OUT/fuzz.log" 2>&1
   "$PY" examples/python/train_mlp.py --steps 200 >"$OUT/demo.log" 2>&1
   build/gpu/train_mlp 200 >"$OUT/demo_cpp.log" 2>&1
@@ -56,6 +58,7 @@ if stage test; then
   echo "pytest: $(tail -1 "$OUT/pytest.log")"
   grep -E "^FAILED" "$OUT/pytest.log" | head -10
   echo "fuzz (CUDA): $(grep -m1 "^fuzz:" "$OUT/fuzz.log")"
+  grep -m1 "^long run" "$OUT/long_run.log"
   grep -E "^FAIL " "$OUT/fuzz.log" | head -5
   echo "demo: $(tail -1 "$OUT/demo.log")"
   echo "demo (C++): $(tail -1 "$OUT/demo_cpp.log")"
