@@ -56,14 +56,22 @@ pytest_rc=$?
 tail -1 "$LOGS/pytest.txt"
 
 # Reports: any ASan error or UBSan runtime error, and direct leaks through our code that Python's
-# allocator did not make (frame #1 in CPython's own sources).
+# allocator did not make (frame #1 in CPython's own sources). Not seen: a leak whose stack the fast
+# unwinder cuts off inside torch's libraries (built without frame pointers: a tensor allocated by
+# ATen), and a Python object our bindings keep a reference to too many (Python's allocator made
+# it); the long-run test counts live Python objects for the latter.
 errors=$(grep -l -E "ERROR: AddressSanitizer|runtime error:" "$LOGS"/asan.* "$LOGS"/ubsan.* 2>/dev/null)
-ours=$(awk '/^Direct leak/ {block=$0; python=0; next}
-            /^Indirect leak/ {block=""; next}
+ours=$(awk 'function flush() {
+              if (block != "" && !python && block ~ /libfusible|fusible\/_C\.|fusible::/) print block
+              block = ""
+            }
+            FNR == 1 {flush()}
+            /^Direct leak/ {flush(); block=$0; python=0; next}
+            /^Indirect leak/ {flush(); next}
             block != "" && /^ +#1 / && / (Objects|Python|Modules)\/[A-Za-z_]+\.c:/ {python=1}
+            block != "" && /^$/ {flush(); next}
             block != "" {block = block "\n" $0}
-            /^$/ {if (!python && block ~ /libfusible|fusible\/_C\.|fusible::/) print block; block=""}' \
-       "$LOGS"/asan.* 2>/dev/null)
+            END {flush()}' "$LOGS"/asan.* 2>/dev/null)
 leaks_all=$(cat "$LOGS"/asan.* 2>/dev/null | grep -c -E "^(Direct|Indirect) leak")
 echo "[sanitize] done in $(( $(date +%s) - start )) s: gtest rc=$gtest_rc, pytest rc=$pytest_rc," \
   "leak reports $leaks_all (ours: $(printf '%s' "$ours" | grep -c -E '^(Direct|Indirect) leak'))"

@@ -24,7 +24,11 @@ def _device(device):
                 device = mode.device
                 break
     resolved = None if device is None else torch.device(device)
-    if resolved.type == "cuda" if resolved is not None else torch.cuda.is_available():
+    if resolved is None:
+        on_cuda = torch.cuda.is_available()  # C++ picks the current CUDA device
+    else:
+        on_cuda = resolved.type == "cuda"
+    if on_cuda:
         init_cuda_generators()
     return resolved
 
@@ -325,7 +329,9 @@ class FusibleOperation(torch.nn.Module):
         # back here, so this must not call it again).
         if self._builtin:
             self._sync_cpp_parameters()
-            if torch.cuda.is_available():  # meta parameters become real on the CUDA device
+            # Meta parameters become real on the CUDA device when there is one. (Not otherwise:
+            # a CPU module may be reset in a forked worker, where CUDA cannot be set up.)
+            if torch.cuda.is_available() and any(p.is_cuda or p.is_meta for p in self.parameters()):
                 init_cuda_generators()
             self._cpp.reset_parameters()
             quantize_fp8_weights(self)
