@@ -1120,7 +1120,7 @@ def summary(cases, failures, counts, minutes):
     lines += [f"  {counts[name]:7d}  {name}" for name in sorted(KNOWN_FUSIONS)]
     lines.append(f"{counts[REDRAWN]} cases passed with redrawn values (a derivative kink)")
     lines.append(
-        f"{counts[OUT_OF_RANGE]} cases had a result out of the dtype's range, not compared"
+        f"{counts[OUT_OF_RANGE]} cases had result elements out of the dtype's range (not compared)"
     )
     return "\n".join(lines)
 
