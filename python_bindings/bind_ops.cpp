@@ -54,6 +54,25 @@ void bind_ops(py::module_& m) {
              op.set_extra_input_channel(index, std::move(channel));
            })
       .def_property_readonly("channels_locked", &BasicOperation::channels_locked)
+      // A sequence-parallel replicated parameter's gradient summed over (group, size, rank);
+      // None: no reduction.
+      .def(
+          "set_param_grad_reduction",
+          [](BasicOperation& op, std::optional<std::tuple<std::string, int64_t, int64_t>> group) {
+            std::optional<ProcessGroupSpec> spec;
+            if (group)
+              spec =
+                  ProcessGroupSpec{std::get<0>(*group), std::get<1>(*group), std::get<2>(*group)};
+            op.set_param_grad_reduction(std::move(spec));
+          },
+          py::arg("group"))
+      .def_property_readonly(
+          "param_grad_reduction",
+          [](const BasicOperation& op) -> std::optional<std::tuple<std::string, int64_t, int64_t>> {
+            const auto& g = op.param_grad_reduction();
+            if (!g) return std::nullopt;
+            return std::make_tuple(g->name, g->size, g->rank);
+          })
       .def("extra_input_channels", &BasicOperation::extra_input_channels)
       .def("extra_output_channels",
            [](const BasicOperation& op) {
@@ -88,6 +107,19 @@ void bind_ops(py::module_& m) {
       // "" (none), "column" or "row", after te.ops' canonicalization (one process: none).
       .def_property_readonly("tensor_parallel_mode",
                              [](const BasicLinear& op) { return op.tensor_parallel().mode; })
+      // The keywords that rebuild this op's tensor parallelism ({} without).
+      .def_property_readonly("tensor_parallel_args",
+                             [](const BasicLinear& op) {
+                               const auto& tp = op.tensor_parallel();
+                               py::dict out;
+                               if (tp.mode.empty()) return out;
+                               out["mode"] = tp.mode;
+                               out["group"] = tp.group.name;
+                               out["group_size"] = tp.group.size;
+                               out["rank"] = tp.group.rank;
+                               out["sequence_parallel"] = tp.sequence_parallel;
+                               return out;
+                             })
       .def_property_readonly("local_in_features", &BasicLinear::in_features)
       .def_property_readonly("local_out_features", &BasicLinear::out_features)
       // hook(dw) -> the weight's gradient for autograd, or None; None clears it.
@@ -185,10 +217,29 @@ void bind_ops(py::module_& m) {
   FUSIBLE_BIND_FUSED(GroupedMLP_GroupedGEMMGLU)
 #undef FUSIBLE_BIND_FUSED
   py::class_<Linear, FusedOperation, std::shared_ptr<Linear>>(m, "Linear")
-      .def(py::init<int64_t, int64_t, bool, OptDevice, OptDtype>())
+      .def(py::init([](int64_t in, int64_t out, bool bias, OptDevice device, OptDtype dtype,
+                       std::string mode, std::string group, int64_t size, int64_t rank,
+                       bool sequence_parallel, const std::string& row_parallel_bias) {
+             TORCH_CHECK_VALUE(row_parallel_bias == "replicated" || row_parallel_bias == "summand",
+                               "Linear: expected row_parallel_bias \"replicated\" or \"summand\", "
+                               "got \"",
+                               row_parallel_bias, "\"");
+             return std::make_shared<Linear>(
+                 in, out, bias, device, dtype,
+                 TensorParallel{std::move(mode), {std::move(group), size, rank}, sequence_parallel},
+                 row_parallel_bias == "summand" ? RowParallelBias::kPerRankSummand
+                                                : RowParallelBias::kReplicated);
+           }),
+           py::arg("in_features"), py::arg("out_features"), py::arg("bias") = true,
+           py::arg("device") = py::none(), py::arg("dtype") = py::none(), py::arg("mode") = "",
+           py::arg("group") = "", py::arg("group_size") = 1, py::arg("rank") = 0,
+           py::arg("sequence_parallel") = false, py::arg("row_parallel_bias") = "replicated")
       .def(py::init<std::shared_ptr<BasicLinear>, std::shared_ptr<Bias>,
                     std::shared_ptr<BasicOperation>>(),
-           py::arg("linear"), py::arg("bias") = nullptr, py::arg("collective") = nullptr);
+           py::arg("linear"), py::arg("bias") = nullptr, py::arg("collective") = nullptr)
+      .def_property_readonly("linear_op", &Linear::linear_op)
+      .def_property_readonly("bias_op", &Linear::bias_op)
+      .def_property_readonly("collective_op", &Linear::collective_op);
 }
 
 }  // namespace fusible::python

@@ -156,12 +156,13 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
       for (size_t s = 0; s < r.grad_params[k].size(); ++s) {
         const auto& g = r.grad_params[k][s];
         if (!g.defined()) continue;
-        // The basic op owning the parameter may send its gradient elsewhere (main_grad).
+        // The basic op owning the parameter sums it over a sequence-parallel group where it has
+        // one, and may send it elsewhere (main_grad).
         if (p.op->is_fused() && fused_basics.empty()) fused_basics = p.op->basic_ops();
         auto& owner =
             p.op->is_fused() ? *fused_basics.at(k) : static_cast<ops::BasicOperation&>(*p.op);
         check_grad_shape(call, *p.op, g, 1 + pp[s], "a parameter");
-        auto taken = owner.take_param_grad(s, g);
+        auto taken = owner.take_param_grad(s, owner.reduce_param_grad(g));
         if (taken.defined()) grads[1 + pp[s]] = ops::cast_to(taken, call.param_dtypes[pp[s]]);
       }
       const auto& sources = routing.inputs[i];

@@ -1,10 +1,11 @@
 // The ops behind the fused ops (GEMMs with epilogues, bias + activation backward, norm backward
-// with the residual gradient): their reference implementation composes the basic kernel ops, so it
-// rounds as the unfused ops do and runs on CPU, CUDA and Meta. CUDA gets its own kernels (cuBLASLt
-// epilogues) registered under the CUDA key.
+// with the residual gradient): their reference implementation composes the basic kernel ops in the
+// accumulation dtype and rounds each result once, as the fused CUDA kernels do; it runs on CPU,
+// CUDA and Meta. CUDA gets its own kernels (cuBLASLt epilogues) registered under the CUDA key.
 #include <torch/library.h>
 
 #include "common/checks.h"
+#include "kernels/compute_dtype.h"
 #include "kernels/linear.h"
 #include "kernels/norms.h"
 #include "kernels/ops.h"
@@ -27,12 +28,33 @@ void check_other(const char* op, const char* name, const at::Tensor& other,
 
 namespace {
 
-// alpha * x W^T + bias.
-at::Tensor scaled_linear(const at::Tensor& x, const at::Tensor& weight,
-                         const std::optional<at::Tensor>& bias, double alpha) {
-  if (alpha == 1.0) return linear_fwd(x, weight, bias);
-  auto y = scale_fwd(linear_fwd(x, weight, std::nullopt), alpha);
-  return bias ? bias_fwd(y, *bias) : y;
+// The fused references compute in the accumulation dtype (kernels/compute_dtype.h: fp32 for fp16
+// and bf16, as the CUDA epilogues accumulate) and round each result once, at the end: the CPU
+// path is the reference, so it must be at least as exact as the fused CUDA kernels. The basic
+// references they compose return the accumulation dtype for inputs in it.
+std::optional<at::Tensor> upcast(const std::optional<at::Tensor>& t) {
+  return t ? std::optional<at::Tensor>(kernels::upcast(*t)) : std::nullopt;
+}
+
+// alpha * x W^T + bias (+ other), in the accumulation dtype; x, weight and bias checked by the
+// caller, other against x's dtype here.
+at::Tensor scaled_linear_acc(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias, double alpha,
+                             const at::Tensor& other = {}) {
+  check_fwd_args(op, x, weight, bias);
+  auto y = linear_fwd(kernels::upcast(x), kernels::upcast(weight),
+                      alpha == 1.0 ? upcast(bias) : std::nullopt);
+  if (alpha != 1.0) {
+    y.mul_(alpha);
+    if (bias) y.add_(kernels::upcast(*bias));
+  }
+  if (other.defined()) {
+    FUSIBLE_CHECK_SAME_DTYPE(op, "x", x, "other", other);
+    const auto other_acc = kernels::upcast(other);
+    check_other(op, "other", other_acc, y);
+    y.add_(other_acc);
+  }
+  return y;
 }
 
 }  // namespace
@@ -42,37 +64,38 @@ std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,
                                                        const std::optional<at::Tensor>& bias,
                                                        c10::string_view act) {
   check_epilogue_act("linear_bias_act_fwd", act);
-  auto pre = linear_fwd(x, weight, bias);
+  const auto pre = scaled_linear_acc("linear_bias_act_fwd", x, weight, bias, 1.0);
   auto y = activation_fwd(pre, std::string(act));
-  return {std::move(y), std::move(pre)};
+  return {y.to(x.scalar_type()), pre.to(x.scalar_type())};
 }
 
 at::Tensor linear_bias_act(const at::Tensor& x, const at::Tensor& weight,
                            const std::optional<at::Tensor>& bias, c10::string_view act) {
   check_epilogue_act("linear_bias_act", act);
-  return activation_fwd(linear_fwd(x, weight, bias), std::string(act));
+  const auto pre = scaled_linear_acc("linear_bias_act", x, weight, bias, 1.0);
+  return activation_fwd(pre, std::string(act)).to(x.scalar_type());
 }
 
 at::Tensor linear_add(const at::Tensor& x, const at::Tensor& weight,
                       const std::optional<at::Tensor>& bias, const at::Tensor& other,
                       double alpha) {
-  auto y = scaled_linear(x, weight, bias, alpha);
-  check_other("linear_add", "other", other, y);
-  return add_fwd(y, other);
+  return scaled_linear_acc("linear_add", x, weight, bias, alpha, other).to(x.scalar_type());
 }
 
 void linear_add_(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                  const std::optional<at::Tensor>& bias, double alpha) {
-  const auto y = scaled_linear(x, weight, bias, alpha);
-  check_other("linear_add_", "out", out, y);
-  add_(out, y);
+  out.copy_(scaled_linear_acc("linear_add_", x, weight, bias, alpha, out));
 }
 
 at::Tensor linear_dgrad_add(const at::Tensor& dy, const at::Tensor& weight, const at::Tensor& other,
                             double alpha) {
-  auto dx = linear_dgrad(dy, weight, alpha);
-  check_other("linear_dgrad_add", "other", other, dx);
-  return add_fwd(dx, other);
+  check_linear_args("linear_dgrad_add", "dy", dy, weight, weight.size(0),
+                    "weight.size(0), out_features");
+  FUSIBLE_CHECK_SAME_DTYPE("linear_dgrad_add", "dy", dy, "other", other);
+  auto dx = linear_dgrad(kernels::upcast(dy), kernels::upcast(weight), alpha);
+  const auto other_acc = kernels::upcast(other);
+  check_other("linear_dgrad_add", "other", other_acc, dx);
+  return dx.add_(other_acc).to(dy.scalar_type());
 }
 
 std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias(const at::Tensor& dy,
@@ -80,22 +103,34 @@ std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias(const at::Tensor& dy,
                                                          const at::Tensor& pre,
                                                          c10::string_view act) {
   check_epilogue_act("linear_dgrad_act_bias", act);
-  return kernels::bias_act_bwd(kernels::linear_dgrad(dy, weight), pre, std::string(act));
+  check_linear_args("linear_dgrad_act_bias", "dy", dy, weight, weight.size(0),
+                    "weight.size(0), out_features");
+  FUSIBLE_CHECK_SAME_DTYPE("linear_dgrad_act_bias", "dy", dy, "pre", pre);
+  const auto dz = linear_dgrad(kernels::upcast(dy), kernels::upcast(weight), 1.0);
+  auto [dpre, dbias] = kernels::bias_act_bwd(dz, kernels::upcast(pre), std::string(act));
+  return {dpre.to(dy.scalar_type()), dbias.to(dy.scalar_type())};
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor& dy, const at::Tensor& x,
                                                    const at::Tensor& rstd, const at::Tensor& weight,
                                                    bool zero_centered_gamma,
                                                    const at::Tensor& dextra) {
-  auto [dx, dw] = kernels::rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
-  return {kernels::add_fwd(dx, dextra), std::move(dw)};  // in dx's dtype; add_fwd checks the shape
+  FUSIBLE_CHECK_SAME_DTYPE("rmsnorm_bwd_add", "dy", dy, "dextra", dextra);
+  auto [dx, dw] = kernels::rmsnorm_bwd(kernels::upcast(dy), kernels::upcast(x), rstd,
+                                       kernels::upcast(weight), zero_centered_gamma);
+  // add_fwd checks the shape; one rounding of dx + dextra.
+  return {kernels::add_fwd(dx, kernels::upcast(dextra)).to(x.scalar_type()),
+          dw.to(weight.scalar_type())};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
     const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra) {
-  auto [dx, dw, db] = kernels::layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);
-  return {kernels::add_fwd(dx, dextra), std::move(dw), std::move(db)};
+  FUSIBLE_CHECK_SAME_DTYPE("layernorm_bwd_add", "dy", dy, "dextra", dextra);
+  auto [dx, dw, db] = kernels::layernorm_bwd(kernels::upcast(dy), kernels::upcast(x), mean, rstd,
+                                             kernels::upcast(weight), zero_centered_gamma);
+  return {kernels::add_fwd(dx, kernels::upcast(dextra)).to(x.scalar_type()),
+          dw.to(weight.scalar_type()), db.to(weight.scalar_type())};
 }
 
 }  // namespace reference
@@ -105,9 +140,10 @@ namespace {
 std::tuple<at::Tensor, at::Tensor> bias_act_bwd_ref(const at::Tensor& dy, const at::Tensor& pre,
                                                     c10::string_view act) {
   reference::check_epilogue_act("bias_act_bwd", act);
-  auto dpre = activation_bwd(dy, pre, std::string(act));
-  auto dbias = bias_bwd(dpre);
-  return {std::move(dpre), std::move(dbias)};
+  FUSIBLE_CHECK_SAME_DTYPE("bias_act_bwd", "dy", dy, "pre", pre);
+  // dbias sums the unrounded dpre, as the CUDA kernel does.
+  const auto dpre = activation_bwd(upcast(dy), upcast(pre), std::string(act));
+  return {dpre.to(dy.scalar_type()), bias_bwd(dpre).to(dy.scalar_type())};
 }
 
 at::Tensor bias_act_bwd__ref(const at::Tensor& dy, const at::Tensor& pre, c10::string_view act) {

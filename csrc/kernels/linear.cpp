@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
+#include "kernels/compute_dtype.h"
 
 namespace fusible::kernels {
 namespace reference {
@@ -56,16 +57,17 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight,
 at::Tensor linear_dgrad(const at::Tensor& dy, const at::Tensor& weight, double alpha) {
   check_linear_args("linear_dgrad", "dy", dy, weight, weight.size(0),
                     "weight.size(0), out_features");
-  auto dx = at::matmul(dy, weight).contiguous();
-  return alpha == 1.0 ? dx : dx.mul_(alpha);
+  if (alpha == 1.0) return at::matmul(dy, weight).contiguous();
+  // Scaled in the accumulation dtype: one rounding, as the CUDA epilogue's.
+  return at::matmul(upcast(dy), upcast(weight)).mul_(alpha).to(dy.scalar_type()).contiguous();
 }
 
 at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x, double alpha) {
   check_wgrad_args(dy, x);
   const auto dy2 = dy.reshape({-1, dy.size(-1)});
   const auto x2 = x.reshape({-1, x.size(-1)});
-  auto dw = at::mm(dy2.t(), x2);
-  return alpha == 1.0 ? dw : dw.mul_(alpha);
+  if (alpha == 1.0) return at::mm(dy2.t(), x2);
+  return at::mm(upcast(dy2).t(), upcast(x2)).mul_(alpha).to(dy.scalar_type());
 }
 
 }  // namespace reference

@@ -35,7 +35,8 @@ BasicOperation::BasicOperation(const BasicOperation& other)
       num_extra_outputs_(other.num_extra_outputs_),
       input_channels_(other.input_channels_),
       output_channels_(other.output_channels_),
-      fp8_recipe_(other.fp8_recipe_) {
+      fp8_recipe_(other.fp8_recipe_),
+      param_grad_reduction_(other.param_grad_reduction_) {
   if (other.fp8_state_) {  // a copy owns its FP8 history, as its parameters
     auto state = std::make_shared<Fp8OpState>();
     for (auto [from, to] : {std::pair{&other.fp8_state_->forward, &state->forward},
@@ -44,6 +45,21 @@ BasicOperation::BasicOperation(const BasicOperation& other)
     }
     fp8_state_ = std::move(state);
   }
+}
+
+void BasicOperation::set_param_grad_reduction(std::optional<ProcessGroupSpec> group) {
+  if (group) check_process_group(type_name_.c_str(), *group);
+  // One process: nothing to sum.
+  param_grad_reduction_ = group && group->size > 1 ? std::move(group) : std::nullopt;
+}
+
+std::string BasicOperation::plan_label(bool backward) const {
+  return backward && param_grad_reduction_ ? type_name_ + "[all-reduce grad]" : type_name_;
+}
+
+at::Tensor BasicOperation::reduce_param_grad(const at::Tensor& grad) const {
+  if (!param_grad_reduction_) return grad;
+  return wait(all_reduce_start(type_name_.c_str(), grad, *param_grad_reduction_));
 }
 
 void BasicOperation::reset_fp8_state(std::shared_ptr<const Fp8Recipe> recipe, c10::Device device) {

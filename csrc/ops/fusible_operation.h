@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/distributed.h"
 #include "ops/operation_context.h"
 
 namespace fusible::ops {
@@ -98,6 +99,8 @@ class BasicOperation : public FusibleOperation {
   void own_parameter_copies(const std::optional<c10::Device>& device);
 
   std::string type_name() const override { return type_name_; }
+  /// The type name; "<type>[all-reduce grad]" in the backward with a param_grad_reduction().
+  std::string plan_label(bool backward) const override;
   bool is_fused() const override { return false; }
   std::vector<std::shared_ptr<BasicOperation>> basic_ops() override;
   int64_t num_extra_inputs() const { return num_extra_inputs_; }
@@ -125,6 +128,16 @@ class BasicOperation : public FusibleOperation {
   /// parameter's dtype): by default that gradient; an op may send it elsewhere and return what
   /// autograd gets instead (undefined: no gradient), as BasicLinear's main_grad.
   virtual at::Tensor take_param_grad(size_t index, const at::Tensor& grad) { return grad; }
+  /// Sequence parallelism over a replicated parameter (the bias after a row-parallel linear's
+  /// reduce-scatter, a norm over sequence-sharded rows): each rank's gradient covers its own rows
+  /// only, so the fuser sums every parameter gradient of this op over `group` before
+  /// take_param_grad, and every replica takes the same step. nullopt (the default): no reduction.
+  void set_param_grad_reduction(std::optional<ProcessGroupSpec> group);
+  const std::optional<ProcessGroupSpec>& param_grad_reduction() const {
+    return param_grad_reduction_;
+  }
+  /// grad summed over param_grad_reduction()'s group (grad itself without one).
+  at::Tensor reduce_param_grad(const at::Tensor& grad) const;
 
   void pre_first_forward(const at::Tensor& input) override;
   /// Materializes this op's meta parameters in place on `device`; returns whether any was meta.
@@ -188,6 +201,7 @@ class BasicOperation : public FusibleOperation {
   int64_t routing_version_ = 0;
   std::shared_ptr<Fp8OpState> fp8_state_;
   std::shared_ptr<const Fp8Recipe> fp8_recipe_;
+  std::optional<ProcessGroupSpec> param_grad_reduction_;
 };
 
 /// Runs several basic ops as one. Composite ops (Linear) are fused ops that the fuser flattens.

@@ -5,13 +5,23 @@ scale and behaves as a tensor of its high-precision dtype (TransformerEngine's F
   as it is: the weight is not cast again at each forward.
 - Any other op sees the dequantized values.
 - An op that writes into it (an optimizer step, `copy_` from load_state_dict, init) computes in
-  the high-precision dtype and quantizes the result again, with a new scale from its amax.
+  the high-precision dtype and quantizes the result again as the recipe says (te.ops' rule):
+  current scaling with a new scale from the result's amax; delayed scaling with the scale of the
+  op's delayed-scaling state (1.0 before its first forward under a DelayedScaling autocast).
+- Under delayed scaling a forward takes the stored data as it is and records the amax of the last
+  value written into the op's amax history (as te.ops records a weight's amax when quantizing it).
+- Aliases (detach, alias) work under torch.no_grad() and torch.inference_mode().
 """
 
 import torch
 from torch.utils._pytree import tree_map
 
 _ALIASING = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+_DELAYED_CASTS = (
+    torch.ops.fusible.fp8_cast_delayed.default,
+    torch.ops.fusible.fp8_quantize_dequantize_delayed.default,
+)
+_TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
 def _written(func, args, kwargs):
@@ -33,31 +43,84 @@ def _items(value):
 
 class Float8Tensor(torch.Tensor):
     """FP8 data [same shape] + scale_inv [1] (fp32), in format "e4m3" or "e5m2", looking like a
-    tensor of `dtype`."""
+    tensor of `dtype`. `delayed`: written with a delayed-scaling state's scale (see the module's
+    docstring) instead of a fresh amax."""
 
     @staticmethod
-    def __new__(cls, data, scale_inv, fmt, dtype, requires_grad=False):
-        t = torch.Tensor._make_wrapper_subclass(
-            cls, data.shape, dtype=dtype, device=data.device, requires_grad=requires_grad
-        )
+    def __new__(cls, data, scale_inv, fmt, dtype, requires_grad=False, delayed=None):
+        # Made outside inference mode, so that autograd may give an alias of it a version counter
+        # (detach under torch.inference_mode() failed on an inference tensor otherwise).
+        with torch.inference_mode(False):
+            t = torch.Tensor._make_wrapper_subclass(
+                cls, data.shape, dtype=dtype, device=data.device, requires_grad=requires_grad
+            )
         t._data, t._scale_inv, t._fp8_format = data, scale_inv, fmt
+        # Delayed scaling: [the state's live scale [1] (None before the first forward), the amax
+        # of the last value written [1]], shared by every alias of this tensor.
+        t._delayed = delayed
         return t
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
-    def quantize(cls, hp, fmt, requires_grad=False):
-        data, _, scale_inv = torch.ops.fusible.fp8_cast(hp.detach(), fmt)
-        return cls(data, scale_inv, fmt, hp.dtype, requires_grad)
+    def quantize(cls, hp, fmt, requires_grad=False, delayed=False):
+        """hp in FP8: with a fresh amax's scale, or with delayed scaling's initial scale 1.0."""
+        if not delayed:
+            data, _, scale_inv = torch.ops.fusible.fp8_cast(hp.detach(), fmt)
+            return cls(data, scale_inv, fmt, hp.dtype, requires_grad)
+        one = torch.ones(1, dtype=torch.float32, device=hp.device)
+        t = cls(
+            torch.empty_like(hp, dtype=_TORCH_FP8[fmt]),
+            one.clone(),
+            fmt,
+            hp.dtype,
+            requires_grad,
+            delayed=[None, torch.zeros_like(one)],
+        )
+        t._set_from(hp)
+        return t
 
     def dequantize(self):
         return (self._data.to(torch.float32) * self._scale_inv).to(self.dtype)
 
     def _set_from(self, hp):
         """Quantizes hp (this tensor's shape) into this tensor's own data and scale."""
-        data, _, scale_inv = torch.ops.fusible.fp8_cast(hp.detach(), self._fp8_format)
+        hp = hp.detach()
+        if self._delayed is None:
+            data, _, scale_inv = torch.ops.fusible.fp8_cast(hp, self._fp8_format)
+        else:
+            scale, amax = self._delayed
+            scale = torch.ones_like(amax) if scale is None else scale.to(amax.device)
+            fp8 = _TORCH_FP8[self._fp8_format]
+            limit = torch.finfo(fp8).max
+            data = (hp.float() * scale).clamp(-limit, limit).to(fp8)
+            scale_inv = scale.reciprocal()
+            amax.copy_(hp.abs().amax().float().reshape(1))
         self._data.copy_(data)
         self._scale_inv.copy_(scale_inv)
+
+    def _delayed_forward(self, func, args, kwargs):
+        """A delayed-scaling cast of this weight in a forward: the stored data as it is; the state
+        (args[2:4], live) records the amax of the last write and updates its scale, which the next
+        write uses."""
+        fmt = args[1]
+        history, scale = args[2], args[3]
+        rest = list(args[4:])
+        amax = self._delayed[1].to(self.dtype)
+        func(amax, fmt, history, scale, *rest, **kwargs)  # the state's update, as for any cast
+        self._delayed[0] = scale
+        if func is torch.ops.fusible.fp8_quantize_dequantize_delayed.default:
+            return self.dequantize()
+        transpose = args[6] if len(args) > 6 else kwargs.get("transpose", False)
+        return self._cast_outputs(transpose)
+
+    def _cast_outputs(self, transpose):
+        """(data, its [K, M] transpose or empty, scale_inv) as fp8_cast returns them."""
+        data = self._data
+        data_t = (
+            data.reshape(-1, data.shape[-1]).t().contiguous() if transpose else data.new_empty(0)
+        )
+        return data, data_t, self._scale_inv
 
     def __repr__(self):
         return (
@@ -65,14 +128,26 @@ class Float8Tensor(torch.Tensor):
             f"values={self.dequantize()})"
         )
 
+    def _delayed_copy(self):
+        """The delayed-scaling record as a copy holds it: the scale's value (its own op's state
+        takes over at the copy's first forward)."""
+        if self._delayed is None:
+            return None
+        scale, amax = self._delayed
+        return [None if scale is None else scale.detach().clone(), amax.clone()]
+
     def __reduce_ex__(self, protocol):
         is_param = isinstance(self, torch.nn.Parameter)
         args = (self._data, self._scale_inv, self._fp8_format, self.dtype)
-        return (_rebuild, (*args, self.requires_grad, is_param))
+        return (_rebuild, (*args, self.requires_grad, is_param, self._delayed_copy()))
 
     def __deepcopy__(self, memo):
         new = Float8Tensor(
-            self._data.clone(), self._scale_inv.clone(), self._fp8_format, self.dtype
+            self._data.clone(),
+            self._scale_inv.clone(),
+            self._fp8_format,
+            self.dtype,
+            delayed=self._delayed_copy(),
         )
         if isinstance(self, torch.nn.Parameter):
             new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
@@ -87,16 +162,23 @@ class Float8Tensor(torch.Tensor):
             margin = args[2] if len(args) > 2 else kwargs.get("margin", 0.0)
             transpose = args[3] if len(args) > 3 else kwargs.get("transpose", False)
             if isinstance(x, Float8Tensor) and fmt == x._fp8_format and margin == 0.0:
-                data = x._data
-                data_t = (
-                    data.reshape(-1, data.shape[-1]).t().contiguous()
-                    if transpose
-                    else data.new_empty(0)
-                )
-                return data, data_t, x._scale_inv
+                return x._cast_outputs(transpose)
+        if func in _DELAYED_CASTS:
+            x = args[0]
+            if isinstance(x, Float8Tensor) and x._delayed is not None and args[1] == x._fp8_format:
+                return x._delayed_forward(func, args, kwargs)
         if func in _ALIASING:
             x = args[0]
-            return Float8Tensor(x._data, x._scale_inv, x._fp8_format, x.dtype)
+            return Float8Tensor(x._data, x._scale_inv, x._fp8_format, x.dtype, delayed=x._delayed)
+        if _is_view(func) and isinstance(args[0], Float8Tensor):
+            # A view of the FP8 data with the same scale (a dequantized copy would not be a view,
+            # and autograd cannot make an inference-mode copy one).
+            x = args[0]
+            out = func(x._data, *args[1:], **kwargs)
+            wrap = lambda d: Float8Tensor(  # noqa: E731
+                d, x._scale_inv, x._fp8_format, x.dtype, delayed=x._delayed
+            )
+            return [wrap(d) for d in out] if isinstance(out, (list, tuple)) else wrap(out)
         unwrap = lambda t: t.dequantize() if isinstance(t, Float8Tensor) else t  # noqa: E731
         hp_args, hp_kwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
         out = func(*hp_args, **hp_kwargs)
@@ -112,6 +194,16 @@ class Float8Tensor(torch.Tensor):
         return out
 
 
-def _rebuild(data, scale_inv, fmt, dtype, requires_grad=False, is_param=False):
-    t = Float8Tensor(data, scale_inv, fmt, dtype)
+def _is_view(func):
+    """Whether func returns views of its first argument without writing (view, t, transpose,
+    reshape as a view, split, ...); a view that changes the dtype is not one of these."""
+    schema = func._schema
+    if func is torch.ops.aten.view.dtype or not schema.returns or not schema.arguments:
+        return False
+    ret, first = schema.returns[0].alias_info, schema.arguments[0].alias_info
+    return ret is not None and not ret.is_write and first is not None and not first.is_write
+
+
+def _rebuild(data, scale_inv, fmt, dtype, requires_grad=False, is_param=False, delayed=None):
+    t = Float8Tensor(data, scale_inv, fmt, dtype, delayed=delayed)
     return torch.nn.Parameter(t, requires_grad) if is_param else t.requires_grad_(requires_grad)

@@ -119,6 +119,12 @@ def model_init_format():
     return getattr(_model_init, "format", None)
 
 
+def model_init_delayed():
+    """Whether weights built now follow delayed scaling's scale on every write (a DelayedScaling
+    recipe in quantized_model_init) rather than a fresh amax's."""
+    return getattr(_model_init, "delayed", False)
+
+
 @contextlib.contextmanager
 def quantized_model_init(enabled=True, recipe=None, preserve_high_precision_init_val=False):
     """Linear weights built inside are stored in FP8 (te's `quantized_model_init`): fusible's
@@ -139,12 +145,13 @@ def quantized_model_init(enabled=True, recipe=None, preserve_high_precision_init
             "fusible.quantized_model_init: block-scaled FP8 weights are not supported yet; use a "
             "per-tensor recipe (Float8CurrentScaling, DelayedScaling)"
         )
-    prev = model_init_format()
+    prev = model_init_format(), model_init_delayed()
     _model_init.format = r.fp8_format.forward_format
+    _model_init.delayed = r.delayed()
     try:
         yield
     finally:
-        _model_init.format = prev
+        _model_init.format, _model_init.delayed = prev
 
 
 _TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}

@@ -6,6 +6,8 @@
 #include <fusible/fusible.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #include <atomic>
 #include <chrono>
@@ -243,6 +245,122 @@ TEST_P(TensorParallelCpp, SequenceParallelMlpMatchesOneProcess) {
     EXPECT_EQ(plan[0].forward.back(), "BasicLinear[reduce-scatter output]");
   });
 }
+
+// The single-process float64 LayerNorm -> Linear -> GELU -> Linear, every parameter random.
+struct FullMlp {
+  static constexpr int64_t tokens = 8, hidden = 6, ffn = 8, steps = 3;
+  // ln_w, ln_b, w1, b1, w2, b2: the parallel model's parameters() order.
+  std::vector<at::Tensor> params{
+      1 + 0.2 * at::randn({hidden}, at::kDouble),  0.3 * at::randn({hidden}, at::kDouble),
+      0.4 * at::randn({ffn, hidden}, at::kDouble), at::randn({ffn}, at::kDouble),
+      0.4 * at::randn({hidden, ffn}, at::kDouble), at::randn({hidden}, at::kDouble)};
+  at::Tensor x = at::randn({tokens, hidden}, at::kDouble);
+  std::vector<at::Tensor> dys{at::randn({tokens, hidden}, at::kDouble),
+                              at::randn({tokens, hidden}, at::kDouble),
+                              at::randn({tokens, hidden}, at::kDouble)};
+
+  static at::Tensor forward(const at::Tensor& x, const std::vector<at::Tensor>& p) {
+    const auto h = at::layer_norm(x, {hidden}, p[0], p[1]);
+    return at::linear(at::gelu(at::linear(h, p[2], p[3]), "tanh"), p[4], p[5]);
+  }
+};
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(bool adamw, std::vector<at::Tensor> p) {
+  if (adamw) {
+    return std::make_unique<torch::optim::AdamW>(
+        std::move(p), torch::optim::AdamWOptions(0.05).weight_decay(0.1));
+  }
+  return std::make_unique<torch::optim::SGD>(std::move(p), torch::optim::SGDOptions(0.1));
+}
+
+// ops::Linear's own tensor-parallel decomposition (column, then row with its bias replicated and
+// added after the reduction), with and without sequence parallelism, trained for three SGD and
+// AdamW steps: every rank's output, gradients and parameters equal the single-process model's.
+class TensorParallelLinearCpp : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
+
+TEST_P(TensorParallelLinearCpp, TrainsAsOneProcess) {
+  const auto [size, sp, adamw] = GetParam();
+  using M = FullMlp;
+  const M full;
+  // The reference: per step the output, x's and every parameter's gradient; then the parameters.
+  std::vector<at::Tensor> ref_p;
+  for (const auto& p : full.params) ref_p.push_back(p.clone().requires_grad_(true));
+  const auto ref_x = full.x.clone().requires_grad_(true);
+  auto ref_opt = make_optimizer(adamw, ref_p);
+  std::vector<std::vector<at::Tensor>> ref_steps;  // y, dx, d(params)...
+  for (const auto& dy : full.dys) {
+    ref_opt->zero_grad();
+    const auto y = M::forward(ref_x, ref_p);
+    std::vector<at::Tensor> inputs{ref_x};
+    inputs.insert(inputs.end(), ref_p.begin(), ref_p.end());
+    auto grads = torch::autograd::grad({y}, inputs, {dy});
+    for (size_t i = 0; i < ref_p.size(); ++i) ref_p[i].mutable_grad() = grads[1 + i].clone();
+    grads.insert(grads.begin(), y.detach());
+    ref_steps.push_back(grads);
+    ref_opt->step();
+  }
+
+  run_ranks(size, [&](const ops::ProcessGroupSpec& spec) {
+    const auto r = spec.rank;
+    const auto cpu = at::Device(at::kCPU);
+    auto norm =
+        std::make_shared<ops::LayerNorm>(std::vector<int64_t>{M::hidden}, 1e-5, cpu, at::kDouble);
+    if (sp) norm->set_param_grad_reduction(spec);  // rows sharded, parameters replicated
+    auto fc1 = std::make_shared<ops::Linear>(M::hidden, M::ffn, true, cpu, at::kDouble,
+                                             ops::TensorParallel{"column", spec, sp});
+    auto fc2 = std::make_shared<ops::Linear>(M::ffn, M::hidden, true, cpu, at::kDouble,
+                                             ops::TensorParallel{"row", spec, sp});
+    ASSERT_EQ(fc2->bias_op()->size(), M::hidden);  // replicated, not a summand
+    ASSERT_EQ(fc2->collective_op(), nullptr);
+    // This rank's shard of each full parameter (column: dim 0 of w1, b1; row: dim 1 of w2).
+    const std::vector<std::function<at::Tensor(const at::Tensor&)>> shard{
+        [](const at::Tensor& t) { return t; },
+        [](const at::Tensor& t) { return t; },
+        [&](const at::Tensor& t) { return t.chunk(size, 0)[r]; },
+        [&](const at::Tensor& t) { return t.chunk(size, 0)[r]; },
+        [&](const at::Tensor& t) { return t.chunk(size, 1)[r]; },
+        [](const at::Tensor& t) { return t; }};
+    fuser::Sequential seq({norm, fc1, std::make_shared<ops::GELU>(), fc2});
+    std::vector<at::Tensor> params{norm->weight(),         norm->bias(),  fc1->weight(),
+                                   fc1->bias_op()->bias(), fc2->weight(), fc2->bias_op()->bias()};
+    {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) params[i].copy_(shard[i](full.params[i]));
+    }
+    auto opt = make_optimizer(adamw, params);
+    const auto rows = [&](const at::Tensor& t) { return sp ? t.chunk(size)[r] : t; };
+    for (size_t step = 0; step < full.dys.size(); ++step) {
+      const auto& ref = ref_steps[step];
+      opt->zero_grad();
+      const auto x = rows(full.x).clone().requires_grad_(true);
+      const auto y = seq.forward(x)[0];
+      expect_close(y, rows(ref[0]), at::kDouble, true);
+      std::vector<at::Tensor> inputs{x};
+      inputs.insert(inputs.end(), params.begin(), params.end());
+      const auto grads = torch::autograd::grad({y}, inputs, {rows(full.dys[step])});
+      expect_close(grads[0], rows(ref[1]), at::kDouble, true);
+      for (size_t i = 0; i < params.size(); ++i) {
+        expect_close(grads[1 + i], shard[i](ref[2 + i]), at::kDouble, true);
+        params[i].mutable_grad() = grads[1 + i].clone();
+      }
+      opt->step();
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      expect_close(params[i], shard[i](ref_p[i].detach()), at::kDouble, true);
+    }
+    const auto plan = seq.fusion_plan();
+    ASSERT_EQ(plan.size(), 1u);
+    const auto& fwd = plan[0].forward;
+    ASSERT_GE(fwd.size(), 2u);
+    EXPECT_EQ(fwd[fwd.size() - 2],
+              sp ? "BasicLinear[reduce-scatter output]" : "BasicLinear[all-reduce output]");
+    EXPECT_EQ(fwd.back(), "Bias");
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelLinearCpp,
+                         ::testing::Combine(::testing::Values(2, 4), ::testing::Bool(),
+                                            ::testing::Bool()));
 
 // A row count the group cannot scatter fails on every rank before any communication (no hang).
 TEST_P(TensorParallelCpp, IndivisibleRowsFailBeforeCommunicating) {

@@ -1090,6 +1090,80 @@ def _dequantize_block(data, scale_inv, block_dim):
     return d2.double().cpu() * _scales_per_block(scale_inv, *d2.shape, block_dim)
 
 
+class TestFp8WeightsDelayedScaling:
+    """quantized_model_init(recipe=DelayedScaling()): writes into an FP8 weight quantize with the
+    op's delayed-scaling scale (1.0 before its first forward), as te.ops does; forwards read the
+    stored data as it is and record the weight's amax in the op's history."""
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_writes_use_the_delayed_scale(self, device):
+        r = recipe.DelayedScaling(amax_history_len=4)
+        torch.manual_seed(3)
+        with fusible.quantized_model_init(recipe=r):
+            lin = ops.Linear(32, 32, device=device)
+        w = lin.weight
+        assert w._scale_inv.item() == 1.0  # initialized with delayed scaling's initial scale
+        # Values on the scale-1 E4M3 grid are kept exactly (a fresh amax moved them by up to 0.036).
+        on_grid = (torch.randn(32, 32, dtype=D) * 2).to(torch.float8_e4m3fn).double()
+        with torch.no_grad():
+            w.copy_(on_grid.float().to(device))
+        assert torch.equal(w.dequantize().double().cpu(), on_grid)
+        # A forward under DelayedScaling: the stored data as it is (x cast with its scale, 1.0).
+        x = torch.randn(16, 32, device=device)
+        with fusible.autocast(recipe=r):
+            y = lin(x)
+        ref = qdq_scale(x, 1.0) @ on_grid.T + lin.bias.detach().double().cpu()
+        assert_close_to_ref(y, ref, torch.float32, gemm=True)
+        # The weight's amax entered the op's history, and the scale moved: the next write uses it.
+        q = lin.basic_ops[0].get_quantizer("forward", 1)
+        amax = on_grid.abs().max().item()
+        assert q.amax_history[0].item() == pytest.approx(amax)
+        assert q.scale.item() == pytest.approx(448.0 / amax)
+        new = torch.randn(32, 32, dtype=D) * 0.5
+        with torch.no_grad():
+            w.copy_(new.float().to(device))
+        assert w._scale_inv.item() == pytest.approx(1.0 / q.scale.item())
+        grid = (new.float() * q.scale.cpu()).clamp(-448, 448).to(torch.float8_e4m3fn)
+        assert torch.equal(w._data.cpu().view(torch.uint8), grid.view(torch.uint8))
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_current_scaling_writes_take_a_fresh_amax(self, device):
+        with fusible.quantized_model_init(recipe=recipe.Float8CurrentScaling()):
+            lin = ops.Linear(32, 32, device=device)
+        new = torch.randn(32, 32, dtype=D) * 0.5
+        with torch.no_grad():
+            lin.weight.copy_(new.float().to(device))
+        torch.testing.assert_close(
+            lin.weight.dequantize().double().cpu(), qdq(new.float(), "e4m3"), rtol=1e-6, atol=0
+        )
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("delayed", [False, True])
+    @pytest.mark.parametrize("mode", ["inference_mode", "no_grad"])
+    def test_fp8_weights_in_inference_and_no_grad(self, device, delayed, mode):
+        r = recipe.DelayedScaling() if delayed else recipe.Float8CurrentScaling()
+        torch.manual_seed(4)
+        with fusible.quantized_model_init(recipe=r):
+            lin = ops.Linear(32, 16, device=device)
+        x = torch.randn(8, 32, device=device)
+        with torch.no_grad():
+            want = lin(x)
+        with getattr(torch, mode)():
+            d = lin.weight.detach()
+            assert torch.equal(d.dequantize(), lin.weight.dequantize())
+            v = lin.weight.view(32, 16)
+            assert v.shape == (32, 16) and torch.equal(v.dequantize(), d.dequantize().view(32, 16))
+            assert torch.equal(lin.weight.t().dequantize(), d.dequantize().t())
+            torch.testing.assert_close(lin(x), want, rtol=0, atol=0)
+            with fusible.autocast(recipe=r):
+                assert lin(x).shape == (8, 16)
+
+
+def qdq_scale(x, scale):
+    """x cast to E4M3 with a given scale and back, in float64 (delayed scaling's cast)."""
+    return (x.double() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).double().cpu() / scale
+
+
 class TestFp8BlockGemms:
     """Float8BlockScaling on FP8 data: fp8_cast_block (rows and transpose, each in its own
     blocks, scales in cuBLASLt's layout) and block-scaled fp8_gemm (cuBLASLt on CUDA)."""

@@ -1,7 +1,8 @@
-"""Tensor and sequence parallelism (issue 16) on CPU: 2- and 4-process gloo groups over loopback
+"""Tensor and sequence parallelism on CPU: 2- and 4-process gloo groups over loopback
 (torch.multiprocessing, bounded by the process group's timeout). Each rank's shard of a
-column + row parallel MLP, forward and backward, against the single-process float64 model on the
-same full weights; the collectives alone; deferred init; checkpoints; configuration errors."""
+LayerNorm + column + row parallel MLP with every parameter random, forward, every gradient and the
+parameters after three SGD / AdamW steps, against the single-process float64 model; te.ops'
+summand bias layout and checkpoints; the collectives alone; deferred init; configuration errors."""
 
 import datetime
 import os
@@ -11,7 +12,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import assert_close_to_ref
 from fusible import ops
 
 T, H, FF = 8, 12, 16  # rows, model width, hidden width (divisible by 2 and 4)
@@ -50,67 +50,177 @@ def _spawn(world_size, fn, *args, backend="gloo"):
 
 
 def _full_weights():
+    """Every parameter random and nonzero (a zero bias hid a row-parallel bias error)."""
     g = torch.Generator().manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    return dict(w1=r(FF, H) * 0.3, b1=r(FF), w2=r(H, FF) * 0.3, b2=r(H), x=r(T, H), dy=r(T, H))
+    return dict(
+        ln_w=1 + 0.2 * r(H),
+        ln_b=0.3 * r(H),
+        w1=r(FF, H) * 0.3,
+        b1=r(FF),
+        w2=r(H, FF) * 0.3,
+        b2=r(H),
+        x=r(T, H),
+        dy=[r(T, H) for _ in range(STEPS)],
+    )
 
 
-def _reference(full):
-    """The single-process float64 MLP and its gradients."""
-    p = {k: full[k].clone().requires_grad_() for k in ("w1", "b1", "w2", "b2", "x")}
-    h = torch.nn.functional.gelu(p["x"] @ p["w1"].T + p["b1"], approximate="tanh")
-    y = h @ p["w2"].T + p["b2"]
-    y.backward(full["dy"])
-    return y.detach(), {k: v.grad for k, v in p.items()}
+STEPS = 3
+PARAMS = ("ln_w", "ln_b", "w1", "b1", "w2", "b2")  # in model.parameters() order
+KEYS = ("0.weight", "0.bias", "1.weight", "1.bias", "3.weight", "3.bias")  # the state-dict keys
 
 
-def _mlp(world_size, sequence_parallel, device="cpu", dtype=torch.float32):
+def _optimizer(kind, params):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.1)
+    return torch.optim.AdamW(params, lr=0.05, weight_decay=0.1)
+
+
+def _reference_run(full, optimizer):
+    """The single-process float64 model (plain torch): per step its output and gradients, then
+    its parameters after STEPS optimizer steps."""
+    p = {k: full[k].clone().requires_grad_() for k in PARAMS}
+    x = full["x"].clone().requires_grad_()
+    opt = _optimizer(optimizer, list(p.values()))
+    steps = []
+    for dy in full["dy"]:
+        opt.zero_grad()
+        x.grad = None
+        h = torch.nn.functional.layer_norm(x, (H,), p["ln_w"], p["ln_b"])
+        h = torch.nn.functional.gelu(h @ p["w1"].T + p["b1"], approximate="tanh")
+        y = h @ p["w2"].T + p["b2"]
+        y.backward(dy)
+        steps.append((y.detach(), x.grad.clone(), {k: v.grad.clone() for k, v in p.items()}))
+        opt.step()
+    return steps, {k: v.detach() for k, v in p.items()}
+
+
+def _mlp(world_size, sequence_parallel, device="cpu", dtype=torch.float32, **linear_kw):
+    """LayerNorm -> column Linear -> GELU -> row Linear; with sequence_parallel the rows of x
+    (and y) are sharded, and the LayerNorm sums its parameter gradients over the group."""
     kw = dict(device=device, dtype=dtype, sequence_parallel=sequence_parallel)
+    norm = ops.LayerNorm(H, device=device, dtype=dtype, sequence_parallel=sequence_parallel)
     fc1 = ops.Linear(H, FF, tensor_parallel_mode="column", **kw)
-    fc2 = ops.Linear(FF, H, tensor_parallel_mode="row", **kw)
-    return ops.Sequential(fc1, ops.GELU(), fc2)
+    fc2 = ops.Linear(FF, H, tensor_parallel_mode="row", **kw, **linear_kw)
+    return ops.Sequential(norm, fc1, ops.GELU(), fc2)
 
 
-def _mlp_case(rank, world_size, sequence_parallel):
+def _full_state(full):
+    return {key: full[name] for key, name in zip(KEYS, PARAMS)}
+
+
+def _mlp_case(rank, world_size, sequence_parallel, optimizer):
+    """Forward, every gradient and the parameters after STEPS optimizer steps of each rank's
+    shard, against the single-process float64 model."""
     full = _full_weights()
-    ref_y, ref_grad = _reference(full)
-    model = _mlp(world_size, sequence_parallel)
-    fc1, fc2 = model[0], model[2]
+    ref_steps, ref_params = _reference_run(full, optimizer)
+    model = _mlp(world_size, sequence_parallel, dtype=torch.float64)
+    fc1, fc2 = model[1], model[3]
+    assert fc1.weight.shape == (FF // world_size, H) and fc2.weight.shape == (H, FF // world_size)
+    assert fc2.bias.shape == (H,)  # replicated, added once after the reduction
+    ops.load_full_state_dict(model, _full_state(full))
     cols = slice(rank * FF // world_size, (rank + 1) * FF // world_size)
     rows = slice(rank * T // world_size, (rank + 1) * T // world_size)
-    assert fc1.weight.shape == (FF // world_size, H) and fc2.weight.shape == (H, FF // world_size)
-    with torch.no_grad():
-        fc1.weight.copy_(full["w1"][cols])
-        fc1.bias.copy_(full["b1"][cols])
-        fc2.weight.copy_(full["w2"][:, cols])
-        fc2.bias.copy_(full["b2"] / world_size)  # te.ops: every rank adds its bias before the sum
-    x = (full["x"][rows] if sequence_parallel else full["x"]).float().requires_grad_()
-    y = model(x)
-    dy = full["dy"][rows] if sequence_parallel else full["dy"]
-    y.backward(dy.float())
-    want_y, want_dx = (
-        (ref_y[rows], ref_grad["x"][rows]) if sequence_parallel else (ref_y, ref_grad["x"])
-    )
-    f32 = torch.float32
-    assert_close_to_ref(y, want_y, f32, gemm=True)
-    assert_close_to_ref(x.grad, want_dx, f32, gemm=True)
-    assert_close_to_ref(fc1.weight.grad, ref_grad["w1"][cols], f32, gemm=True)
-    assert_close_to_ref(fc1.bias.grad, ref_grad["b1"][cols], f32, gemm=True)
-    assert_close_to_ref(fc2.weight.grad, ref_grad["w2"][:, cols], f32, gemm=True)
-    assert_close_to_ref(fc2.bias.grad, ref_grad["b2"], f32, gemm=True)
-    plan = model.fusion_plan()[0]  # where collectives run
-    collective = "ReduceScatter" if sequence_parallel else "AllReduce"
-    assert plan["forward"][-1] == collective and collective in plan["backward"]
-    gather = ["BasicLinear[all-gather input]"] if sequence_parallel else ["BasicLinear"]
-    assert plan["forward"][:1] == gather
+    local = (lambda t: t[rows]) if sequence_parallel else (lambda t: t)  # noqa: E731
+    x = local(full["x"]).clone().requires_grad_()
+    opt = _optimizer(optimizer, model.parameters())
+    shard = dict(ln_w=slice(None), ln_b=slice(None), w1=cols, b1=cols, w2=(slice(None), cols))
+    shard["b2"] = slice(None)
+    for (ref_y, ref_dx, ref_grads), dy in zip(ref_steps, full["dy"]):
+        opt.zero_grad()
+        x.grad = None
+        y = model(x)
+        y.backward(local(dy))
+        torch.testing.assert_close(y, local(ref_y))
+        torch.testing.assert_close(x.grad, local(ref_dx))
+        params = dict(zip(PARAMS, model.parameters()))
+        for name, param in params.items():
+            torch.testing.assert_close(param.grad, ref_grads[name][shard[name]], msg=name)
+        opt.step()
+    trained = ops.full_state_dict(model)
+    for key, name in zip(KEYS, PARAMS):
+        torch.testing.assert_close(trained[key], ref_params[name], msg=name)
+    # The replicated parameters stayed equal on every rank (each rank's own, not a gathered one).
+    for name, param in zip(PARAMS, model.parameters()):
+        if name in ("ln_w", "ln_b", "b2"):
+            torch.testing.assert_close(param.detach(), ref_params[name], msg=name)
+    plan = model.fusion_plan()[0]  # where collectives run: the bias after the reduction
     reduce = "reduce-scatter" if sequence_parallel else "all-reduce"
+    assert plan["forward"][-2:] == [f"BasicLinear[{reduce} output]", "Bias"]
+    gather = "BasicLinear[all-gather input]" if sequence_parallel else "BasicLinear"
+    assert gather in plan["forward"]
     assert f"BasicLinear[{reduce} dgrad, overlapped]" in plan["backward"]
+    grad_sum = ["LayerNorm[all-reduce grad]", "Bias[all-reduce grad]"]
+    assert all((label in plan["backward"]) == sequence_parallel for label in grad_sum)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_column_row_parallel_mlp_equals_the_single_process_model(world_size, sequence_parallel):
-    _spawn(world_size, _mlp_case, sequence_parallel)
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_parallel_mlp_trains_as_the_single_process_model(world_size, sequence_parallel, optimizer):
+    _spawn(world_size, _mlp_case, sequence_parallel, optimizer)
+
+
+def _summand_case(rank, world_size, sequence_parallel):
+    """row_parallel_bias="summand" reproduces te.ops: the same forward, and one SGD step moves
+    the effective bias (the sum of the summands) world_size times as far as one process does."""
+    full = _full_weights()
+    ref_steps, _ = _reference_run(full, "sgd")
+    model = _mlp(world_size, sequence_parallel, dtype=torch.float64, row_parallel_bias="summand")
+    fc2 = model[3]
+    assert fc2.row_parallel_bias == "summand" and fc2.tensor_parallel_mode == "row"
+    reduce = "ReduceScatter" if sequence_parallel else "AllReduce"
+    assert [type(op).__name__ for op in fc2.basic_ops] == ["BasicLinear", "Bias", reduce]
+    ops.load_full_state_dict(model, _full_state(full))
+    rows = slice(rank * T // world_size, (rank + 1) * T // world_size)
+    local = (lambda t: t[rows]) if sequence_parallel else (lambda t: t)  # noqa: E731
+    y = model(local(full["x"]))
+    torch.testing.assert_close(y, local(ref_steps[0][0]))
+    y.backward(local(full["dy"][0]))
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+    got = ops.full_state_dict(model)["3.bias"]
+    want = full["b2"] - 0.1 * world_size * ref_steps[0][2]["b2"]
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_summand_bias_reproduces_te_ops(sequence_parallel):
+    _spawn(2, _summand_case, sequence_parallel)
+
+
+def _te_checkpoint_case(rank, world_size):
+    """te.ops' checkpoint layout: te_ops_state_dict writes per-rank summands; they load back into
+    a replicated model (summed) and into a summand model, and all three compute the same."""
+    torch.manual_seed(21 + rank)
+    full = _full_weights()
+    model = _mlp(world_size, False, dtype=torch.float64)
+    ops.load_full_state_dict(model, _full_state(full))
+    te_state = ops.te_ops_state_dict(model)
+    assert "3.basic_ops.1.bias" in te_state and "3.bias" not in te_state
+    summands = [torch.empty(H, dtype=torch.float64) for _ in range(world_size)]
+    dist.all_gather(summands, te_state["3.basic_ops.1.bias"].contiguous())
+    torch.testing.assert_close(sum(summands), full["b2"], rtol=0, atol=0)
+    replicated = _mlp(world_size, False, dtype=torch.float64)
+    replicated.load_state_dict(te_state)
+    torch.testing.assert_close(replicated[3].bias.detach(), full["b2"], rtol=0, atol=0)
+    summand = _mlp(world_size, False, dtype=torch.float64, row_parallel_bias="summand")
+    summand.load_state_dict(te_state)
+    x = full["x"]
+    torch.testing.assert_close(replicated(x), model(x))
+    torch.testing.assert_close(summand(x), model(x))
+    # A summand model's own te.ops checkpoint (its real summands) into the replicated layout.
+    with torch.no_grad():
+        summand[3].bias.add_(rank + 1.0)
+        summand[3].bias.sub_(sum(range(1, world_size + 1)) / world_size)
+    again = _mlp(world_size, False, dtype=torch.float64)
+    again.load_state_dict(ops.te_ops_state_dict(summand))
+    torch.testing.assert_close(again(x), summand(x))
+
+
+def test_te_ops_checkpoint_round_trip():
+    _spawn(2, _te_checkpoint_case)
 
 
 def _basic_linear_case(rank, world_size, mode, sequence_parallel):
@@ -198,14 +308,14 @@ def test_collectives_forward_and_backward(world_size):
 
 def _deferred_init_case(rank, world_size):
     model = _mlp(world_size, False, device="meta")
-    assert model[0].weight.is_meta
+    assert model[1].weight.is_meta
     y = model(torch.randn(T, H))
-    assert y.shape == (T, H) and not model[0].weight.is_meta
-    assert model[0].weight.shape == (FF // world_size, H)
-    assert model[2].weight.shape == (H, FF // world_size)
+    assert y.shape == (T, H) and not model[1].weight.is_meta
+    assert model[1].weight.shape == (FF // world_size, H)
+    assert model[3].weight.shape == (H, FF // world_size) and model[3].bias.shape == (H,)
     # Every rank initialized its own shard: they differ (a full weight would need one seed).
-    gathered = [torch.empty_like(model[0].weight) for _ in range(world_size)]
-    dist.all_gather(gathered, model[0].weight.detach().contiguous())
+    gathered = [torch.empty_like(model[1].weight) for _ in range(world_size)]
+    dist.all_gather(gathered, model[1].weight.detach().contiguous())
     assert not torch.equal(gathered[0], gathered[1]) or world_size == 1
 
 
@@ -216,6 +326,10 @@ def test_deferred_init_on_every_rank():
 def _checkpoint_case(rank, world_size, folder):
     torch.manual_seed(100 + rank)
     model = _mlp(world_size, True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+        model[3].bias.copy_(torch.arange(H) * 0.5)  # replicated: the same on every rank
     torch.save(model.state_dict(), os.path.join(folder, f"rank{rank}.pt"))
     dist.barrier()
     fresh = _mlp(world_size, True)
@@ -225,10 +339,10 @@ def _checkpoint_case(rank, world_size, folder):
     full = ops.full_state_dict(model)
     if rank == 0:  # the gathered weights: every rank's shard in rank order
         shards = [torch.load(os.path.join(folder, f"rank{r}.pt")) for r in range(world_size)]
-        torch.testing.assert_close(full["0.weight"], torch.cat([s["0.weight"] for s in shards]))
-        torch.testing.assert_close(full["0.bias"], torch.cat([s["0.bias"] for s in shards]))
-        torch.testing.assert_close(full["2.weight"], torch.cat([s["2.weight"] for s in shards], 1))
-        torch.testing.assert_close(full["2.bias"], sum(s["2.bias"] for s in shards))
+        torch.testing.assert_close(full["1.weight"], torch.cat([s["1.weight"] for s in shards]))
+        torch.testing.assert_close(full["1.bias"], torch.cat([s["1.bias"] for s in shards]))
+        torch.testing.assert_close(full["3.weight"], torch.cat([s["3.weight"] for s in shards], 1))
+        torch.testing.assert_close(full["3.bias"], torch.arange(H) * 0.5, rtol=0, atol=0)
 
 
 def test_checkpoint_saved_on_two_ranks_reloads_exactly(tmp_path):
@@ -264,6 +378,10 @@ def test_tensor_parallelism_without_a_process_group_is_refused():
         ops.BasicLinear(4, 4, sequence_parallel=True)
     with pytest.raises(ValueError, match="sequence_parallel needs tensor parallelism"):
         ops.Linear(4, 4, sequence_parallel=True)
+    with pytest.raises(ValueError, match="init_process_group"):
+        ops.LayerNorm(4, sequence_parallel=True)
+    with pytest.raises(ValueError, match="row_parallel_bias"):
+        ops.Linear(4, 4, row_parallel_bias="sum")
 
 
 def _hooked_case(rank, world_size):
@@ -274,7 +392,7 @@ def _hooked_case(rank, world_size):
     plain = _mlp(world_size, False, dtype=torch.float64)
     plain.load_state_dict(model.state_dict())
     seen = []
-    model[2].register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    model[3].register_forward_hook(lambda m, args, out: seen.append(out.shape))
     x = torch.randn(T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     for _ in range(5):
         torch.testing.assert_close(model(x), plain(x))
@@ -286,37 +404,40 @@ def test_a_hooked_parallel_op_runs_its_collectives():
 
 
 def _nccl_mlp_case(rank, world_size):
-    """The tensor-parallel bf16 MLP on one GPU per rank against the same model on one GPU."""
+    """The tensor- and sequence-parallel bf16 MLP on one GPU per rank against the same model on one
+    GPU: every parameter random, forward, gradients and the parameters after 3 AdamW steps."""
     full = _full_weights()
     dev, bf = f"cuda:{rank}", torch.bfloat16
     model = _mlp(world_size, True, device=dev, dtype=bf)
-    fc1, fc2 = model[0], model[2]
-    cols = slice(rank * FF // world_size, (rank + 1) * FF // world_size)
-    rows = slice(rank * T // world_size, (rank + 1) * T // world_size)
-    with torch.no_grad():
-        fc1.weight.copy_(full["w1"][cols])
-        fc1.bias.copy_(full["b1"][cols])
-        fc2.weight.copy_(full["w2"][:, cols])
-        fc2.bias.copy_(full["b2"] / world_size)
-    x = full["x"][rows].to(dev, bf).requires_grad_()
-    y = model(x)
-    y.backward(full["dy"][rows].to(dev, bf))
     one = ops.Sequential(
-        ops.Linear(H, FF, device=dev, dtype=bf), ops.GELU(), ops.Linear(FF, H, device=dev, dtype=bf)
+        ops.LayerNorm(H, device=dev, dtype=bf),
+        ops.Linear(H, FF, device=dev, dtype=bf),
+        ops.GELU(),
+        ops.Linear(FF, H, device=dev, dtype=bf),
     )
-    with torch.no_grad():
-        one[0].weight.copy_(full["w1"])
-        one[0].bias.copy_(full["b1"])
-        one[2].weight.copy_(full["w2"])
-        one[2].bias.copy_(full["b2"])
-    x1 = full["x"].to(dev, bf).requires_grad_()
-    y1 = one(x1)
-    y1.backward(full["dy"].to(dev, bf))
+    state = {k: v.to(dev, bf) for k, v in _full_state(full).items()}
+    ops.load_full_state_dict(model, state)
+    one.load_state_dict(state)
+    rows = slice(rank * T // world_size, (rank + 1) * T // world_size)
+    opt = _optimizer("adamw", model.parameters())
+    opt1 = _optimizer("adamw", one.parameters())
     tol = dict(rtol=1.6e-2, atol=2e-2)  # two bf16 runs, each within bf16 rounding of float64
-    torch.testing.assert_close(y, y1[rows], **tol)
-    torch.testing.assert_close(x.grad, x1.grad[rows], **tol)
-    torch.testing.assert_close(fc1.weight.grad, one[0].weight.grad[cols], **tol)
-    torch.testing.assert_close(fc2.weight.grad, one[2].weight.grad[:, cols], **tol)
+    for dy in full["dy"]:
+        x = full["x"][rows].to(dev, bf).requires_grad_()
+        y = model(x)
+        y.backward(dy[rows].to(dev, bf))
+        x1 = full["x"].to(dev, bf).requires_grad_()
+        y1 = one(x1)
+        y1.backward(dy.to(dev, bf))
+        torch.testing.assert_close(y, y1[rows], **tol)
+        torch.testing.assert_close(x.grad, x1.grad[rows], **tol)
+        opt.step()
+        opt1.step()
+        opt.zero_grad()
+        opt1.zero_grad()
+    trained = ops.full_state_dict(model)
+    for key, value in one.state_dict().items():
+        torch.testing.assert_close(trained[key], value, **tol, msg=key)
 
 
 @pytest.mark.skipif(
@@ -332,12 +453,14 @@ def _load_full_case(rank, world_size):
     single-process state dict back."""
     torch.manual_seed(11)  # the same single-process model on every rank
     one = ops.Sequential(
+        ops.LayerNorm(H, dtype=torch.float64, device="cpu"),
         ops.Linear(H, FF, dtype=torch.float64, device="cpu"),
         ops.GELU(),
         ops.Linear(FF, H, dtype=torch.float64, device="cpu"),
     )
     with torch.no_grad():
-        one[2].bias.normal_()
+        for p in one.parameters():
+            p.normal_()
     model = _mlp(world_size, False, dtype=torch.float64)
     ops.load_full_state_dict(model, one.state_dict())
     x = torch.randn(T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(4))

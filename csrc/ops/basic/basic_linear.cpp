@@ -13,11 +13,8 @@
 
 namespace fusible::ops {
 
-namespace {
-
-// The checked configuration; tensor parallelism over one process is none (as te.ops).
-TensorParallel canonical(TensorParallel tp, int64_t in_features, int64_t out_features) {
-  constexpr const char* op = "BasicLinear";
+TensorParallel checked_tensor_parallel(const char* op, TensorParallel tp, int64_t in_features,
+                                       int64_t out_features) {
   TORCH_CHECK_VALUE(tp.mode.empty() || tp.mode == "column" || tp.mode == "row", op,
                     ": supported modes for tensor parallelism are None, \"row\" and \"column\" "
                     "(got mode='",
@@ -36,15 +33,13 @@ TensorParallel canonical(TensorParallel tp, int64_t in_features, int64_t out_fea
   return tp;
 }
 
-}  // namespace
-
 BasicLinear::BasicLinear(int64_t in_features, int64_t out_features,
                          std::optional<c10::Device> device, std::optional<at::ScalarType> dtype,
                          TensorParallel tp)
     : BasicOperation("BasicLinear"),
       in_features_(in_features),
       out_features_(out_features),
-      tp_(canonical(std::move(tp), in_features, out_features)) {
+      tp_(checked_tensor_parallel("BasicLinear", std::move(tp), in_features, out_features)) {
   TORCH_CHECK_VALUE(in_features > 0 && out_features > 0,
                     "BasicLinear: expected positive in_features and out_features, got ",
                     in_features, " and ", out_features);

@@ -21,6 +21,12 @@ struct TensorParallel {
   bool sequence_parallel = false;
 };
 
+/// tp checked for a linear of the global sizes (`op` names the op in errors): a bad mode,
+/// sequence_parallel alone or a sharded dim the group size does not divide is a ValueError; over
+/// one process it is no tensor parallelism (te.ops' canonicalization).
+TensorParallel checked_tensor_parallel(const char* op, TensorParallel tp, int64_t in_features,
+                                       int64_t out_features);
+
 /// Parameter `weight` [out_features, in_features], kaiming-uniform(a=sqrt(5)) like torch.nn.Linear;
 /// with tensor parallelism, this rank's shard of the global [out_features, in_features].
 class BasicLinear : public BasicOperation {

@@ -117,7 +117,9 @@ def quantize_fp8_weights(module):
         w = op._parameters.get("weight") if fmt else None
         if w is None or w.is_meta or isinstance(w, Float8Tensor):
             continue
-        q = torch.nn.Parameter(Float8Tensor.quantize(w, fmt), requires_grad=w.requires_grad)
+        delayed = getattr(op, "_fp8_weight_delayed", False)
+        q = Float8Tensor.quantize(w, fmt, delayed=delayed)
+        q = torch.nn.Parameter(q, requires_grad=w.requires_grad)
         for m in module.modules():
             for name, p in list(m._parameters.items()):
                 if p is w:

@@ -18,7 +18,13 @@ from ._base import (
     reject_unsupported,
 )
 from ._collectives import AllReduce, ReduceScatter
-from ._distributed import group_spec, tensor_parallel_args
+from ._distributed import (
+    grad_reduction_spec,
+    group_spec,
+    sum_over_group,
+    tensor_parallel_args,
+    with_grad_reduction,
+)
 
 
 def _normalized_shape(shape):
@@ -82,14 +88,33 @@ class Bias(BasicOperation):
         dtype: parameter dtype (None: torch's default dtype).
         tensor_parallel (bool): the bias is sharded over `tensor_parallel_group` (None: the
             default group): this rank holds `local_size` = size / group size entries (te.ops').
+        sequence_parallel (bool): the bias is replicated on every rank of
+            `tensor_parallel_group` while the rows of x are sharded over it (after a
+            reduce-scatter): the backward sums the bias gradient over the group, so the replicas
+            take the same step (not with tensor_parallel; an extension of te.ops' Bias).
     """
 
     _repr_fields = ("size",)
 
     def __init__(
-        self, size, *, device=None, dtype=None, tensor_parallel=False, tensor_parallel_group=None
+        self,
+        size,
+        *,
+        device=None,
+        dtype=None,
+        tensor_parallel=False,
+        tensor_parallel_group=None,
+        sequence_parallel=False,
+        _cpp=None,
     ):
         self.size = int(size)
+        if tensor_parallel and sequence_parallel:
+            raise ValueError(
+                "Bias: sequence_parallel is for a replicated bias; a tensor_parallel bias is "
+                "sharded (expected at most one of them, got both)"
+            )
+        self._grad_reduction = grad_reduction_spec("Bias", sequence_parallel, tensor_parallel_group)
+        self.sequence_parallel = self._grad_reduction is not None
         group_size = group_spec("Bias", tensor_parallel_group)[1] if tensor_parallel else 1
         if self.size % group_size != 0:
             raise ValueError(
@@ -97,13 +122,16 @@ class Bias(BasicOperation):
                 f"(size={self.size}, tensor_parallel_size={group_size})"
             )
         self.tensor_parallel = group_size > 1  # te.ops' attributes
-        self.tensor_parallel_group = tensor_parallel_group if self.tensor_parallel else None
+        parallel = self.tensor_parallel or self.sequence_parallel
+        self.tensor_parallel_group = tensor_parallel_group if parallel else None
         self.tensor_parallel_size = group_size
         self.local_size = self.size // group_size
-        super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
+        if _cpp is None:  # else: made by a composite (Linear), configured as these keywords say
+            _cpp = self._make_cpp(_device(device), _dtype(dtype))
+        super().__init__(_cpp)
 
     def _make_cpp(self, device, dtype):
-        return _C.Bias(self.local_size, device, dtype)
+        return with_grad_reduction(_C.Bias(self.local_size, device, dtype), self._grad_reduction)
 
 
 class BasicLinear(BasicOperation):
@@ -155,6 +183,7 @@ class BasicLinear(BasicOperation):
         rng_state_tracker_function=None,
         accumulate_into_main_grad=False,
         userbuffers_options=None,
+        _cpp=None,
     ):
         reject_unsupported(
             "BasicLinear",
@@ -166,7 +195,11 @@ class BasicLinear(BasicOperation):
         self._tp_args = tensor_parallel_args(
             "BasicLinear", tensor_parallel_mode, tensor_parallel_group, sequence_parallel
         )
-        super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
+        if _cpp is None:  # else: made by a composite (Linear), configured as these keywords say
+            _cpp = self._make_cpp(_device(device), _dtype(dtype))
+        elif self.accumulate_into_main_grad:
+            self._set_main_grad_hook(_cpp)
+        super().__init__(_cpp)
         # te.ops' attributes, after its canonicalization (one process: no tensor parallelism).
         self.tensor_parallel_mode = self._cpp.tensor_parallel_mode or None
         parallel = self.tensor_parallel_mode is not None
@@ -177,6 +210,7 @@ class BasicLinear(BasicOperation):
         self.local_out_features = self._cpp.local_out_features
         # Under quantized_model_init: the weight in FP8 now, or when materialized.
         self._fp8_weight_format = quantization.model_init_format()
+        self._fp8_weight_delayed = quantization.model_init_delayed()
         if self._fp8_weight_format is not None:
             if self.weight.is_meta:
                 _fp8_weights_pending.add(self)
@@ -185,8 +219,11 @@ class BasicLinear(BasicOperation):
     def _make_cpp(self, device, dtype):
         cpp = _C.BasicLinear(self.in_features, self.out_features, device, dtype, **self._tp_args)
         if self.accumulate_into_main_grad:
-            cpp.set_main_grad_hook(_main_grad_hook(weakref.ref(self)))
+            self._set_main_grad_hook(cpp)
         return cpp
+
+    def _set_main_grad_hook(self, cpp):
+        cpp.set_main_grad_hook(_main_grad_hook(weakref.ref(self)))
 
 
 def _main_grad_hook(op_ref):
@@ -339,17 +376,25 @@ class _Norm(BasicOperation):
         dtype=None,
         zero_centered_gamma=False,
         sm_margin=0,
+        sequence_parallel=False,
+        tensor_parallel_group=None,
     ):
         reject_unsupported(type(self).__name__, sm_margin=(sm_margin, 0))
         self.normalized_shape = _normalized_shape(normalized_shape)
         self.eps = float(eps)
         self.zero_centered_gamma = bool(zero_centered_gamma)
+        self._grad_reduction = grad_reduction_spec(
+            type(self).__name__, sequence_parallel, tensor_parallel_group
+        )
+        self.sequence_parallel = self._grad_reduction is not None
+        self.tensor_parallel_group = tensor_parallel_group if self.sequence_parallel else None
         super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
 
     def _make_cpp(self, device, dtype):
-        return type(self)._cpp_class(
+        cpp = type(self)._cpp_class(
             list(self.normalized_shape), self.eps, device, dtype, self.zero_centered_gamma
         )
+        return with_grad_reduction(cpp, self._grad_reduction)
 
 
 class LayerNorm(_Norm):
@@ -362,6 +407,10 @@ class LayerNorm(_Norm):
         device, dtype: of the parameters (None: see API.md; "meta" defers allocation).
         zero_centered_gamma (bool): store the scale minus one.
         sm_margin: te.ops keyword, accepted at its default only.
+        sequence_parallel (bool), tensor_parallel_group: the rows of x are sharded over the group
+            (None: the default group) and the parameters replicated: the backward sums their
+            gradients over it, so every replica takes the single-process model's step (an
+            extension of te.ops, where Megatron-LM sums them outside the op).
     """
 
     _cpp_class = _C.LayerNorm
@@ -376,6 +425,7 @@ class RMSNorm(_Norm):
         device, dtype: of the parameter (None: see API.md; "meta" defers allocation).
         zero_centered_gamma (bool): store the scale minus one.
         sm_margin: te.ops keyword, accepted at its default only.
+        sequence_parallel (bool), tensor_parallel_group: as LayerNorm's.
     """
 
     _cpp_class = _C.RMSNorm
@@ -722,12 +772,22 @@ class Linear(FusedOperation):
         bias (bool): add a learnable bias.
         device, dtype: of the parameters (None: see API.md; "meta" defers allocation).
         accumulate_into_main_grad (bool): as BasicLinear's.
-        tensor_parallel_mode, tensor_parallel_group, sequence_parallel: as BasicLinear's, in
-            te.ops' layout: column parallel is BasicLinear(column) + Bias(sharded); row parallel is
-            a local BasicLinear + Bias + AllReduce (ReduceScatter with sequence_parallel), the
-            bias added on every rank before the reduction (te.ops' convention).
+        tensor_parallel_mode, tensor_parallel_group, sequence_parallel: as BasicLinear's.
+            Column parallel: BasicLinear(column) + this rank's slice of the bias. Row parallel:
+            BasicLinear(row), whose output is all-reduced (reduce-scattered with
+            sequence_parallel), then the bias, replicated on every rank and added once after the
+            reduction (Megatron-LM's RowParallelLinear), so the model trains as the
+            single-process one: its gradient is the full bias gradient on every rank (summed
+            over the group under sequence parallelism).
+        row_parallel_bias ("replicated" or "summand"): "summand" is te.ops' row-parallel layout,
+            for reproducing te.ops' numbers step for step: a local GEMM, a per-rank bias summand
+            [out_features] added before an AllReduce / ReduceScatter op (the effective bias is
+            the sum over ranks and moves world_size times as far per optimizer step as the
+            single-process model's). A difference from te.ops, whose only layout that is.
         rng_state_tracker_function: te.ops keyword, accepted at its default only
             (NotImplementedError otherwise).
+
+    The decomposition is the C++ ops::Linear's: the basic ops are built there and wrapped here.
     """
 
     def __init__(
@@ -743,83 +803,66 @@ class Linear(FusedOperation):
         sequence_parallel=False,
         rng_state_tracker_function=None,
         accumulate_into_main_grad=False,
+        row_parallel_bias="replicated",
     ):
         reject_unsupported(
             "Linear",
             rng_state_tracker_function=(rng_state_tracker_function, None),
         )
         self.in_features, self.out_features = int(in_features), int(out_features)
-        device, dtype = _device(device), _dtype(dtype)
         tp = tensor_parallel_args(
             "Linear", tensor_parallel_mode, tensor_parallel_group, sequence_parallel
         )
-        group_size = tp.get("group_size", 1)
-        row = tensor_parallel_mode == "row" and group_size > 1
-        linear_kwargs = dict(
-            device=device, dtype=dtype, accumulate_into_main_grad=accumulate_into_main_grad
+        cpp = _C.Linear(
+            self.in_features,
+            self.out_features,
+            bool(bias),
+            _device(device),
+            _dtype(dtype),
+            row_parallel_bias=row_parallel_bias,
+            **tp,
         )
-        if row:  # te.ops: a local GEMM, the bias, then the reduction as its own op
-            if self.in_features % group_size != 0:
-                raise ValueError(
-                    "Linear: invalid configuration for tensor parallelism (mode='row', "
-                    f"in_features={self.in_features}, group_size={group_size})"
-                )
-            linear = BasicLinear(self.in_features // group_size, self.out_features, **linear_kwargs)
-        else:
-            linear = BasicLinear(
-                self.in_features,
-                self.out_features,
-                tensor_parallel_mode=tensor_parallel_mode,
-                tensor_parallel_group=tensor_parallel_group,
-                sequence_parallel=sequence_parallel,
-                **linear_kwargs,
-            )
-        basic = [linear]
-        if bias:
-            size = self.out_features * (group_size if row else 1)
-            parallel = linear.tensor_parallel_mode is not None or row
-            basic.append(
-                Bias(
-                    size,
-                    device=device,
-                    dtype=dtype,
-                    tensor_parallel=parallel,
-                    tensor_parallel_group=tensor_parallel_group if parallel else None,
-                )
-            )
-        if row:
-            reduce = ReduceScatter if sequence_parallel else AllReduce
-            basic.append(reduce(tensor_parallel_group))
-        self.tensor_parallel_mode = "row" if row else linear.tensor_parallel_mode
-        self.tensor_parallel_group = (
-            tensor_parallel_group if self.tensor_parallel_mode is not None else None
-        )
-        self.tensor_parallel_size = group_size if self.tensor_parallel_mode is not None else 1
-        self.sequence_parallel = bool(sequence_parallel) and self.tensor_parallel_mode is not None
+        basic = _linear_faces(cpp, tensor_parallel_group, accumulate_into_main_grad)
+        summand = cpp.collective_op is not None
+        self.row_parallel_bias = "summand" if summand else "replicated"
+        self.tensor_parallel_mode = "row" if summand else basic[0].tensor_parallel_mode
+        parallel = self.tensor_parallel_mode is not None
+        self.tensor_parallel_group = tensor_parallel_group if parallel else None
+        self.tensor_parallel_size = tp["group_size"] if parallel else 1
+        self.sequence_parallel = bool(sequence_parallel) and parallel
         self._has_bias = bool(bias)
-        super().__init__(basic, _cpp=self._make_linear_cpp(basic))
+        # Over the faces' C++ ops, which may have adopted new parameters (FP8 weights).
+        super().__init__(basic, _cpp=_composite_cpp(basic, self._has_bias))
         if not bias:
             self.register_parameter("bias", None)
 
-    def _make_linear_cpp(self, basic):
-        bias = basic[1]._cpp if self._has_bias else None
-        collective = basic[-1]._cpp if len(basic) > 1 + int(self._has_bias) else None
-        return _C.Linear(basic[0]._cpp, bias, collective)
-
     def _rebuild_cpp(self):
-        return self._make_linear_cpp(list(self.basic_ops))
+        return _composite_cpp(list(self.basic_ops), self._has_bias)
 
     # te.ops' Linear keeps its parameters under basic_ops.0.weight / basic_ops.1.bias, and an
     # _extra_state per basic op: a te.ops checkpoint loads into this Linear (strict included).
     _TE_KEYS = (("basic_ops.0.weight", "weight"), ("basic_ops.1.bias", "bias"))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
+        te_layout = prefix + "basic_ops.1.bias" in state_dict
         for te_key, key in self._TE_KEYS:
             if prefix + te_key in state_dict and prefix + key not in state_dict:
                 state_dict[prefix + key] = state_dict.pop(prefix + te_key)
-        for i in range(len(self.basic_ops)):
+        if te_layout and self._replicated_row_bias():
+            # te.ops' per-rank summands: the replicated bias is their sum (a collective).
+            state_dict[prefix + "bias"] = sum_over_group(
+                state_dict[prefix + "bias"], self.tensor_parallel_group
+            )
+        for i in range(3):  # te.ops' Linear has up to three basic ops (row: + the reduction)
             _drop_empty_te_extra_state(state_dict, f"{prefix}basic_ops.{i}._extra_state")
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
+
+    def _replicated_row_bias(self):
+        return (
+            self._has_bias
+            and self.tensor_parallel_mode == "row"
+            and self.row_parallel_bias == "replicated"
+        )
 
     def _param_sources(self):
         # The Linear's own attributes: what state dicts, functional_call and FSDP address.
@@ -830,6 +873,46 @@ class Linear(FusedOperation):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}"
         )
+
+
+def _composite_cpp(basic, has_bias):
+    """The C++ Linear over the basic ops' C++ ops (BasicLinear, Bias, collective)."""
+    bias = basic[1]._cpp if has_bias else None
+    collective = basic[-1]._cpp if len(basic) > 1 + int(has_bias) else None
+    return _C.Linear(basic[0]._cpp, bias, collective)
+
+
+def _linear_faces(cpp, group, accumulate_into_main_grad):
+    """Python faces over the basic ops of a C++ ops::Linear, configured as the C++ ones are."""
+    lin = cpp.linear_op
+    tp = lin.tensor_parallel_args
+    mode, size = tp.get("mode"), tp.get("group_size", 1)
+    out_features = lin.local_out_features * (size if mode == "column" else 1)
+    faces = [
+        BasicLinear(
+            lin.local_in_features * (size if mode == "row" else 1),
+            out_features,
+            tensor_parallel_mode=mode,
+            tensor_parallel_group=group if mode else None,
+            sequence_parallel=tp.get("sequence_parallel", False),
+            accumulate_into_main_grad=accumulate_into_main_grad,
+            _cpp=lin,
+        )
+    ]
+    if cpp.bias_op is not None:
+        faces.append(
+            Bias(
+                out_features,
+                tensor_parallel=mode == "column",
+                sequence_parallel=cpp.bias_op.param_grad_reduction is not None,
+                tensor_parallel_group=group,
+                _cpp=cpp.bias_op,
+            )
+        )
+    if cpp.collective_op is not None:
+        reduce = {"AllReduce": AllReduce, "ReduceScatter": ReduceScatter}
+        faces.append(reduce[cpp.collective_op.type_name](group, _cpp=cpp.collective_op))
+    return faces
 
 
 def _drop_empty_te_extra_state(state_dict, key):
@@ -853,7 +936,9 @@ def _drop_empty_te_extra_state(state_dict, key):
 
 def te_ops_state_dict(module):
     """module.state_dict() in te.ops' layout: each Linear's weight / bias under
-    basic_ops.0.weight / basic_ops.1.bias (what te.ops' Linear writes); other keys unchanged."""
+    basic_ops.0.weight / basic_ops.1.bias (what te.ops' Linear writes); other keys unchanged. A
+    row-parallel Linear's replicated bias is written as te.ops' per-rank summands: the bias on
+    rank 0, zeros elsewhere (their sum is the bias, exactly)."""
     out = module.state_dict()
     renames = {}
     for name, m in module.named_modules():
@@ -861,4 +946,6 @@ def te_ops_state_dict(module):
             prefix = f"{name}." if name else ""
             for te_key, key in Linear._TE_KEYS:
                 renames[prefix + key] = prefix + te_key
+            if m._replicated_row_bias() and torch.distributed.get_rank(m.tensor_parallel_group):
+                out[prefix + "bias"] = torch.zeros_like(out[prefix + "bias"])
     return type(out)((renames.get(k, k), v) for k, v in out.items())

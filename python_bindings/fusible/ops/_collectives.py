@@ -10,10 +10,10 @@ class _Collective(BasicOperation):
     _repr_fields = ()
     _cpp_class = None
 
-    def __init__(self, process_group=None):
+    def __init__(self, process_group=None, *, _cpp=None):
         self.process_group = process_group
         self.process_group_size = group_spec(type(self).__name__, process_group)[1]
-        super().__init__(self._make_cpp(None, None))
+        super().__init__(_cpp if _cpp is not None else self._make_cpp(None, None))
 
     def _make_cpp(self, device, dtype):
         return getattr(_C, type(self).__name__)(

@@ -31,9 +31,33 @@ def tensor_parallel_args(op_name, mode, group, sequence_parallel):
     )
 
 
+def grad_reduction_spec(op_name, sequence_parallel, group):
+    """(name, size, rank) of the group a sequence-parallel replicated parameter's gradient is
+    summed over (None without sequence parallelism or over one process)."""
+    if not sequence_parallel:
+        return None
+    spec = group_spec(op_name, group)
+    return spec if spec[1] > 1 else None
+
+
+def with_grad_reduction(cpp_op, spec):
+    """cpp_op with its parameter gradients summed over `spec`'s group (None: none)."""
+    if spec is not None:
+        cpp_op.set_param_grad_reduction(spec)
+    return cpp_op
+
+
+def sum_over_group(tensor, group):
+    """A copy of tensor summed over the ranks of group (a collective)."""
+    summed = tensor.detach().clone().contiguous()
+    torch.distributed.all_reduce(summed, group=group)
+    return summed
+
+
 def _sharded_entries(module, state):
     """(key, dim, group) for every tensor-parallel entry of module's state dict: dim 0 or 1, the
-    dim the shards split, or None for a row-parallel Linear's bias (each rank holds a summand)."""
+    dim the shards split, or None for a row-parallel Linear's per-rank bias summand
+    (row_parallel_bias="summand"; a replicated bias is the same on every rank: no entry)."""
     from ._basic import BasicLinear, Bias, Linear
 
     for name, m in module.named_modules():
@@ -43,7 +67,8 @@ def _sharded_entries(module, state):
             column = m.tensor_parallel_mode == "column"
             if weight in state:
                 yield weight, 0 if column else 1, m.tensor_parallel_group
-            if isinstance(m, Linear) and state.get(bias) is not None:
+            summand = getattr(m, "row_parallel_bias", None) == "summand"
+            if isinstance(m, Linear) and state.get(bias) is not None and (column or summand):
                 yield bias, 0 if column else None, m.tensor_parallel_group
         elif isinstance(m, Bias) and m.tensor_parallel and bias in state:
             yield bias, 0, m.tensor_parallel_group
@@ -52,16 +77,15 @@ def _sharded_entries(module, state):
 def full_state_dict(module):
     """module.state_dict() as the single-process model's: every tensor-parallel shard gathered in
     rank order (column-parallel weights and sharded biases along dim 0, row-parallel weights along
-    dim 1) and a row-parallel Linear's per-rank biases summed (te.ops adds each before the
-    reduction). A collective: call it on every rank; every rank gets the whole dict."""
+    dim 1) and the per-rank bias summands of a row-parallel Linear built with
+    row_parallel_bias="summand" summed (te.ops adds each before the reduction). A collective:
+    call it on every rank; every rank gets the whole dict."""
     dist = torch.distributed
     state = module.state_dict()
     for key, dim, group in list(_sharded_entries(module, state)):
         shard = state[key].detach().contiguous()
         if dim is None:
-            summed = shard.clone()
-            dist.all_reduce(summed, group=group)
-            state[key] = summed
+            state[key] = sum_over_group(shard, group)
         else:
             parts = [torch.empty_like(shard) for _ in range(dist.get_world_size(group))]
             dist.all_gather(parts, shard, group=group)
@@ -71,14 +95,14 @@ def full_state_dict(module):
 
 def load_full_state_dict(module, full_state, strict=True):
     """Loads the single-process model's state dict into this rank's shards: the inverse of
-    full_state_dict (a row-parallel Linear's bias divided over the ranks, whose sum te.ops adds).
-    Needs no communication. Returns load_state_dict's result."""
+    full_state_dict (a per-rank bias summand: the bias on rank 0, zeros elsewhere, whose sum is
+    the bias exactly). Needs no communication. Returns load_state_dict's result."""
     dist = torch.distributed
     state = dict(full_state)
     for key, dim, group in list(_sharded_entries(module, state)):
         size = dist.get_world_size(group)
         if dim is None:
-            state[key] = state[key] / size
+            state[key] = state[key] if dist.get_rank(group) == 0 else torch.zeros_like(state[key])
         else:
             state[key] = state[key].chunk(size, dim)[dist.get_rank(group)]
     return module.load_state_dict(state, strict=strict)
