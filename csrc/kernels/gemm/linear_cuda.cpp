@@ -120,17 +120,19 @@ at::Tensor linear_add_cuda(const at::Tensor& x, const at::Tensor& weight,
 void linear_add__cuda(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                       const std::optional<at::Tensor>& bias, double alpha) {
   reference::check_fwd_args("linear_add_", x, weight, bias);
-  // In place needs out contiguous and sharing no memory with what the GEMM reads.
-  if (!out.is_contiguous() || out.is_alias_of(x) || out.is_alias_of(weight) ||
-      (bias && out.is_alias_of(*bias)) || out.dim() < 1 || out.size(-1) != weight.size(0)) {
+  if (out.dim() < 1 || out.size(-1) != weight.size(0)) {
     return reference::linear_add_(out, x, weight, bias, alpha);  // checks and reports
   }
-  auto g = forward_gemm(x, weight, bias, alpha, out.view({-1, out.size(-1)}));
+  // D apart from C: cuBLASLt with D aliasing C (in place) rounded alpha * x W^T to fp16/bf16
+  // before adding C (measured on the H200: up to 1 ulp of the product off), where C apart rounds
+  // once. The sum then goes into out.
+  auto g = forward_gemm(x, weight, bias, alpha);
   reference::check_other("linear_add_", "out", out, shaped_like(g.d, x));
-  g.c = g.d;  // in place: C and D are out
+  g.c = rows(out);
   g.beta = 1.0;
   if (!gemm::can_run(g)) return reference::linear_add_(out, x, weight, bias, alpha);
   gemm::run(g);
+  out.copy_(shaped_like(g.d, x));
 }
 
 at::Tensor linear_dgrad_add_cuda(const at::Tensor& dy, const at::Tensor& weight,
