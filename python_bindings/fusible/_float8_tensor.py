@@ -8,6 +8,9 @@ scale and behaves as a tensor of its high-precision dtype (TransformerEngine's F
   the high-precision dtype and quantizes the result again as the recipe says (te.ops' rule):
   current scaling with a new scale from the result's amax; delayed scaling with the scale of the
   op's delayed-scaling state (1.0 before its first forward under a DelayedScaling autocast).
+- Block scaling (`block_dim` 2): FP8 data with one power-of-two scale per 128x128 tile of the
+  weight as [rows, last dim] (cuBLASLt's block-scaled layout), so the GEMMs take the stored data
+  and its transpose (the same tiles) as they are; writes quantize each tile from its own amax.
 - Under delayed scaling a forward takes the stored data as it is and records the amax of the last
   value written into the op's amax history (as te.ops records a weight's amax when quantizing it).
 - Aliases (detach, alias) work under torch.no_grad() and torch.inference_mode().
@@ -21,7 +24,12 @@ _DELAYED_CASTS = (
     torch.ops.fusible.fp8_cast_delayed.default,
     torch.ops.fusible.fp8_quantize_dequantize_delayed.default,
 )
+_BLOCK_CASTS = (
+    torch.ops.fusible.fp8_cast_block.default,
+    torch.ops.fusible.fp8_quantize_dequantize_block.default,
+)
 _TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+_TILE = 128  # a block-scaled weight's tiles are _TILE x _TILE
 
 
 def _written(func, args, kwargs):
@@ -42,12 +50,15 @@ def _items(value):
 
 
 class Float8Tensor(torch.Tensor):
-    """FP8 data [same shape] + scale_inv [1] (fp32), in format "e4m3" or "e5m2", looking like a
-    tensor of `dtype`. `delayed`: written with a delayed-scaling state's scale (see the module's
-    docstring) instead of a fresh amax."""
+    """FP8 data [same shape] + scale_inv (fp32: [1], or per 128x128 tile with block_dim 2, in
+    fusible::fp8_cast_block's layout), in format "e4m3" or "e5m2", looking like a tensor of
+    `dtype`. `delayed`: written with a delayed-scaling state's scale (see the module's docstring)
+    instead of a fresh amax."""
 
     @staticmethod
-    def __new__(cls, data, scale_inv, fmt, dtype, requires_grad=False, delayed=None):
+    def __new__(
+        cls, data, scale_inv, fmt, dtype, requires_grad=False, delayed=None, block_dim=None
+    ):
         # Made outside inference mode, so that autograd may give an alias of it a version counter
         # (detach under torch.inference_mode() failed on an inference tensor otherwise).
         with torch.inference_mode(False):
@@ -58,13 +69,18 @@ class Float8Tensor(torch.Tensor):
         # Delayed scaling: [the state's live scale [1] (None before the first forward), the amax
         # of the last value written [1]], shared by every alias of this tensor.
         t._delayed = delayed
+        t._block_dim = block_dim
         return t
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
-    def quantize(cls, hp, fmt, requires_grad=False, delayed=False):
-        """hp in FP8: with a fresh amax's scale, or with delayed scaling's initial scale 1.0."""
+    def quantize(cls, hp, fmt, requires_grad=False, delayed=False, block_dim=None):
+        """hp in FP8: with a fresh amax's scale, with delayed scaling's initial scale 1.0, or per
+        128x128 tile (block_dim 2)."""
+        if block_dim is not None:
+            data, scale_inv = _cast_tiles(hp, fmt)
+            return cls(data, scale_inv, fmt, hp.dtype, requires_grad, block_dim=block_dim)
         if not delayed:
             data, _, scale_inv = torch.ops.fusible.fp8_cast(hp.detach(), fmt)
             return cls(data, scale_inv, fmt, hp.dtype, requires_grad)
@@ -81,12 +97,20 @@ class Float8Tensor(torch.Tensor):
         return t
 
     def dequantize(self):
-        return (self._data.to(torch.float32) * self._scale_inv).to(self.dtype)
+        if self._block_dim is None:
+            return (self._data.to(torch.float32) * self._scale_inv).to(self.dtype)
+        rows, cols = _rows_cols(self._data)
+        tiles = self._scale_inv[:, : -(-cols // _TILE)]
+        scale = tiles.repeat_interleave(_TILE, 0)[:rows].repeat_interleave(_TILE, 1)[:, :cols]
+        data = self._data.reshape(rows, cols).to(torch.float32)
+        return (data * scale).reshape(self.shape).to(self.dtype)
 
     def _set_from(self, hp):
         """Quantizes hp (this tensor's shape) into this tensor's own data and scale."""
         hp = hp.detach()
-        if self._delayed is None:
+        if self._block_dim is not None:
+            data, scale_inv = _cast_tiles(hp, self._fp8_format)
+        elif self._delayed is None:
             data, _, scale_inv = torch.ops.fusible.fp8_cast(hp, self._fp8_format)
         else:
             scale, amax = self._delayed
@@ -114,6 +138,26 @@ class Float8Tensor(torch.Tensor):
         transpose = args[6] if len(args) > 6 else kwargs.get("transpose", False)
         return self._cast_outputs(transpose)
 
+    def _block_forward(self, func, args, kwargs):
+        """A block-scaled cast of this weight in 128x128 tiles: the stored data (and its transpose:
+        the same tiles, so the same scales, transposed) as they are."""
+        if func is torch.ops.fusible.fp8_quantize_dequantize_block.default:
+            return self.dequantize()
+        rowwise = args[3] if len(args) > 3 else kwargs.get("rowwise", True)
+        columnwise = args[4] if len(args) > 4 else kwargs.get("columnwise", False)
+        none = self._data.new_empty(0)
+        no_scale = self._scale_inv.new_empty(0)
+        rows, cols = _rows_cols(self._data)
+        data_t, scale_inv_t = none, no_scale
+        if columnwise:
+            data_t = self._data.reshape(rows, cols).t().contiguous()
+            row_tiles, col_tiles = -(-rows // _TILE), -(-cols // _TILE)
+            scale_inv_t = self._scale_inv.new_zeros(col_tiles, -(-row_tiles // 4) * 4)
+            scale_inv_t[:, :row_tiles] = self._scale_inv[:, :col_tiles].t()
+        if not rowwise:
+            return none, no_scale, data_t, scale_inv_t
+        return self._data, self._scale_inv, data_t, scale_inv_t
+
     def _cast_outputs(self, transpose):
         """(data, its [K, M] transpose or empty, scale_inv) as fp8_cast returns them."""
         data = self._data
@@ -139,7 +183,8 @@ class Float8Tensor(torch.Tensor):
     def __reduce_ex__(self, protocol):
         is_param = isinstance(self, torch.nn.Parameter)
         args = (self._data, self._scale_inv, self._fp8_format, self.dtype)
-        return (_rebuild, (*args, self.requires_grad, is_param, self._delayed_copy()))
+        extra = (self._delayed_copy(), self._block_dim)
+        return (_rebuild, (*args, self.requires_grad, is_param, *extra))
 
     def __deepcopy__(self, memo):
         new = Float8Tensor(
@@ -148,6 +193,7 @@ class Float8Tensor(torch.Tensor):
             self._fp8_format,
             self.dtype,
             delayed=self._delayed_copy(),
+            block_dim=self._block_dim,
         )
         if isinstance(self, torch.nn.Parameter):
             new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
@@ -163,14 +209,25 @@ class Float8Tensor(torch.Tensor):
             transpose = args[3] if len(args) > 3 else kwargs.get("transpose", False)
             if isinstance(x, Float8Tensor) and fmt == x._fp8_format and margin == 0.0:
                 return x._cast_outputs(transpose)
+        if func in _BLOCK_CASTS:
+            x = args[0]
+            if isinstance(x, Float8Tensor) and x._block_dim == args[2] and args[1] == x._fp8_format:
+                return x._block_forward(func, args, kwargs)
         if func in _DELAYED_CASTS:
             x = args[0]
             if isinstance(x, Float8Tensor) and x._delayed is not None and args[1] == x._fp8_format:
                 return x._delayed_forward(func, args, kwargs)
         if func in _ALIASING:
             x = args[0]
-            return Float8Tensor(x._data, x._scale_inv, x._fp8_format, x.dtype, delayed=x._delayed)
-        if _is_view(func) and isinstance(args[0], Float8Tensor):
+            return Float8Tensor(
+                x._data,
+                x._scale_inv,
+                x._fp8_format,
+                x.dtype,
+                delayed=x._delayed,
+                block_dim=x._block_dim,
+            )
+        if _is_view(func) and isinstance(args[0], Float8Tensor) and args[0]._block_dim is None:
             # A view of the FP8 data with the same scale (a dequantized copy would not be a view,
             # and autograd cannot make an inference-mode copy one).
             x = args[0]
@@ -204,6 +261,19 @@ def _is_view(func):
     return ret is not None and not ret.is_write and first is not None and not first.is_write
 
 
-def _rebuild(data, scale_inv, fmt, dtype, requires_grad=False, is_param=False, delayed=None):
-    t = Float8Tensor(data, scale_inv, fmt, dtype, delayed=delayed)
+def _rows_cols(t):
+    cols = t.shape[-1] if t.dim() else 1
+    return (t.numel() // cols if cols else 0), cols
+
+
+def _cast_tiles(hp, fmt):
+    """hp in FP8 per 128x128 tile of [rows, last dim] -> (data in hp's shape, scale_inv)."""
+    data, scale_inv, _, _ = torch.ops.fusible.fp8_cast_block(hp.detach(), fmt, 2, True, False)
+    return data, scale_inv
+
+
+def _rebuild(
+    data, scale_inv, fmt, dtype, requires_grad=False, is_param=False, delayed=None, block_dim=None
+):
+    t = Float8Tensor(data, scale_inv, fmt, dtype, delayed=delayed, block_dim=block_dim)
     return torch.nn.Parameter(t, requires_grad) if is_param else t.requires_grad_(requires_grad)

@@ -7,6 +7,7 @@ shapes allow, and otherwise compute with their operands cast to FP8 and back
 (fusible::fp8_quantize_dequantize*). `quantized_model_init` stores Linear weights in FP8
 (_float8_tensor.Float8Tensor)."""
 
+import collections
 import contextlib
 import threading
 
@@ -114,15 +115,15 @@ def active_recipe(kind):
 _model_init = threading.local()
 
 
-def model_init_format():
-    """The FP8 format weights built now are stored in (quantized_model_init), or None."""
-    return getattr(_model_init, "format", None)
+WeightQuantization = collections.namedtuple("WeightQuantization", "format delayed block_dim")
+WeightQuantization.__doc__ = """How weights built under quantized_model_init are stored: the FP8
+format, whether writes follow delayed scaling's scale (else a fresh amax's), and the block size
+(2: 128x128 tiles) under block scaling, else None."""
 
 
-def model_init_delayed():
-    """Whether weights built now follow delayed scaling's scale on every write (a DelayedScaling
-    recipe in quantized_model_init) rather than a fresh amax's."""
-    return getattr(_model_init, "delayed", False)
+def model_init_weights():
+    """The WeightQuantization of weights built now (quantized_model_init), or None."""
+    return getattr(_model_init, "weights", None)
 
 
 @contextlib.contextmanager
@@ -140,18 +141,20 @@ def quantized_model_init(enabled=True, recipe=None, preserve_high_precision_init
         )
     r = recipe if recipe is not None else _recipe.Float8CurrentScaling()
     _cpp_recipe(r)  # type and support checks
-    if r.float8_block_scaling():
+    block = r.float8_block_scaling()
+    if block and r.w_block_scaling_dim != 2:
         raise NotImplementedError(
-            "fusible.quantized_model_init: block-scaled FP8 weights are not supported yet; use a "
-            "per-tensor recipe (Float8CurrentScaling, DelayedScaling)"
+            "fusible.quantized_model_init: block-scaled FP8 weights are stored in 128x128 tiles "
+            f"(w_block_scaling_dim=2), got w_block_scaling_dim={r.w_block_scaling_dim}"
         )
-    prev = model_init_format(), model_init_delayed()
-    _model_init.format = r.fp8_format.forward_format
-    _model_init.delayed = r.delayed()
+    prev = model_init_weights()
+    _model_init.weights = WeightQuantization(
+        r.fp8_format.forward_format, r.delayed(), 2 if block else None
+    )
     try:
         yield
     finally:
-        _model_init.format, _model_init.delayed = prev
+        _model_init.weights = prev
 
 
 _TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}

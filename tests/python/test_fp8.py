@@ -66,9 +66,6 @@ class TestRecipes:
                 model(x)
         with pytest.raises(ValueError, match="w_block_scaling_dim 1 or 2"):
             recipe.Float8BlockScaling(w_block_scaling_dim=3)
-        with pytest.raises(NotImplementedError, match="block-scaled FP8 weights"):
-            with fusible.quantized_model_init(recipe=recipe.Float8BlockScaling()):
-                pass
 
     def test_fp8_available(self):
         ok, reason = fusible.fp8_available()
@@ -1157,6 +1154,53 @@ class TestFp8WeightsDelayedScaling:
             torch.testing.assert_close(lin(x), want, rtol=0, atol=0)
             with fusible.autocast(recipe=r):
                 assert lin(x).shape == (8, 16)
+
+
+class TestFp8WeightsBlockScaling:
+    """quantized_model_init(recipe=Float8BlockScaling()): weights stored per 128x128 tile, read by
+    the block-scaled GEMMs as they are (the transpose: the same tiles), written per tile."""
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_block_scaled_weights(self, device):
+        from fusible._float8_tensor import Float8Tensor
+
+        r, dt = recipe.Float8BlockScaling(), torch.bfloat16
+        torch.manual_seed(15)
+        with fusible.quantized_model_init(recipe=r):
+            model = ops.Linear(256, 384, dtype=dt, device=device)
+        w = model.weight
+        assert isinstance(w, Float8Tensor) and w._block_dim == 2
+        assert tuple(w._scale_inv.shape) == (3, 4)  # [row tiles, column tiles rounded up to 4]
+        wd = w.dequantize().double().cpu()
+        torch.testing.assert_close(qdq_blocks(wd, "e4m3", 2), wd, rtol=0, atol=0)  # on the grid
+        with torch.no_grad():
+            w.copy_(w.dequantize())  # grid values are kept exactly
+        assert torch.equal(w.dequantize().double().cpu(), wd)
+        x = torch.randn(2, 64, 256, device=device, dtype=dt, requires_grad=True)
+        dy = torch.randn(2, 64, 384, device=device, dtype=dt)
+        with fusible.autocast(recipe=r):
+            y = model(x)
+        y.backward(dy)
+        xd, dyd = (t.detach().double().cpu().reshape(-1, t.shape[-1]) for t in (x, dy))
+        xq, dyq = qdq_blocks(xd, "e4m3", 1), qdq_blocks(dyd, "e4m3", 1)
+        refs = (xq @ wd.T + model.bias.detach().double().cpu(), dyq @ wd)
+        for g, ref in zip((y, x.grad), refs):
+            err = (g.double().cpu().reshape(ref.shape) - ref).norm() / ref.norm()
+            assert err < 1e-2, err  # bf16 outputs of exact FP8 products
+        # An optimizer step quantizes the new values per tile.
+        before, grad = w.dequantize(), w.grad.clone()
+        torch.optim.SGD([w], lr=0.1).step()
+        want = qdq_blocks(before.add(grad, alpha=-0.1).double().cpu(), "e4m3", 2)
+        torch.testing.assert_close(w.dequantize().double().cpu(), want, rtol=0, atol=0)
+        assert isinstance(copy.deepcopy(model).weight, Float8Tensor)
+        assert copy.deepcopy(model).weight._block_dim == 2
+
+    def test_one_by_128_weight_blocks_are_refused(self):
+        with pytest.raises(NotImplementedError, match="w_block_scaling_dim"):
+            with fusible.quantized_model_init(
+                recipe=recipe.Float8BlockScaling(w_block_scaling_dim=1)
+            ):
+                pass
 
 
 def qdq_scale(x, scale):

@@ -113,12 +113,11 @@ def quantize_fp8_weights(module):
     from .._float8_tensor import Float8Tensor
 
     for op in module._basic_op_list():
-        fmt = getattr(op, "_fp8_weight_format", None)
-        w = op._parameters.get("weight") if fmt else None
+        how = getattr(op, "_fp8_weight", None)
+        w = op._parameters.get("weight") if how else None
         if w is None or w.is_meta or isinstance(w, Float8Tensor):
             continue
-        delayed = getattr(op, "_fp8_weight_delayed", False)
-        q = Float8Tensor.quantize(w, fmt, delayed=delayed)
+        q = Float8Tensor.quantize(w, how.format, delayed=how.delayed, block_dim=how.block_dim)
         q = torch.nn.Parameter(q, requires_grad=w.requires_grad)
         for m in module.modules():
             for name, p in list(m._parameters.items()):

@@ -209,9 +209,8 @@ class BasicLinear(BasicOperation):
         self.local_in_features = self._cpp.local_in_features
         self.local_out_features = self._cpp.local_out_features
         # Under quantized_model_init: the weight in FP8 now, or when materialized.
-        self._fp8_weight_format = quantization.model_init_format()
-        self._fp8_weight_delayed = quantization.model_init_delayed()
-        if self._fp8_weight_format is not None:
+        self._fp8_weight = quantization.model_init_weights()
+        if self._fp8_weight is not None:
             if self.weight.is_meta:
                 _fp8_weights_pending.add(self)
             quantize_fp8_weights(self)
