@@ -26,6 +26,15 @@ std::vector<std::pair<std::string, at::Tensor>> own_parameters(FusibleOperation&
   return out;
 }
 
+// te.ops' cache_quantized_input on an activation class.
+template <typename Class>
+void bind_quantized_input_cache(Class& cls) {
+  using Op = typename Class::type;
+  cls.def_property(
+      "cache_quantized_input", [](const Op& op) { return op.caches_quantized_input(); },
+      [](Op& op, bool on) { op.set_cache_quantized_input(on); });
+}
+
 }  // namespace
 
 void bind_ops(py::module_& m) {
@@ -151,12 +160,14 @@ void bind_ops(py::module_& m) {
   py::class_<L2Normalization, BasicOperation, std::shared_ptr<L2Normalization>>(m,
                                                                                 "L2Normalization")
       .def(py::init<double>());
-  py::class_<ElementwiseActivation, BasicOperation, std::shared_ptr<ElementwiseActivation>>(
-      m, "ElementwiseActivation")
-      .def(py::init<std::string, std::string>());
-  py::class_<GatedActivation, BasicOperation, std::shared_ptr<GatedActivation>>(m,
-                                                                                "GatedActivation")
-      .def(py::init<std::string, std::string, int64_t>());
+  py::class_<ElementwiseActivation, BasicOperation, std::shared_ptr<ElementwiseActivation>>
+      elementwise(m, "ElementwiseActivation");
+  elementwise.def(py::init<std::string, std::string>());
+  bind_quantized_input_cache(elementwise);
+  py::class_<GatedActivation, BasicOperation, std::shared_ptr<GatedActivation>> gated(
+      m, "GatedActivation");
+  gated.def(py::init<std::string, std::string, int64_t>());
+  bind_quantized_input_cache(gated);
   // The concrete classes, so that a fusion matching e.g. GELU by type sees Python-built ones.
 #define FUSIBLE_BIND_ACTIVATION(Name, Base) \
   py::class_<Name, Base, std::shared_ptr<Name>>(m, #Name).def(py::init<>());
@@ -175,8 +186,9 @@ void bind_ops(py::module_& m) {
   FUSIBLE_BIND_GATED(SwiGLU)
 #undef FUSIBLE_BIND_ACTIVATION
 #undef FUSIBLE_BIND_GATED
-  py::class_<ParamGatedActivation, BasicOperation, std::shared_ptr<ParamGatedActivation>>(
-      m, "ParamGatedActivation");
+  py::class_<ParamGatedActivation, BasicOperation, std::shared_ptr<ParamGatedActivation>>
+      param_gated(m, "ParamGatedActivation");
+  bind_quantized_input_cache(param_gated);
   py::class_<ClampedSwiGLU, ParamGatedActivation, std::shared_ptr<ClampedSwiGLU>>(m,
                                                                                   "ClampedSwiGLU")
       .def(py::init<double, double, double, int64_t>());

@@ -1203,6 +1203,60 @@ class TestFp8WeightsBlockScaling:
                 pass
 
 
+class TestCacheQuantizedInput:
+    """te.ops' cache_quantized_input: the activation's backward keeps x in E4M3 (current scaling)
+    and computes the gradient from its dequantized values; the forward is unchanged."""
+
+    CASES = {
+        "GELU": (lambda: ops.GELU, lambda t: torch.nn.functional.gelu(t, approximate="tanh")),
+        "ReLU": (lambda: ops.ReLU, torch.relu),
+        "SiLU": (lambda: ops.SiLU, torch.nn.functional.silu),
+        "SwiGLU": (
+            lambda: ops.SwiGLU,
+            lambda t: torch.nn.functional.silu(t.chunk(2, -1)[0]) * t.chunk(2, -1)[1],
+        ),
+        "GEGLU": (
+            lambda: ops.GEGLU,
+            lambda t: torch.nn.functional.gelu(t.chunk(2, -1)[0], approximate="tanh")
+            * t.chunk(2, -1)[1],
+        ),
+    }
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("name", list(CASES))
+    def test_gradient_from_the_fp8_input(self, device, name):
+        cls, fn = self.CASES[name]
+        torch.manual_seed(5)
+        x = torch.randn(6, 32, device=device, requires_grad=True)
+        dy = torch.randn(6, 32 // (2 if "GLU" in name else 1), device=device)
+        op, plain = cls()(cache_quantized_input=True), cls()()
+        assert op.cache_quantized_input and not plain.cache_quantized_input
+        saved = []
+
+        def pack(t):
+            saved.append(t.dtype)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = op(x)
+        assert torch.float8_e4m3fn in saved and torch.float32 not in saved[:1]
+        torch.testing.assert_close(y, plain(x), rtol=0, atol=0)  # the forward is unchanged
+        (dx,) = torch.autograd.grad(y, x, dy)
+        xq = qdq(x.detach(), "e4m3").requires_grad_()
+        (ref,) = torch.autograd.grad(fn(xq), xq, dy.double().cpu())
+        assert_close_to_ref(dx, ref, torch.float32)
+
+    def test_epilogue_fusions_leave_it_unfused_and_it_is_read_only(self):
+        model = ops.Sequential(ops.Linear(16, 16), ops.GELU(cache_quantized_input=True))
+        model(torch.randn(4, 16, requires_grad=True)).sum().backward()
+        plan = model.fusion_plan()[0]
+        assert plan["forward"][-1] == "GELU" and plan["backward"][-1] == "GELU", plan
+        with pytest.raises(AttributeError):
+            model[1].cache_quantized_input = False
+        copy_ = copy.deepcopy(model[1])
+        assert copy_.cache_quantized_input and copy_._cpp.cache_quantized_input
+
+
 def qdq_scale(x, scale):
     """x cast to E4M3 with a given scale and back, in float64 (delayed scaling's cast)."""
     return (x.double() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).double().cpu() / scale

@@ -98,13 +98,9 @@ def test_a_python_op_may_assign_to_save():
 @pytest.mark.parametrize(
     "make, keyword",
     [
-        (lambda: ops.ScaledSwiGLU(activation_recompute_in_mlp=True), "activation_recompute_in_mlp"),
-        (
-            lambda: ops.ScaledSiTUGLU(activation_recompute_in_mlp=True),
-            "activation_recompute_in_mlp",
-        ),
-        (lambda: ops.ScaledSReLU(activation_recompute_in_mlp=True), "activation_recompute_in_mlp"),
-        (lambda: ops.SiTUGLU(cache_quantized_input=True), "cache_quantized_input"),
+        (lambda: ops.LayerNorm(8, sm_margin=4), "sm_margin"),
+        (lambda: ops.Linear(8, 8, rng_state_tracker_function=lambda: None), "rng_state_tracker"),
+        (lambda: ops.BasicLinear(8, 8, userbuffers_options={}), "userbuffers_options"),
     ],
 )
 def test_unimplemented_te_keywords_raise_not_implemented(make, keyword):
@@ -118,6 +114,21 @@ def test_te_keywords_at_their_defaults_are_accepted():
     torch.testing.assert_close(ops.SwiGLU(glu_interleave_size=None)(x), ref)
     ops.ClampedSwiGLU(glu_interleave_size=None, glu_linear_offset=1.0)
     ops.ScaledSwiGLU(glu_interleave_size=None, activation_recompute_in_mlp=False)
+
+
+@pytest.mark.parametrize(
+    "cls", ["ScaledSwiGLU", "ScaledSiTUGLU", "ScaledClampedQGeGLU", "ScaledSReLU"]
+)
+def test_activation_recompute_in_mlp_is_an_attribute(cls):
+    """te.ops' attribute; fusible's fused expert MLP recomputes fc2's input either way, so both
+    values compute the same; read-only after construction."""
+    on, off = getattr(ops, cls)(activation_recompute_in_mlp=True), getattr(ops, cls)()
+    assert on.activation_recompute_in_mlp is True and off.activation_recompute_in_mlp is False
+    x = torch.randn(4, 8, dtype=D, requires_grad=True)
+    scales = torch.rand(4, dtype=D, requires_grad=True)
+    torch.testing.assert_close(on(x, scales), off(x, scales), rtol=0, atol=0)
+    with pytest.raises(AttributeError):
+        on.activation_recompute_in_mlp = False
 
 
 @pytest.mark.parametrize(

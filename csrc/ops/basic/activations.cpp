@@ -28,10 +28,25 @@ void check_even_last_dim(const char* op, const at::Tensor& x) {
 
 }  // namespace
 
+void QuantizedInputCache::save_input(OperationContext& ctx, const at::Tensor& x) const {
+  if (!on_) {
+    ctx.save_for_backward({x});
+    return;
+  }
+  auto [data, unused, scale_inv] = kernels::fp8_cast(x, "e4m3", 0.0, false);
+  ctx.save_for_backward({std::move(data), std::move(scale_inv)});
+}
+
+at::Tensor QuantizedInputCache::saved_input(const OperationContext& ctx) {
+  const auto& s = ctx.saved_tensors;
+  if (s.size() == 1) return s.at(0);
+  return (s.at(0).to(at::kFloat) * s.at(1)).to(ctx.compute_dtype);
+}
+
 void ElementwiseActivation::fill_context(OperationContext& ctx, const at::Tensor& x,
                                          const at::Tensor& y, const ForwardArgs& args) {
   ctx.compute_dtype = activation_dtype(type_name().c_str(), saves_output() ? y : x, args);
-  if (ctx.requires_grad) ctx.save_for_backward({saves_output() ? y : x});
+  if (ctx.requires_grad) save_input(ctx, saves_output() ? y : x);
 }
 
 at::Tensor ElementwiseActivation::op_forward(OperationContext& ctx, const at::Tensor& x,
@@ -45,8 +60,7 @@ at::Tensor ElementwiseActivation::op_forward(OperationContext& ctx, const at::Te
 std::pair<at::Tensor, std::vector<at::Tensor>> ElementwiseActivation::op_backward(
     OperationContext& ctx, const at::Tensor& dy) {
   // For ReLU the saved tensor is the output: relu_bwd's [saved > 0] is the same mask.
-  return {kernels::activation_bwd(cast_to(dy, ctx.compute_dtype), ctx.saved_tensors.at(0), kind_),
-          {}};
+  return {kernels::activation_bwd(cast_to(dy, ctx.compute_dtype), saved_input(ctx), kind_), {}};
 }
 
 GluLayout::GluLayout(int64_t interleave_size) : k_(interleave_size) {
@@ -72,14 +86,14 @@ at::Tensor GatedActivation::op_forward(OperationContext& ctx, const at::Tensor& 
                                        const ForwardArgs& args) {
   ctx.compute_dtype = activation_dtype(type_name().c_str(), x, args);
   const auto xc = layout_.to_halves(type_name().c_str(), cast_to(x, ctx.compute_dtype));
-  if (ctx.requires_grad) ctx.save_for_backward({xc});
+  if (ctx.requires_grad) save_input(ctx, xc);
   return kernels::glu_fwd(xc, kind_);
 }
 
 std::pair<at::Tensor, std::vector<at::Tensor>> GatedActivation::op_backward(OperationContext& ctx,
                                                                             const at::Tensor& dy) {
   return {layout_.from_halves(
-              kernels::glu_bwd(cast_to(dy, ctx.compute_dtype), ctx.saved_tensors.at(0), kind_)),
+              kernels::glu_bwd(cast_to(dy, ctx.compute_dtype), saved_input(ctx), kind_)),
           {}};
 }
 
@@ -87,14 +101,13 @@ at::Tensor ParamGatedActivation::op_forward(OperationContext& ctx, const at::Ten
                                             const ForwardArgs& args) {
   ctx.compute_dtype = activation_dtype(type_name().c_str(), x, args);
   const auto xc = layout_.to_halves(type_name().c_str(), cast_to(x, ctx.compute_dtype));
-  if (ctx.requires_grad) ctx.save_for_backward({xc});
+  if (ctx.requires_grad) save_input(ctx, xc);
   return gate_fwd(xc);
 }
 
 std::pair<at::Tensor, std::vector<at::Tensor>> ParamGatedActivation::op_backward(
     OperationContext& ctx, const at::Tensor& dy) {
-  return {layout_.from_halves(gate_bwd(cast_to(dy, ctx.compute_dtype), ctx.saved_tensors.at(0))),
-          {}};
+  return {layout_.from_halves(gate_bwd(cast_to(dy, ctx.compute_dtype), saved_input(ctx))), {}};
 }
 
 ClampedSwiGLU::ClampedSwiGLU(double limit, double alpha, double offset, int64_t interleave_size)

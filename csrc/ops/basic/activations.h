@@ -7,8 +7,27 @@
 
 namespace fusible::ops {
 
+/// te.ops' cache_quantized_input: the backward keeps the activation's input as E4M3 data with a
+/// current-scaling scale (a byte per element) and computes the gradient from its dequantized
+/// values, with or without an FP8 autocast. Off by default; fusions that read the saved input
+/// decline an op with it on.
+class QuantizedInputCache {
+ public:
+  bool caches_quantized_input() const { return on_; }
+  void set_cache_quantized_input(bool on) { on_ = on; }
+
+ protected:
+  /// Saves x (in the compute dtype) for the backward: itself, or its E4M3 data and scale_inv.
+  void save_input(OperationContext& ctx, const at::Tensor& x) const;
+  /// What save_input kept, in ctx.compute_dtype.
+  static at::Tensor saved_input(const OperationContext& ctx);
+
+ private:
+  bool on_ = false;
+};
+
 /// y = act(x), computed in the input's dtype (autocast's when on).
-class ElementwiseActivation : public BasicOperation {
+class ElementwiseActivation : public BasicOperation, public QuantizedInputCache {
  public:
   FUSIBLE_CLONEABLE_OP
   ElementwiseActivation(std::string type_name, std::string kind)
@@ -22,8 +41,9 @@ class ElementwiseActivation : public BasicOperation {
   /// epilogue need not keep x). x may be undefined for ReLU.
   void fill_context(OperationContext& ctx, const at::Tensor& x, const at::Tensor& y,
                     const ForwardArgs& args);
-  /// Whether the backward reads the output (ReLU) rather than the input.
-  bool saves_output() const { return kind_ == "relu"; }
+  /// Whether the backward reads the output (ReLU) rather than the input (a cached quantized input
+  /// is always the input).
+  bool saves_output() const { return kind_ == "relu" && !caches_quantized_input(); }
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
 
@@ -47,7 +67,7 @@ class GluLayout {
 };
 
 /// x = [a, b] on the last dim; y = act(a) * b (the first half is gated).
-class GatedActivation : public BasicOperation {
+class GatedActivation : public BasicOperation, public QuantizedInputCache {
  public:
   FUSIBLE_CLONEABLE_OP
   GatedActivation(std::string type_name, std::string kind, int64_t interleave_size = 0)
@@ -93,7 +113,7 @@ FUSIBLE_GATED_CLASS(SwiGLU, "swiglu")
 #undef FUSIBLE_GATED_CLASS
 
 /// A GLU whose gate has parameters (ClampedSwiGLU, SiTUGLU): the kernels are the subclass's.
-class ParamGatedActivation : public BasicOperation {
+class ParamGatedActivation : public BasicOperation, public QuantizedInputCache {
  public:
   ParamGatedActivation(std::string type_name, int64_t interleave_size)
       : BasicOperation(std::move(type_name)), layout_(interleave_size) {}

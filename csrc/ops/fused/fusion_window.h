@@ -27,7 +27,9 @@ inline std::shared_ptr<BasicLinear> local_linear_at(const OpList& ops, size_t i)
 /// The GELU or ReLU op at position i (the activations GEMM epilogues have), or null.
 inline std::shared_ptr<ElementwiseActivation> epilogue_activation_at(const OpList& ops, size_t i) {
   std::shared_ptr<ElementwiseActivation> act = op_at<GELU>(ops, i);
-  return act ? act : op_at<ReLU>(ops, i);
+  if (!act) act = op_at<ReLU>(ops, i);
+  // An epilogue keeps the pre-activation itself: not the FP8 input the op would cache.
+  return act && !act->caches_quantized_input() ? act : nullptr;
 }
 
 /// At position i: the fused op for the window starting there and how many ops it replaces, or

@@ -466,8 +466,36 @@ def _interleave_size(name, glu_interleave_size):
     return int(glu_interleave_size)
 
 
-def _no_recompute(name, activation_recompute_in_mlp):
-    reject_unsupported(name, activation_recompute_in_mlp=(activation_recompute_in_mlp, False))
+class _RecomputeInMlp:
+    """te.ops' activation_recompute_in_mlp on the row-scaled activations (read-only after
+    construction). fusible's fused expert MLP (GroupedMLP_GroupedGEMMGLU) always recomputes fc2's
+    input from the activation's input in the backward instead of keeping it, and these ops never
+    save their output, so True is what runs; False (te.ops' default, which keeps fc2's input in
+    its fused path) computes the same values."""
+
+    @property
+    def activation_recompute_in_mlp(self):
+        return self._activation_recompute_in_mlp
+
+
+def _with_cache(cpp, cache_quantized_input):
+    """cpp with te.ops' cache_quantized_input set (see _CACHE_DOC)."""
+    cpp.cache_quantized_input = bool(cache_quantized_input)
+    return cpp
+
+
+# Read-only after construction (plans depend on it): assigning raises AttributeError.
+_CACHE_PROPERTY = property(
+    lambda self: self._cache_quantized_input, doc="te.ops' cache_quantized_input (read-only)."
+)
+
+
+_CACHE_DOC = (
+    "cache_quantized_input (bool): the backward keeps x as E4M3 data with a current-scaling\n"
+    "            scale (a byte per element, te.ops' memory saving) and computes the gradient\n"
+    "            from its dequantized values, with or without an FP8 autocast; GEMM-epilogue\n"
+    "            fusions then leave the op unfused."
+)
 
 
 def _activation(name, doc, gated=False):
@@ -478,31 +506,33 @@ def _activation(name, doc, gated=False):
     if gated:
 
         def __init__(self, *, cache_quantized_input=False, glu_interleave_size=None):
-            reject_unsupported(name, cache_quantized_input=(cache_quantized_input, False))
+            self._cache_quantized_input = bool(cache_quantized_input)
             self.glu_interleave_size = glu_interleave_size
             BasicOperation.__init__(self, self._make_cpp(None, None))
 
         def _make_cpp(self, device, dtype):
-            return cpp_cls(_interleave_size(name, self.glu_interleave_size))
+            cpp = cpp_cls(_interleave_size(name, self.glu_interleave_size))
+            return _with_cache(cpp, self._cache_quantized_input)
 
     else:
 
         def __init__(self, *, cache_quantized_input=False):
-            reject_unsupported(name, cache_quantized_input=(cache_quantized_input, False))
-            BasicOperation.__init__(self, cpp_cls())
+            self._cache_quantized_input = bool(cache_quantized_input)
+            BasicOperation.__init__(self, self._make_cpp(None, None))
 
         def _make_cpp(self, device, dtype):
-            return cpp_cls()
+            return _with_cache(cpp_cls(), self._cache_quantized_input)
 
     if gated:
         doc += (
             "\n\n    Args:\n        glu_interleave_size (int or None): x's last dim holds"
             " alternating blocks\n            of that many a and b columns (te.ops' layout)."
-            "\n        cache_quantized_input: te.ops keyword, at its default only."
+            f"\n        {_CACHE_DOC}"
         )
     else:
-        doc += "\n\n    Args:\n        cache_quantized_input: te.ops keyword, at its default only."
+        doc += f"\n\n    Args:\n        {_CACHE_DOC}"
     attrs = {"__init__": __init__, "_make_cpp": _make_cpp, "__doc__": doc, "__module__": __name__}
+    attrs["cache_quantized_input"] = _CACHE_PROPERTY
     if gated:
         attrs["_repr_fields"] = ("glu_interleave_size",)
     return type(name, (BasicOperation,), attrs)
@@ -529,10 +559,11 @@ class ClampedSwiGLU(BasicOperation):
     Args:
         limit (float), alpha (float), glu_linear_offset (float): as above.
         glu_interleave_size (int or None): as SwiGLU's.
-        cache_quantized_input: te.ops keyword, at its default only.
+        cache_quantized_input (bool): as SwiGLU's.
     """
 
     _repr_fields = ("limit", "alpha", "glu_linear_offset", "glu_interleave_size")
+    cache_quantized_input = _CACHE_PROPERTY
 
     def __init__(
         self,
@@ -543,7 +574,7 @@ class ClampedSwiGLU(BasicOperation):
         cache_quantized_input=False,
         glu_interleave_size=None,
     ):
-        reject_unsupported("ClampedSwiGLU", cache_quantized_input=(cache_quantized_input, False))
+        self._cache_quantized_input = bool(cache_quantized_input)
         self.limit, self.alpha = float(limit), float(alpha)
         self.glu_linear_offset = float(glu_linear_offset)
         self.glu_interleave_size = glu_interleave_size
@@ -551,7 +582,8 @@ class ClampedSwiGLU(BasicOperation):
 
     def _make_cpp(self, device, dtype):
         k = _interleave_size("ClampedSwiGLU", self.glu_interleave_size)
-        return _C.ClampedSwiGLU(self.limit, self.alpha, self.glu_linear_offset, k)
+        cpp = _C.ClampedSwiGLU(self.limit, self.alpha, self.glu_linear_offset, k)
+        return _with_cache(cpp, self._cache_quantized_input)
 
 
 class SiTUGLU(BasicOperation):
@@ -561,37 +593,39 @@ class SiTUGLU(BasicOperation):
     Args:
         beta1, beta2 (float > 0): the gate's and the linear half's caps.
         glu_interleave_size (int or None): as SwiGLU's.
-        cache_quantized_input: te.ops keyword, at its default only.
+        cache_quantized_input (bool): as SwiGLU's.
     """
 
     _repr_fields = ("beta1", "beta2", "glu_interleave_size")
+    cache_quantized_input = _CACHE_PROPERTY
 
     def __init__(
         self, *, beta1=4.0, beta2=25.0, cache_quantized_input=False, glu_interleave_size=None
     ):
-        reject_unsupported("SiTUGLU", cache_quantized_input=(cache_quantized_input, False))
+        self._cache_quantized_input = bool(cache_quantized_input)
         self.beta1, self.beta2 = float(beta1), float(beta2)
         self.glu_interleave_size = glu_interleave_size
         super().__init__(self._make_cpp(None, None))
 
     def _make_cpp(self, device, dtype):
         k = _interleave_size("SiTUGLU", self.glu_interleave_size)
-        return _C.SiTUGLU(self.beta1, self.beta2, k)
+        return _with_cache(_C.SiTUGLU(self.beta1, self.beta2, k), self._cache_quantized_input)
 
 
-class ScaledSwiGLU(BasicOperation):
+class ScaledSwiGLU(_RecomputeInMlp, BasicOperation):
     """y = scales[..., None] * swiglu(x); scales (extra input 0) has x's shape without the last
     dim.
 
     Args:
         glu_interleave_size (int or None): as SwiGLU's.
-        activation_recompute_in_mlp: te.ops keyword, at its default only.
+        activation_recompute_in_mlp (bool): te.ops' keyword; see _RecomputeInMlp (the fused
+            expert MLP recomputes fc2's input either way).
     """
 
     _repr_fields = ("glu_interleave_size",)
 
     def __init__(self, glu_interleave_size=None, *, activation_recompute_in_mlp=False):
-        _no_recompute("ScaledSwiGLU", activation_recompute_in_mlp)
+        self._activation_recompute_in_mlp = bool(activation_recompute_in_mlp)
         self.glu_interleave_size = glu_interleave_size
         super().__init__(self._make_cpp(None, None))
 
@@ -599,14 +633,15 @@ class ScaledSwiGLU(BasicOperation):
         return _C.ScaledSwiGLU(_interleave_size("ScaledSwiGLU", self.glu_interleave_size))
 
 
-class ScaledSiTUGLU(BasicOperation):
+class ScaledSiTUGLU(_RecomputeInMlp, BasicOperation):
     """y = scales[..., None] * situglu(x) (SiTUGLU's formula); scales (extra input 0) has x's
     shape without the last dim.
 
     Args:
         glu_interleave_size (int or None): as SwiGLU's.
         beta1, beta2 (float > 0): as SiTUGLU's.
-        activation_recompute_in_mlp: te.ops keyword, at its default only.
+        activation_recompute_in_mlp (bool): te.ops' keyword; see _RecomputeInMlp (the fused
+            expert MLP recomputes fc2's input either way).
     """
 
     _repr_fields = ("beta1", "beta2", "glu_interleave_size")
@@ -614,7 +649,7 @@ class ScaledSiTUGLU(BasicOperation):
     def __init__(
         self, glu_interleave_size=None, *, activation_recompute_in_mlp=False, beta1=4.0, beta2=25.0
     ):
-        _no_recompute("ScaledSiTUGLU", activation_recompute_in_mlp)
+        self._activation_recompute_in_mlp = bool(activation_recompute_in_mlp)
         self.beta1, self.beta2 = float(beta1), float(beta2)
         self.glu_interleave_size = glu_interleave_size
         super().__init__(self._make_cpp(None, None))
@@ -624,14 +659,15 @@ class ScaledSiTUGLU(BasicOperation):
         return _C.ScaledSiTUGLU(self.beta1, self.beta2, k)
 
 
-class ScaledClampedQGeGLU(BasicOperation):
+class ScaledClampedQGeGLU(_RecomputeInMlp, BasicOperation):
     """y = scales[..., None] * ClampedSwiGLU's formula (te.ops' name for the clamped quick-GELU
     GLU); scales (extra input 0) has x's shape without the last dim.
 
     Args:
         glu_interleave_size (int or None): as SwiGLU's.
         limit, alpha, glu_linear_offset (float): as ClampedSwiGLU's.
-        activation_recompute_in_mlp: te.ops keyword, at its default only.
+        activation_recompute_in_mlp (bool): te.ops' keyword; see _RecomputeInMlp (the fused
+            expert MLP recomputes fc2's input either way).
     """
 
     _repr_fields = ("limit", "alpha", "glu_linear_offset", "glu_interleave_size")
@@ -645,7 +681,7 @@ class ScaledClampedQGeGLU(BasicOperation):
         alpha=1.702,
         glu_linear_offset=1.0,
     ):
-        _no_recompute("ScaledClampedQGeGLU", activation_recompute_in_mlp)
+        self._activation_recompute_in_mlp = bool(activation_recompute_in_mlp)
         self.limit, self.alpha = float(limit), float(alpha)
         self.glu_linear_offset = float(glu_linear_offset)
         self.glu_interleave_size = glu_interleave_size
@@ -663,35 +699,37 @@ class ScaledClampedQGeGLU(BasicOperation):
         )
 
 
-class ScaledSReLU(BasicOperation):
+class ScaledSReLU(_RecomputeInMlp, BasicOperation):
     """y = scales[..., None] * max(x, 0)^2; scales (extra input 0) has x's shape without the last
     dim.
 
     Args:
-        activation_recompute_in_mlp: te.ops keyword, at its default only.
+        activation_recompute_in_mlp (bool): te.ops' keyword; see _RecomputeInMlp (the fused
+            expert MLP recomputes fc2's input either way).
     """
 
     def __init__(self, *, activation_recompute_in_mlp=False):
-        _no_recompute("ScaledSReLU", activation_recompute_in_mlp)
+        self._activation_recompute_in_mlp = bool(activation_recompute_in_mlp)
         super().__init__(self._make_cpp(None, None))
 
     def _make_cpp(self, device, dtype):
         return _C.ScaledSReLU()
 
 
-class ScaledTanhSReLU(BasicOperation):
+class ScaledTanhSReLU(_RecomputeInMlp, BasicOperation):
     """y = scales[..., None] * (c tanh(max(x, 0) / c))^2 with c = tanh_clamp_scale: a squared
     ReLU saturating at c^2; scales (extra input 0) has x's shape without the last dim.
 
     Args:
         tanh_clamp_scale (float > 0): c above (required, as in te.ops).
-        activation_recompute_in_mlp: te.ops keyword, at its default only.
+        activation_recompute_in_mlp (bool): te.ops' keyword; see _RecomputeInMlp (the fused
+            expert MLP recomputes fc2's input either way).
     """
 
     _repr_fields = ("tanh_clamp_scale",)
 
     def __init__(self, *, tanh_clamp_scale, activation_recompute_in_mlp=False):
-        _no_recompute("ScaledTanhSReLU", activation_recompute_in_mlp)
+        self._activation_recompute_in_mlp = bool(activation_recompute_in_mlp)
         self.tanh_clamp_scale = float(tanh_clamp_scale)
         super().__init__(self._make_cpp(None, None))
 
