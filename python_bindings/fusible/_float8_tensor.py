@@ -203,11 +203,16 @@ class Float8Tensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.ops.fusible.fp8_quantize_dequantize.default:
+            x, fmt = args[0], args[1]
+            margin = args[2] if len(args) > 2 else kwargs.get("margin", 0.0)
+            if _is_per_tensor(x) and fmt == x._fp8_format and margin == 0.0:
+                return x.dequantize()  # already on the grid of this cast (CPU emulation)
         if func is torch.ops.fusible.fp8_cast.default:
             x, fmt = args[0], args[1]
             margin = args[2] if len(args) > 2 else kwargs.get("margin", 0.0)
             transpose = args[3] if len(args) > 3 else kwargs.get("transpose", False)
-            if isinstance(x, Float8Tensor) and fmt == x._fp8_format and margin == 0.0:
+            if _is_per_tensor(x) and fmt == x._fp8_format and margin == 0.0:
                 return x._cast_outputs(transpose)
         if func in _BLOCK_CASTS:
             x = args[0]
@@ -249,6 +254,12 @@ class Float8Tensor(torch.Tensor):
         if written and func._schema.returns and func._schema.returns[0].alias_info is not None:
             return _get(args, kwargs, written[0])  # an in-place op returns what it wrote
         return out
+
+
+def _is_per_tensor(x):
+    """Whether x is a Float8Tensor with one scale: a per-tensor cast of it in its format takes its
+    data and scale as they are, however the scale was chosen."""
+    return isinstance(x, Float8Tensor) and x._block_dim is None
 
 
 def _is_view(func):

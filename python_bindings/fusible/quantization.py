@@ -15,6 +15,7 @@ import torch
 
 from . import _C
 from . import recipe as _recipe
+from ._float8_tensor import Float8Tensor
 
 
 def fp8_available():
@@ -205,3 +206,47 @@ def quantizer_view(cpp_op, name, mode, index):
         amax_history, scale = state[mode][index]
         return Float8Quantizer(scale, amax_history, dtype)
     return Float8CurrentScalingQuantizer(dtype)
+
+
+class _AsFloat8(torch.autograd.Function):
+    """y (already on the FP8 grid of its cast) as a Float8Tensor; the gradient passes through."""
+
+    @staticmethod
+    def forward(ctx, y, fmt, scale):
+        if scale is None:  # current scaling: y's own amax gives the cast's scale back
+            return Float8Tensor.quantize(y, fmt)
+        fp8 = _TORCH_FP8[fmt]
+        limit = torch.finfo(fp8).max
+        data = (y.float() * scale).clamp(-limit, limit).to(fp8)
+        return Float8Tensor(data, scale.reciprocal(), fmt, y.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad.dequantize() if isinstance(grad, Float8Tensor) else grad), None, None
+
+
+def output_scale(cpp_op):
+    """The scale an op's next forward cast uses under a DelayedScaling autocast (its state's,
+    1.0 before the first one), read before that forward; None under other recipes."""
+    recipe = getattr(_autocast_recipe, "value", None)
+    if recipe is None or not recipe.delayed():
+        return None
+    state = _C._fp8_state(cpp_op)
+    if state is None or not state["forward"]:
+        return torch.ones(1)
+    return state["forward"][0][1].detach().clone()
+
+
+def quantized_output(y, scale=None):
+    """ops.Quantize's output as te.ops returns it: under a per-tensor FP8 autocast a Float8Tensor
+    holding the values the cast produced (exactly: they are on its grid; `scale`: the delayed
+    scaling scale that cast used, from output_scale), which the next op's FP8 GEMM reads as it is
+    and any other module sees dequantized; otherwise (no autocast, block scaling, float64, which
+    no FP8 GEMM takes) y itself."""
+    recipe = getattr(_autocast_recipe, "value", None)
+    if recipe is None or recipe.float8_block_scaling():
+        return y
+    if y.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return y
+    scale = None if scale is None else scale.to(y.device)
+    return _AsFloat8.apply(y, recipe.fp8_format.forward_format, scale)

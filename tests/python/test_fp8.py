@@ -1259,6 +1259,50 @@ class TestCacheQuantizedInput:
         assert copy_.cache_quantized_input and copy_._cpp.cache_quantized_input
 
 
+class TestQuantizeOutput:
+    """ops.Quantize(forward=True) hands out a Float8Tensor under a per-tensor FP8 autocast (te.ops
+    returns a quantized tensor); the next op reads it as it is, any other module dequantized."""
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("rec", ["current", "delayed"])
+    def test_quantize_returns_a_float8_tensor(self, device, rec):
+        from fusible._float8_tensor import Float8Tensor
+
+        r = recipe.Float8CurrentScaling() if rec == "current" else recipe.DelayedScaling()
+        torch.manual_seed(6)
+        x = torch.randn(16, 32, device=device, requires_grad=True)
+        with fusible.autocast(recipe=r):
+            y = ops.Quantize()(x)
+        assert isinstance(y, Float8Tensor) and y.dtype == x.dtype and y.requires_grad
+        want = qdq(x.detach().cpu(), "e4m3") if rec == "current" else qdq_scale(x.detach(), 1.0)
+        torch.testing.assert_close(y.dequantize().double().cpu(), want, rtol=1e-6, atol=0)
+        dy = torch.randn_like(x)
+        y.backward(dy)
+        torch.testing.assert_close(x.grad, dy, rtol=0, atol=0)  # the gradient passes through
+        with torch.no_grad():
+            plain = ops.Quantize()(x)  # no autocast: the identity
+        assert type(plain) is torch.Tensor and torch.equal(plain, x)
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_the_next_ops_read_it(self, device):
+        from fusible._float8_tensor import Float8Tensor
+
+        torch.manual_seed(7)
+        seq = ops.Sequential(ops.Linear(32, 32, device=device), ops.Quantize())
+        nxt = ops.Linear(32, 16, device=device)
+        x = torch.randn(16, 32, device=device)
+        with fusible.autocast():
+            q = seq(x)
+            assert isinstance(q, Float8Tensor)
+            got = nxt(q)
+            want = nxt(q.dequantize())  # the same values as a plain tensor: cast again
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        lin = torch.nn.Linear(32, 4, device=device)  # a non-fusible module: dequantized values
+        torch.testing.assert_close(lin(q), lin(q.dequantize()), rtol=0, atol=0)
+        with fusible.autocast(recipe=recipe.Float8BlockScaling()):
+            assert type(seq(x)) is torch.Tensor  # block scaling: the cast values, unwrapped
+
+
 def qdq_scale(x, scale):
     """x cast to E4M3 with a given scale and back, in float64 (delayed scaling's cast)."""
     return (x.double() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).double().cpu() / scale

@@ -341,7 +341,12 @@ class GroupedLinear(BasicOperation):
 
 class Quantize(BasicOperation):
     """Casts x (forward=True) and/or the gradient dy (backward=True) to FP8 under an FP8
-    autocast, with its recipe's formats; identity otherwise (te.ops' Quantize).
+    autocast, with its recipe's formats; identity otherwise (te.ops' Quantize). Where its output
+    leaves fusible (called alone, or last in a Sequential) under a per-tensor recipe, it is a
+    Float8Tensor, as te.ops returns a quantized tensor: the next op's FP8 GEMM reads its data as
+    it is, any other module sees its dequantized values. Inside a fuser group the next op gets the
+    cast values, which its own cast leaves unchanged (they are on the grid). The backward's
+    gradient is cast and handed back in the compute dtype.
 
     Args:
         forward (bool): quantize the forward's tensor (default True).
@@ -357,6 +362,13 @@ class Quantize(BasicOperation):
 
     def _make_cpp(self, device, dtype):
         return _C.Quantize(self._quantize_forward, self._quantize_backward)
+
+    def forward(self, input, *extra_inputs, **kwargs):
+        if not self._quantize_forward:
+            return super().forward(input, *extra_inputs, **kwargs)
+        scale = quantization.output_scale(self._cpp)
+        y = super().forward(input, *extra_inputs, **kwargs)
+        return quantization.quantized_output(y, scale)
 
     def extra_repr(self):
         return f"forward={self._quantize_forward}, backward={self._quantize_backward}"

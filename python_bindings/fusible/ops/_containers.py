@@ -8,7 +8,7 @@ import warnings
 import torch
 from torch import _disable_dynamo
 
-from .. import _C
+from .. import _C, quantization
 from . import _compile_support, fused
 from ._base import (
     BasicOperation,
@@ -284,6 +284,10 @@ class Sequential(torch.nn.Module):
             self._param_sources = [src for m in fusible for src in m._param_sources()]
             self._basic = _basic_wrappers(fusible)
             self._pre_hooks = PreForwardHooks(self._basic)
+            # te.ops hands a last Quantize's output out quantized (quantization.quantized_output).
+            last = next(reversed(self._modules.values()), None)
+            quantize = getattr(last, "_quantize_forward", False)
+            self.__dict__["_quantize_last"] = last._cpp if quantize else None
             # Every hook dict of the ops: while all are empty (the usual case) one any() per call
             # tells that nothing changed, instead of four attribute reads per op.
             self._hook_dicts = tuple(
@@ -322,6 +326,8 @@ class Sequential(torch.nn.Module):
             )
         # Dynamo never gets here (the branch above), so no _disable_dynamo wrapper on this path.
         cpp = self._engine()  # also sets _param_sources, _basic and _pre_hooks
+        quantize_last = self._quantize_last  # its C++ op, or None
+        scale = quantization.output_scale(quantize_last) if quantize_last is not None else None
         self._pre_hooks(input, extra_inputs)
         named_inputs = list(channel_inputs.items()) if channel_inputs else []
         params = call_parameters(self._param_sources)
@@ -340,6 +346,8 @@ class Sequential(torch.nn.Module):
                     "be named (set_extra_output_channel)"
                 )
             return outputs[0], dict(named)
+        if quantize_last is not None:  # te.ops hands Quantize's output out quantized
+            outputs = [quantization.quantized_output(outputs[0], scale), *outputs[1:]]
         return unpack_outputs(outputs)
 
     def _op_kwargs_list(self, op_kwargs):
