@@ -57,15 +57,33 @@ class Float8Tensor(torch.Tensor):
 
     @staticmethod
     def __new__(
-        cls, data, scale_inv, fmt, dtype, requires_grad=False, delayed=None, block_dim=None
+        cls,
+        data,
+        scale_inv,
+        fmt,
+        dtype,
+        requires_grad=False,
+        delayed=None,
+        block_dim=None,
+        view=False,
     ):
         # Made outside inference mode, so that autograd may give an alias of it a version counter
-        # (detach under torch.inference_mode() failed on an inference tensor otherwise).
+        # (detach under torch.inference_mode() failed on an inference tensor otherwise). The
+        # strides are the data's: a view (t(), a slice) reports its own.
         with torch.inference_mode(False):
             t = torch.Tensor._make_wrapper_subclass(
-                cls, data.shape, dtype=dtype, device=data.device, requires_grad=requires_grad
+                cls,
+                data.shape,
+                strides=data.stride(),
+                storage_offset=data.storage_offset(),
+                dtype=dtype,
+                device=data.device,
+                requires_grad=requires_grad,
             )
         t._data, t._scale_inv, t._fp8_format = data, scale_inv, fmt
+        # A view shares its base's scale: writes into it quantize with that scale, which they
+        # leave as it is (a new scale from part of the values would misread the rest).
+        t._view = view
         # Delayed scaling: [the state's live scale [1] (None before the first forward), the amax
         # of the last value written [1]], shared by every alias of this tensor.
         t._delayed = delayed
@@ -108,6 +126,11 @@ class Float8Tensor(torch.Tensor):
     def _set_from(self, hp):
         """Quantizes hp (this tensor's shape) into this tensor's own data and scale."""
         hp = hp.detach()
+        if self._view:
+            fp8 = _TORCH_FP8[self._fp8_format]
+            limit = torch.finfo(fp8).max
+            self._data.copy_((hp.float() / self._scale_inv).clamp(-limit, limit).to(fp8))
+            return
         if self._block_dim is not None:
             data, scale_inv = _cast_tiles(hp, self._fp8_format)
         elif self._delayed is None:
@@ -130,8 +153,8 @@ class Float8Tensor(torch.Tensor):
         fmt = args[1]
         history, scale = args[2], args[3]
         rest = list(args[4:])
-        amax = self._delayed[1].to(self.dtype)
-        func(amax, fmt, history, scale, *rest, **kwargs)  # the state's update, as for any cast
+        # The state's update, as for any cast, from the amax [1] (fp32) of the last write.
+        func(self._delayed[1], fmt, history, scale, *rest, **kwargs)
         self._delayed[0] = scale
         if func is torch.ops.fusible.fp8_quantize_dequantize_delayed.default:
             return self.dequantize()
@@ -231,6 +254,7 @@ class Float8Tensor(torch.Tensor):
                 x.dtype,
                 delayed=x._delayed,
                 block_dim=x._block_dim,
+                view=x._view,
             )
         if _is_view(func) and isinstance(args[0], Float8Tensor) and args[0]._block_dim is None:
             # A view of the FP8 data with the same scale (a dequantized copy would not be a view,
@@ -238,7 +262,7 @@ class Float8Tensor(torch.Tensor):
             x = args[0]
             out = func(x._data, *args[1:], **kwargs)
             wrap = lambda d: Float8Tensor(  # noqa: E731
-                d, x._scale_inv, x._fp8_format, x.dtype, delayed=x._delayed
+                d, x._scale_inv, x._fp8_format, x.dtype, delayed=x._delayed, view=True
             )
             return [wrap(d) for d in out] if isinstance(out, (list, tuple)) else wrap(out)
         unwrap = lambda t: t.dequantize() if isinstance(t, Float8Tensor) else t  # noqa: E731

@@ -1234,12 +1234,13 @@ class TestCacheQuantizedInput:
         saved = []
 
         def pack(t):
-            saved.append(t.dtype)
+            saved.append((t.dtype, tuple(t.shape)))
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             y = op(x)
-        assert torch.float8_e4m3fn in saved and torch.float32 not in saved[:1]
+        assert (torch.float8_e4m3fn, tuple(x.shape)) in saved
+        assert (x.dtype, tuple(x.shape)) not in saved  # the high-precision input is not kept
         torch.testing.assert_close(y, plain(x), rtol=0, atol=0)  # the forward is unchanged
         (dx,) = torch.autograd.grad(y, x, dy)
         xq = qdq(x.detach().cpu(), "e4m3").requires_grad_()
@@ -1294,13 +1295,39 @@ class TestQuantizeOutput:
         with fusible.autocast():
             q = seq(x)
             assert isinstance(q, Float8Tensor)
-            got = nxt(q)
-            want = nxt(q.dequantize())  # the same values as a plain tensor: cast again
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+            # Stored data on a grid a fresh cast would not choose (scale 1, small values): the
+            # next op's GEMM must read it as it is.
+            small = (torch.randn(16, 32) * 0.05).to(torch.float8_e4m3fn)
+            one = torch.ones(1)
+            q1 = Float8Tensor(small.to(device), one.to(device), "e4m3", torch.float32)
+            got, recast = nxt(q1), nxt(q1.dequantize())
+        w, b = (t.detach().double().cpu() for t in (nxt.weight, nxt.bias))
+        want = small.double() @ qdq(w, "e4m3").T + b
+        assert_close_to_ref(got, want, torch.float32, gemm=True)
+        assert not torch.equal(got, recast)  # a fresh cast moves the values
         lin = torch.nn.Linear(32, 4, device=device)  # a non-fusible module: dequantized values
         torch.testing.assert_close(lin(q), lin(q.dequantize()), rtol=0, atol=0)
         with fusible.autocast(recipe=recipe.Float8BlockScaling()):
             assert type(seq(x)) is torch.Tensor  # block scaling: the cast values, unwrapped
+
+
+class TestFloat8TensorWrites:
+    def test_a_write_into_a_view_keeps_the_rest(self):
+        with fusible.quantized_model_init():
+            lin = ops.Linear(32, 16, device="cpu")
+        w = lin.weight
+        before, scale_inv = w.dequantize().clone(), w._scale_inv.clone()
+        with torch.no_grad():
+            w[:4].zero_()  # the scale stays: the other rows read as before
+        assert torch.equal(w._scale_inv, scale_inv)
+        assert torch.equal(w.dequantize()[4:], before[4:]) and w.dequantize()[:4].abs().sum() == 0
+        assert w.t().stride() == (1, 32)  # a view reports its own strides
+
+    def test_a_sequential_ending_in_quantize_copies_after_a_call(self):
+        seq = ops.Sequential(ops.Linear(8, 8, device="cpu"), ops.Quantize())
+        with fusible.autocast():
+            seq(torch.randn(4, 8))
+        copy.deepcopy(seq)(torch.randn(4, 8))
 
 
 def qdq_scale(x, scale):

@@ -217,6 +217,17 @@ def _te_checkpoint_case(rank, world_size):
     again = _mlp(world_size, False, dtype=torch.float64)
     again.load_state_dict(ops.te_ops_state_dict(summand))
     torch.testing.assert_close(again(x), summand(x))
+    # A checkpoint fusible wrote before the bias was replicated (Linear version 1): summands too.
+    old = summand.state_dict()
+    old._metadata["3"]["version"] = 1
+    older = _mlp(world_size, False, dtype=torch.float64)
+    older.load_state_dict(old)
+    torch.testing.assert_close(older(x), summand(x))
+    # te.ops writes an empty _extra_state for every basic op (LayerNorm's too): strict loads.
+    te_like = ops.te_ops_state_dict(model)
+    for key in ("0._extra_state", "3.basic_ops.0._extra_state", "3.basic_ops.2._extra_state"):
+        te_like[key] = torch.empty(0)
+    _mlp(world_size, False, dtype=torch.float64).load_state_dict(te_like, strict=True)
 
 
 def test_te_ops_checkpoint_round_trip():

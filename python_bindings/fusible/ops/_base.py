@@ -135,6 +135,25 @@ def _check_mode(mode):
         raise ValueError(f"expected mode 'forward' or 'backward', got {mode!r}")
 
 
+def drop_empty_te_extra_state(state_dict, key):
+    """Removes a te.ops `_extra_state` entry that holds no FP8 state (None, an empty tensor or
+    empty bytes); one that holds te's FP8 metadata is refused (its format is te's own)."""
+    if key not in state_dict:
+        return
+    value = state_dict[key]
+    empty = (
+        value is None
+        or (isinstance(value, torch.Tensor) and value.numel() == 0)
+        or (hasattr(value, "getbuffer") and value.getbuffer().nbytes == 0)
+    )
+    if not empty:
+        raise NotImplementedError(
+            f"{key}: reading TransformerEngine's FP8 metadata is not supported yet; load the "
+            "checkpoint without it (its weights and biases load as they are)"
+        )
+    del state_dict[key]
+
+
 class FusibleOperation(torch.nn.Module):
     """Base of every fusible op: a torch.nn.Module over a C++ operation (`_cpp`).
 
@@ -173,6 +192,8 @@ class FusibleOperation(torch.nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
         key = prefix + "_extra_state"
+        if key in state_dict and not isinstance(state_dict[key], dict):
+            drop_empty_te_extra_state(state_dict, key)  # te.ops writes one for every op
         if key in state_dict:
             extra = state_dict.pop(key)
             ops = self._basic_op_list()

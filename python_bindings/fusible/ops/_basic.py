@@ -14,6 +14,7 @@ from ._base import (
     _device,
     _dtype,
     _fp8_weights_pending,
+    drop_empty_te_extra_state,
     quantize_fp8_weights,
     reject_unsupported,
 )
@@ -873,7 +874,7 @@ class Linear(FusedOperation):
         )
         basic = _linear_faces(cpp, tensor_parallel_group, accumulate_into_main_grad)
         summand = cpp.collective_op is not None
-        self.row_parallel_bias = "summand" if summand else "replicated"
+        self.row_parallel_bias = row_parallel_bias  # as asked (checked in C++)
         self.tensor_parallel_mode = "row" if summand else basic[0].tensor_parallel_mode
         parallel = self.tensor_parallel_mode is not None
         self.tensor_parallel_group = tensor_parallel_group if parallel else None
@@ -892,18 +893,23 @@ class Linear(FusedOperation):
     # _extra_state per basic op: a te.ops checkpoint loads into this Linear (strict included).
     _TE_KEYS = (("basic_ops.0.weight", "weight"), ("basic_ops.1.bias", "bias"))
 
+    # 2: a row-parallel Linear's bias is replicated. Version 1 checkpoints (fusible before it, and
+    # te.ops) hold per-rank summands there.
+    _version = 2
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
-        te_layout = prefix + "basic_ops.1.bias" in state_dict
+        summands = prefix + "basic_ops.1.bias" in state_dict  # te.ops' layout
+        summands |= local_metadata.get("version") == 1 and prefix + "bias" in state_dict
         for te_key, key in self._TE_KEYS:
             if prefix + te_key in state_dict and prefix + key not in state_dict:
                 state_dict[prefix + key] = state_dict.pop(prefix + te_key)
-        if te_layout and self._replicated_row_bias():
+        if summands and self._replicated_row_bias():
             # te.ops' per-rank summands: the replicated bias is their sum (a collective).
             state_dict[prefix + "bias"] = sum_over_group(
-                state_dict[prefix + "bias"], self.tensor_parallel_group
+                state_dict[prefix + "bias"], self.tensor_parallel_group, self.bias.device
             )
         for i in range(3):  # te.ops' Linear has up to three basic ops (row: + the reduction)
-            _drop_empty_te_extra_state(state_dict, f"{prefix}basic_ops.{i}._extra_state")
+            drop_empty_te_extra_state(state_dict, f"{prefix}basic_ops.{i}._extra_state")
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
 
     def _replicated_row_bias(self):
@@ -962,25 +968,6 @@ def _linear_faces(cpp, group, accumulate_into_main_grad):
         reduce = {"AllReduce": AllReduce, "ReduceScatter": ReduceScatter}
         faces.append(reduce[cpp.collective_op.type_name](group, _cpp=cpp.collective_op))
     return faces
-
-
-def _drop_empty_te_extra_state(state_dict, key):
-    """Removes a te.ops `_extra_state` entry that holds no FP8 state (None, an empty tensor or
-    empty bytes); one that holds te's FP8 metadata is refused (its format is te's own)."""
-    if key not in state_dict:
-        return
-    value = state_dict[key]
-    empty = (
-        value is None
-        or (isinstance(value, torch.Tensor) and value.numel() == 0)
-        or (hasattr(value, "getbuffer") and value.getbuffer().nbytes == 0)
-    )
-    if not empty:
-        raise NotImplementedError(
-            f"{key}: reading TransformerEngine's FP8 metadata is not supported yet; load the "
-            "checkpoint without it (its weights and biases load as they are)"
-        )
-    del state_dict[key]
 
 
 def te_ops_state_dict(module):

@@ -192,6 +192,7 @@ class Sequential(torch.nn.Module):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_cpp"] = None  # rebuilt on the copy's first call: a copy is not locked
+        state.pop("_quantize_last", None)  # a C++ op; set again with the engine
         return state
 
     def __setstate__(self, state):
@@ -339,6 +340,8 @@ class Sequential(torch.nn.Module):
                 self._op_kwargs_list(op_kwargs),
                 lambda: self._run_engine(cpp, input, list(extra_inputs), named_inputs, params),
             )
+        if quantize_last is not None:  # te.ops hands Quantize's output out quantized
+            outputs = [quantization.quantized_output(outputs[0], scale), *outputs[1:]]
         if return_dict:
             if len(named) != len(outputs) - 1:
                 raise ValueError(
@@ -346,8 +349,6 @@ class Sequential(torch.nn.Module):
                     "be named (set_extra_output_channel)"
                 )
             return outputs[0], dict(named)
-        if quantize_last is not None:  # te.ops hands Quantize's output out quantized
-            outputs = [quantization.quantized_output(outputs[0], scale), *outputs[1:]]
         return unpack_outputs(outputs)
 
     def _op_kwargs_list(self, op_kwargs):

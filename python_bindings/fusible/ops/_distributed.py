@@ -47,9 +47,10 @@ def with_grad_reduction(cpp_op, spec):
     return cpp_op
 
 
-def sum_over_group(tensor, group):
-    """A copy of tensor summed over the ranks of group (a collective)."""
-    summed = tensor.detach().clone().contiguous()
+def sum_over_group(tensor, group, device=None):
+    """A copy of tensor summed over the ranks of group (a collective), on `device` (default:
+    tensor's; an NCCL group needs a CUDA tensor)."""
+    summed = tensor.detach().to(device, copy=True).contiguous()
     torch.distributed.all_reduce(summed, group=group)
     return summed
 
