@@ -393,6 +393,15 @@ def test_tensor_parallelism_without_a_process_group_is_refused():
         ops.LayerNorm(4, sequence_parallel=True)
     with pytest.raises(ValueError, match="row_parallel_bias"):
         ops.Linear(4, 4, row_parallel_bias="sum")
+    # Fixed at construction: a later write raises instead of being ignored.
+    for op, name in [
+        (ops.Linear(4, 4, device="cpu"), "row_parallel_bias"),
+        (ops.LayerNorm(4, device="cpu"), "sequence_parallel"),
+        (ops.RMSNorm(4, device="cpu"), "sequence_parallel"),
+        (ops.Bias(4, device="cpu"), "sequence_parallel"),
+    ]:
+        with pytest.raises(AttributeError):
+            setattr(op, name, True)
 
 
 def _hooked_case(rank, world_size):

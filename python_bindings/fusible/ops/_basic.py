@@ -96,6 +96,8 @@ class Bias(BasicOperation):
     """
 
     _repr_fields = ("size",)
+    # Read-only after construction (the C++ op's gradient reduction is set when it is built).
+    sequence_parallel = property(lambda self: self._sequence_parallel)
 
     def __init__(
         self,
@@ -115,7 +117,7 @@ class Bias(BasicOperation):
                 "sharded (expected at most one of them, got both)"
             )
         self._grad_reduction = grad_reduction_spec("Bias", sequence_parallel, tensor_parallel_group)
-        self.sequence_parallel = self._grad_reduction is not None
+        self._sequence_parallel = self._grad_reduction is not None
         group_size = group_spec("Bias", tensor_parallel_group)[1] if tensor_parallel else 1
         if self.size % group_size != 0:
             raise ValueError(
@@ -123,7 +125,7 @@ class Bias(BasicOperation):
                 f"(size={self.size}, tensor_parallel_size={group_size})"
             )
         self.tensor_parallel = group_size > 1  # te.ops' attributes
-        parallel = self.tensor_parallel or self.sequence_parallel
+        parallel = self.tensor_parallel or self._sequence_parallel
         self.tensor_parallel_group = tensor_parallel_group if parallel else None
         self.tensor_parallel_size = group_size
         self.local_size = self.size // group_size
@@ -378,6 +380,8 @@ class Quantize(BasicOperation):
 class _Norm(BasicOperation):
     _repr_fields = ("normalized_shape", "eps", "zero_centered_gamma")
     _cpp_class = None
+    # Read-only after construction (the C++ op's gradient reduction is set when it is built).
+    sequence_parallel = property(lambda self: self._sequence_parallel)
 
     def __init__(
         self,
@@ -398,8 +402,8 @@ class _Norm(BasicOperation):
         self._grad_reduction = grad_reduction_spec(
             type(self).__name__, sequence_parallel, tensor_parallel_group
         )
-        self.sequence_parallel = self._grad_reduction is not None
-        self.tensor_parallel_group = tensor_parallel_group if self.sequence_parallel else None
+        self._sequence_parallel = self._grad_reduction is not None
+        self.tensor_parallel_group = tensor_parallel_group if self._sequence_parallel else None
         super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
 
     def _make_cpp(self, device, dtype):
@@ -874,7 +878,7 @@ class Linear(FusedOperation):
         )
         basic = _linear_faces(cpp, tensor_parallel_group, accumulate_into_main_grad)
         summand = cpp.collective_op is not None
-        self.row_parallel_bias = row_parallel_bias  # as asked (checked in C++)
+        self._row_parallel_bias = row_parallel_bias  # as asked (checked in C++)
         self.tensor_parallel_mode = "row" if summand else basic[0].tensor_parallel_mode
         parallel = self.tensor_parallel_mode is not None
         self.tensor_parallel_group = tensor_parallel_group if parallel else None
@@ -892,6 +896,9 @@ class Linear(FusedOperation):
     # te.ops' Linear keeps its parameters under basic_ops.0.weight / basic_ops.1.bias, and an
     # _extra_state per basic op: a te.ops checkpoint loads into this Linear (strict included).
     _TE_KEYS = (("basic_ops.0.weight", "weight"), ("basic_ops.1.bias", "bias"))
+
+    # Read-only after construction: the decomposition is built with it.
+    row_parallel_bias = property(lambda self: self._row_parallel_bias)
 
     # 2: a row-parallel Linear's bias is replicated. Version 1 checkpoints (fusible before it, and
     # te.ops) hold per-rank summands there.
