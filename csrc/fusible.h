@@ -15,6 +15,7 @@
 #include "ops/basic/norms.h"
 #include "ops/basic/quantize.h"
 #include "ops/basic/simple_ops.h"
+#include "ops/call_buffers.h"
 #include "ops/fused/backward_activation_bias.h"
 #include "ops/fused/backward_add_norm.h"
 #include "ops/fused/backward_linear_activation_bias.h"

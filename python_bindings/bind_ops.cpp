@@ -1,5 +1,6 @@
 // pybind11 classes for the C++ operations. The Python package wraps each in a torch.nn.Module.
 #include <fusible/fusible.h>
+#include <fusible/ops/call_buffers.h>
 #include <fusible/ops/parameter_utils.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
@@ -26,6 +27,11 @@ std::vector<std::pair<std::string, at::Tensor>> own_parameters(FusibleOperation&
   return out;
 }
 
+// A CallBuffersGuard Python holds while a call runs (release() ends it on the same thread).
+struct PyCallBuffers {
+  std::unique_ptr<CallBuffersGuard> guard;
+};
+
 // te.ops' cache_quantized_input on an activation class.
 template <typename Class>
 void bind_quantized_input_cache(Class& cls) {
@@ -47,6 +53,18 @@ void bind_ops(py::module_& m) {
       .def("reset_parameters", &FusibleOperation::reset_parameters)
       .def("train", [](FusibleOperation& op, bool on) { op.train(on); })
       .def_property_readonly("training", &FusibleOperation::is_training);
+
+  // te.ops' op_kwargs buffers of a built-in op (ops/call_buffers.h) for the calls this thread
+  // makes until release().
+  py::class_<PyCallBuffers>(m, "_CallBuffers")
+      .def(py::init([](const BasicOperation& op, std::optional<at::Tensor> output,
+                       std::optional<at::Tensor> grad_input) {
+             return PyCallBuffers{std::make_unique<CallBuffersGuard>(
+                 &op,
+                 CallBuffers{output.value_or(at::Tensor()), grad_input.value_or(at::Tensor())})};
+           }),
+           py::arg("op"), py::arg("output") = py::none(), py::arg("grad_input") = py::none())
+      .def("release", [](PyCallBuffers& b) { b.guard.reset(); });
 
   m.def("assign_in_place_", &assign_in_place_, py::arg("param"), py::arg("value"),
         "Makes param take value's data while staying the same tensor object (meta included).");

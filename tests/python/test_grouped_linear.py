@@ -443,3 +443,72 @@ def test_one_group(device, single):
     torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b))
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.ones(5, 4, dtype=D, device=device) @ w.detach())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_op_kwargs_output_and_grad_input_buffers(device):
+    """te.ops' GroupedLinear buffers: the output and the input's gradient are the caller's
+    tensors, with the unbuffered values."""
+    torch.manual_seed(12)
+    op = ops.GroupedLinear(3, 8, 6, device=device, dtype=D)
+    with torch.no_grad():
+        for p in op.parameters():
+            p.copy_(torch.randn_like(p))
+    sizes = torch.tensor([3, 0, 7], device=device)
+    x = torch.randn(2, 5, 8, device=device, dtype=D, requires_grad=True)
+    dy = torch.randn(2, 5, 6, device=device, dtype=D)
+    seq = ops.Sequential(op)
+    out = torch.full((2, 5, 6), float("nan"), device=device, dtype=D)
+    grad_in = torch.full((2, 5, 8), float("nan"), device=device, dtype=D)
+    y = seq(x, sizes, op_kwargs={op: {"output": out, "grad_input": grad_in}})
+    assert y.data_ptr() == out.data_ptr()
+    y.backward(dy)
+    assert x.grad.data_ptr() == grad_in.data_ptr() or torch.equal(x.grad, grad_in)
+    xr = x.detach().clone().requires_grad_()
+    weights, biases = _params(op)
+    ref = _reference(xr, sizes.cpu(), [w.detach() for w in weights], [b.detach() for b in biases])
+    (ref_dx,) = torch.autograd.grad(ref, xr, dy)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(grad_in, ref_dx)
+    torch.testing.assert_close(x.grad, ref_dx)
+    # A plain call afterwards uses no buffer.
+    y2 = seq(x, sizes)
+    assert y2.data_ptr() != out.data_ptr()
+    torch.testing.assert_close(y2, ref)
+
+
+def test_op_kwargs_buffer_errors():
+    op = ops.GroupedLinear(2, 4, 3, device="cpu", dtype=D)
+    x, sizes = torch.randn(5, 4, dtype=D), torch.tensor([2, 3])
+    with pytest.raises(ValueError, match='"output" buffer'):
+        op(x, sizes, output=torch.empty(5, 4, dtype=D))
+    with pytest.raises(ValueError, match='"output" buffer'):
+        op(x, sizes, output=torch.empty(5, 3))  # float32, not the compute dtype
+    with pytest.raises(ValueError, match="pass buffer.detach"):
+        op(x, sizes, output=torch.empty(5, 3, dtype=D, requires_grad=True))
+    with pytest.raises(TypeError, match="takes only"):
+        op(x, sizes, out=torch.empty(5, 3, dtype=D))
+    with pytest.raises(TypeError, match="built-in ops take none"):
+        ops.Bias(4, device="cpu", dtype=D)(x, weight=torch.empty(1))
+    torch.testing.assert_close(op(x, sizes), op(x, sizes))  # nothing left behind
+
+
+def test_fused_expert_mlp_takes_the_buffers():
+    """fc2's output and fc1's input gradient into the caller's buffers in the fused op too."""
+    _, fc1, act, fc2 = _expert_mlp("cpu", D, True)
+    seq = ops.Sequential(fc1, act, fc2)  # split sizes and probabilities from the caller
+    x, dy = torch.randn(10, 16, dtype=D), torch.randn(10, 8, dtype=D)
+    named = {"sizes": torch.tensor([4, 0, 6]), "probs": torch.rand(10, dtype=D)}
+
+    def step(op_kwargs=None):
+        xb = x.clone().requires_grad_()
+        y = seq(xb, channel_inputs=named, op_kwargs=op_kwargs)
+        y.backward(dy)
+        assert seq.fusion_plan()[0]["forward"] == ["GroupedMLP_GroupedGEMMGLU"]
+        return y, xb.grad
+
+    want_y, want_dx = step()
+    out, grad_in = torch.empty(10, 8, dtype=D), torch.empty(10, 16, dtype=D)
+    y, dx = step({fc2: {"output": out}, fc1: {"grad_input": grad_in}})
+    assert y.data_ptr() == out.data_ptr()
+    assert torch.equal(out, want_y) and torch.equal(grad_in, want_dx) and torch.equal(dx, want_dx)

@@ -8,6 +8,7 @@
 #include "common/checks.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/ops.h"
+#include "ops/call_buffers.h"
 #include "ops/parameter_utils.h"
 
 namespace fusible::ops {
@@ -214,12 +215,27 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
   }
   auto shape = input.sizes().vec();
   shape.back() = out_features_;
+  // te.ops' caller buffers (op_kwargs "output" / "grad_input"): written and handed back.
+  const auto buffers = call_buffers(this);
+  if (buffers.grad_input.defined() && ctx.input_requires_grad) {
+    check_call_buffer(op, "grad_input", buffers.grad_input, input.sizes(), ctx.compute_dtype,
+                      input.device());
+    ctx.state = buffers.grad_input;
+  }
+  if (buffers.output.defined()) {
+    check_call_buffer(op, "output", buffers.output, shape, ctx.compute_dtype, input.device());
+    return buffers.output.copy_(y.reshape(shape));
+  }
   return y.reshape(shape);
 }
 
 at::Tensor GroupedLinear::input_grad(const OperationContext& ctx, const at::Tensor& dy) const {
   if (!ctx.input_requires_grad) return {};
-  return kernels::grouped_linear_dgrad(dy, ctx.saved_tensors.at(2), ctx.saved_tensors.at(0));
+  auto dx = kernels::grouped_linear_dgrad(dy, ctx.saved_tensors.at(2), ctx.saved_tensors.at(0));
+  if (!ctx.state.isTensor()) return dx;
+  const auto& buffer = ctx.state.toTensor();  // the caller's grad_input buffer, in x's shape
+  buffer.view({-1, in_features_}).copy_(dx);
+  return buffer;
 }
 
 std::pair<std::vector<at::Tensor>, at::Tensor> GroupedLinear::param_grads(
@@ -264,7 +280,7 @@ BackwardResult GroupedLinear::fuser_backward(const std::vector<OperationContext*
   if (dx.defined()) {
     auto shape = grad_output.sizes().vec();
     shape.back() = in_features_;
-    dx = dx.reshape(shape);
+    if (!dx.sizes().equals(shape)) dx = dx.reshape(shape);  // a caller's buffer is already
   }
   auto [grads, dscales] = param_grads(ctx, dy, at::Tensor());
   std::vector<at::Tensor> extra_grads{at::Tensor()};

@@ -51,11 +51,14 @@ class GroupedLinear : public BasicOperation {
 
   // The pieces fused ops compose (GroupedMLP_GroupedGEMMGLU):
   /// fuser_forward's work; keep_input = false leaves the input for the weight gradient unsaved
-  /// (the caller hands it to param_grads).
+  /// (the caller hands it to param_grads). With a caller's "output" buffer (ops/call_buffers.h)
+  /// the output is written there and that buffer returned.
   at::Tensor forward(OperationContext& ctx, const at::Tensor& input,
                      const std::vector<at::Tensor>& extra_inputs, const ForwardArgs& args,
                      bool keep_input = true);
-  /// dx [rows, in] from dy [rows, out] (undefined when the input needs no gradient).
+  /// dx [rows, in] from dy [rows, out] (undefined when the input needs no gradient); written
+  /// into the caller's grad_input buffer and that buffer returned (in x's shape) where the
+  /// forward was handed one (ops/call_buffers.h).
   at::Tensor input_grad(const OperationContext& ctx, const at::Tensor& dy) const;
   /// The parameter gradients and (scale_bias) the scales' gradient from dy [rows, out] and the
   /// forward's input x [rows, in] in the compute dtype (undefined: the one the forward kept).

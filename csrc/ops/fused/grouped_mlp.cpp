@@ -58,7 +58,7 @@ BackwardResult GroupedMLP_GroupedGEMMGLU::fuser_backward(const std::vector<Opera
   if (dx.defined()) {
     auto shape = grad_output.sizes().vec();
     shape.back() = fc1_->in_features();
-    dx = dx.reshape(shape);
+    if (!dx.sizes().equals(shape)) dx = dx.reshape(shape);  // a caller's buffer is already
   }
   auto [fc1_grads, fc1_dscales] = fc1_->param_grads(fc1_ctx, dh2, at::Tensor());
   const bool scales_need_grad =

@@ -376,7 +376,9 @@ def _kwargs_of(op):
 
 def run_with_op_kwargs(basic_ops, kwargs_list, run):
     """run() with kwargs_list[i] reaching basic_ops[i]'s op_forward (te.ops' basic_op_kwargs).
-    Built-in ops take none: TypeError, as te.ops' built-in op_forward raises."""
+    Built-in ops take only their `_buffer_keywords` (GroupedLinear's "output" and "grad_input"
+    buffers, handed to the C++ op for this call); others raise TypeError, as te.ops' built-in
+    op_forward does."""
     if kwargs_list is None:
         return run()
     kwargs_list = list(kwargs_list)
@@ -385,23 +387,35 @@ def run_with_op_kwargs(basic_ops, kwargs_list, run):
             f"basic_op_kwargs: expected one dict per basic op ({len(basic_ops)}), "
             f"got {len(kwargs_list)}"
         )
-    mapping = {}
+    mapping, buffers = {}, []
     for op, kwargs in zip(basic_ops, kwargs_list):
         if not kwargs:
             continue
         if op._builtin:
-            raise TypeError(
-                f"{type(op).__name__}.op_forward() got unexpected keyword arguments "
-                f"{sorted(kwargs)}: built-in ops take none"
-            )
+            buffers.append((op, kwargs))
+            continue
         mapping[id(op)] = dict(kwargs)
-    if not mapping:
+    if not mapping and not buffers:
         return run()
-    token = _OP_KWARGS.set(mapping)
+    token = _OP_KWARGS.set(mapping) if mapping else None
+    guards = []
     try:
+        for op, kwargs in buffers:  # a built-in op's buffer keywords (GroupedLinear's)
+            accepted = getattr(op, "_buffer_keywords", ())
+            unknown = sorted(set(kwargs) - set(accepted))
+            if unknown:
+                takes = f"takes only {list(accepted)}" if accepted else "built-in ops take none"
+                raise TypeError(
+                    f"{type(op).__name__}.op_forward() got unexpected keyword arguments "
+                    f"{unknown}: {takes}"
+                )
+            guards.append(_C._CallBuffers(op._cpp, **kwargs))
         return run()
     finally:
-        _OP_KWARGS.reset(token)
+        for guard in guards:
+            guard.release()
+        if token is not None:
+            _OP_KWARGS.reset(token)
 
 
 class PreForwardHooks:

@@ -281,7 +281,15 @@ class GroupedLinear(BasicOperation):
         single_grouped_bias (bool): likewise one `bias` [num_groups, out].
         rng_state_tracker_function, delay_wgrad_compute: te.ops keywords, accepted at their
             defaults only (NotImplementedError otherwise).
+
+    A call's op_kwargs may hand it te.ops' buffers: "output" (x's shape with out_features last)
+    receives the output, which is that tensor; "grad_input" (x's shape) receives the input's
+    gradient, which is that tensor. Each contiguous, in the compute dtype, on x's device and not
+    requiring grad (pass buffer.detach()); ValueError otherwise. The results are computed apart
+    and copied in (te.ops' GEMMs write them in place).
     """
+
+    _buffer_keywords = ("output", "grad_input")
 
     _repr_fields = ("num_groups", "in_features", "out_features")
 
