@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cmath>
+
 namespace fusible::test {
 namespace {
 
@@ -27,6 +29,32 @@ TEST(CallParameters, ComputeWithAndDifferentiateTheCallsTensors) {
   EXPECT_TRUE(at::allclose(w.grad(), x.sum(0).expand({3, 4}), 1e-12, 1e-12));
   EXPECT_TRUE(at::allclose(b.grad(), at::full({3}, 2.0, at::kDouble), 0, 0));
   EXPECT_FALSE(lin->weight().grad().defined());  // the registered weight was not used
+}
+
+// te.ops' op_kwargs buffers from C++: ops::CallBuffersGuard hands GroupedLinear the caller's
+// output tensor for the calls made while it lives; the output is that tensor.
+TEST(CallParameters, GroupedLinearWritesIntoTheCallersOutputBuffer) {
+  auto op =
+      std::make_shared<ops::GroupedLinear>(2, 4, 3, true, c10::Device(c10::kCPU), at::kDouble);
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : op->parameters()) p.normal_();
+  }
+  OperationFuser f({op});
+  const auto x = at::randn({5, 4}, at::kDouble);
+  const auto sizes = at::tensor(std::vector<int64_t>{2, 3});
+  const auto plain = f.forward(x, {sizes})[0];
+  auto out = at::full({5, 3}, std::nan(""), at::kDouble);
+  at::Tensor y;
+  {
+    const ops::CallBuffersGuard buffers(op.get(), {out, at::Tensor()});
+    y = f.forward(x, {sizes})[0];
+  }
+  EXPECT_EQ(y.data_ptr(), out.data_ptr());
+  EXPECT_TRUE(at::equal(out, plain));
+  EXPECT_NE(f.forward(x, {sizes})[0].data_ptr(), out.data_ptr());  // the guard is gone
+  const ops::CallBuffersGuard bad(op.get(), {at::empty({5, 4}, at::kDouble), at::Tensor()});
+  EXPECT_THROW(f.forward(x, {sizes}), c10::ValueError);
 }
 
 TEST(CallParameters, WrongCountOrShapeIsAClearError) {

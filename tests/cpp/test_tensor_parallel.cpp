@@ -362,6 +362,35 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelLinearCpp,
                          ::testing::Combine(::testing::Values(2, 4), ::testing::Bool(),
                                             ::testing::Bool()));
 
+// te.ops' layout behind RowParallelBias::kPerRankSummand: a local GEMM, the bias summand, then
+// the reduction as its own op; with the bias on rank 0 and zeros elsewhere it computes the
+// single-process output.
+TEST_P(TensorParallelCpp, SummandLayoutOfARowParallelLinear) {
+  const int size = GetParam();
+  constexpr int64_t tokens = 4, in = 8, out = 6;
+  const auto x = at::randn({tokens, in}, at::kDouble);
+  const auto w = at::randn({out, in}, at::kDouble);
+  const auto b = at::randn({out}, at::kDouble);
+  const auto ref = at::linear(x, w, b);
+  run_ranks(size, [&](const ops::ProcessGroupSpec& spec) {
+    const auto r = spec.rank;
+    auto lin = std::make_shared<ops::Linear>(in, out, true, at::Device(at::kCPU), at::kDouble,
+                                             ops::TensorParallel{"row", spec, false},
+                                             ops::RowParallelBias::kPerRankSummand);
+    ASSERT_NE(lin->collective_op(), nullptr);
+    EXPECT_EQ(lin->collective_op()->type_name(), "AllReduce");
+    EXPECT_FALSE(lin->linear_op()->is_tensor_parallel());
+    EXPECT_EQ(lin->linear_op()->in_features(), in / size);
+    {
+      at::NoGradGuard no_grad;
+      lin->weight().copy_(w.chunk(size, 1)[r]);
+      lin->bias_op()->bias().copy_(r == 0 ? b : at::zeros_like(b));
+    }
+    fuser::Sequential seq({lin});
+    expect_close(seq.forward(x.chunk(size, 1)[r])[0], ref, at::kDouble, true);
+  });
+}
+
 // A row count the group cannot scatter fails on every rank before any communication (no hang).
 TEST_P(TensorParallelCpp, IndivisibleRowsFailBeforeCommunicating) {
   const int size = GetParam();
