@@ -127,9 +127,7 @@ class Float8Tensor(torch.Tensor):
         """Quantizes hp (this tensor's shape) into this tensor's own data and scale."""
         hp = hp.detach()
         if self._view:
-            fp8 = _TORCH_FP8[self._fp8_format]
-            limit = torch.finfo(fp8).max
-            self._data.copy_((hp.float() / self._scale_inv).clamp(-limit, limit).to(fp8))
+            self._data.copy_(cast_with_scale(hp, self._fp8_format, self._scale_inv.reciprocal()))
             return
         if self._block_dim is not None:
             data, scale_inv = _cast_tiles(hp, self._fp8_format)
@@ -138,9 +136,7 @@ class Float8Tensor(torch.Tensor):
         else:
             scale, amax = self._delayed
             scale = torch.ones_like(amax) if scale is None else scale.to(amax.device)
-            fp8 = _TORCH_FP8[self._fp8_format]
-            limit = torch.finfo(fp8).max
-            data = (hp.float() * scale).clamp(-limit, limit).to(fp8)
+            data = cast_with_scale(hp, self._fp8_format, scale)
             scale_inv = scale.reciprocal()
             amax.copy_(hp.abs().amax().float().reshape(1))
         self._data.copy_(data)
@@ -294,6 +290,14 @@ def _is_view(func):
         return False
     ret, first = schema.returns[0].alias_info, schema.arguments[0].alias_info
     return ret is not None and not ret.is_write and first is not None and not first.is_write
+
+
+def cast_with_scale(hp, fmt, scale):
+    """hp cast to FP8 format fmt with a given scale [1] (saturating): delayed scaling's cast, and
+    a write that keeps a tensor's scale."""
+    fp8 = _TORCH_FP8[fmt]
+    limit = torch.finfo(fp8).max
+    return (hp.float() * scale).clamp(-limit, limit).to(fp8)
 
 
 def _rows_cols(t):

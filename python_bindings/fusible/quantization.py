@@ -15,7 +15,7 @@ import torch
 
 from . import _C
 from . import recipe as _recipe
-from ._float8_tensor import Float8Tensor
+from ._float8_tensor import Float8Tensor, cast_with_scale
 
 
 def fp8_available():
@@ -215,10 +215,7 @@ class _AsFloat8(torch.autograd.Function):
     def forward(ctx, y, fmt, scale):
         if scale is None:  # current scaling: y's own amax gives the cast's scale back
             return Float8Tensor.quantize(y, fmt)
-        fp8 = _TORCH_FP8[fmt]
-        limit = torch.finfo(fp8).max
-        data = (y.float() * scale).clamp(-limit, limit).to(fp8)
-        return Float8Tensor(data, scale.reciprocal(), fmt, y.dtype)
+        return Float8Tensor(cast_with_scale(y, fmt, scale), scale.reciprocal(), fmt, y.dtype)
 
     @staticmethod
     def backward(ctx, grad):
