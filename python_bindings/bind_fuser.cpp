@@ -156,6 +156,7 @@ void bind_fuser(py::module_& m) {
 
   // torch.compile's fusible::sequential_call finds a Sequential's engine by handle through fn.
   m.def("_forget_sequential", &fuser::forget_sequential);
+  m.def("_delayed_scale_count", &fuser::delayed_scale_count);
   m.def("_set_sequential_resolver", [](const py::function& fn) {
     // Held by pointer, so copies of the resolver touch no Python reference count without the GIL.
     std::shared_ptr<py::function> held(new py::function(fn), [](py::function* f) {

@@ -41,6 +41,9 @@ void bind_quantization(py::module_& m) {
         return std::make_pair(prev.enabled, std::const_pointer_cast<Fp8Recipe>(prev.recipe));
       },
       py::arg("enabled"), py::arg("recipe"));
+  // The key a compiled call carries for a recipe (ops::recipe_key; "" for None).
+  m.def("_fp8_recipe_key",
+        [](const std::shared_ptr<Fp8Recipe>& recipe) { return ops::recipe_key(recipe.get()); });
   m.def("_fp8_autocast_state", [] {
     const auto& a = ops::fp8_autocast();
     return std::make_pair(a.enabled, std::const_pointer_cast<Fp8Recipe>(a.recipe));

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -39,11 +40,6 @@ Registry& registry() {
 }
 
 std::shared_ptr<Sequential> engine(int64_t handle) {
-  // The compiled backward recomputes the call, outside the forward's autocast (and a delayed
-  // scaling history would advance twice): refused until the recipe travels with the call.
-  TORCH_CHECK_NOT_IMPLEMENTED(!ops::fp8_autocast().enabled,
-                              "fusible.autocast (FP8) around a torch.compile'd Sequential is not "
-                              "supported yet; run the FP8 model uncompiled");
   auto& r = registry();
   SequentialResolver resolver;
   {
@@ -101,13 +97,49 @@ std::vector<at::Tensor> owned(std::vector<at::Tensor> outputs,
   return outputs;
 }
 
+// The FP8 recipe a call was compiled for (its key; "" for none), checked against the autocast
+// it runs under: a compiled graph fixes its recipe when traced.
+std::shared_ptr<const ops::Fp8Recipe> compiled_recipe(c10::string_view fp8) {
+  const auto& a = ops::fp8_autocast();
+  const auto now = ops::recipe_key(a.enabled ? a.recipe.get() : nullptr);
+  TORCH_CHECK(now == fp8, "fusible::sequential_call: compiled under FP8 recipe '", fp8,
+              "' but called under '", now,
+              "' (enter fusible.autocast on the thread that calls the compiled model)");
+  return ops::recipe_from_key(std::string(fp8));
+}
+
+bool is_delayed(const std::shared_ptr<const ops::Fp8Recipe>& recipe) {
+  return recipe && recipe->kind == "delayed";
+}
+
+// The delayed-scaling states of the Sequential's ops, in op order.
+std::vector<ops::OpFp8State> fp8_states(Sequential& seq) {
+  std::vector<ops::OpFp8State> out;
+  for (const auto& child : seq.children()) {
+    const auto op = std::dynamic_pointer_cast<ops::FusibleOperation>(child);
+    if (!op) continue;
+    for (const auto& basic : op->basic_ops()) {
+      out.push_back({basic->fp8_state(), basic->num_quantizers()});
+    }
+  }
+  return out;
+}
+
 std::vector<at::Tensor> sequential_call(int64_t handle, const at::Tensor& input,
                                         at::TensorList extras, c10::string_view names,
-                                        at::TensorList named, at::TensorList params) {
+                                        at::TensorList named, at::TensorList params,
+                                        c10::string_view fp8) {
   auto seq = engine(handle);
+  const auto recipe = compiled_recipe(fp8);
+  // Delayed scaling: the scales this forward casts with, for the backward's recomputation.
+  const auto scales = is_delayed(recipe)
+                          ? ops::delayed_forward_scales(fp8_states(*seq), *recipe, input.device())
+                          : at::Tensor();
   const at::NoGradGuard no_grad;
   auto outputs = seq->run(input, extras.vec(), named_inputs(names, named), params.vec()).outputs;
-  return owned(std::move(outputs), {input, extras, named, params});
+  outputs = owned(std::move(outputs), {input, extras, named, params});
+  if (scales.defined()) outputs.push_back(scales);
+  return outputs;
 }
 
 // Recomputes the call with autograd on and differentiates it: a compiled graph keeps only the
@@ -115,8 +147,19 @@ std::vector<at::Tensor> sequential_call(int64_t handle, const at::Tensor& input,
 std::vector<at::Tensor> sequential_call_backward(int64_t handle, const at::Tensor& input,
                                                  at::TensorList extras, c10::string_view names,
                                                  at::TensorList named, at::TensorList params,
-                                                 at::TensorList grad_outputs) {
+                                                 at::TensorList grad_outputs, c10::string_view fp8,
+                                                 const std::optional<at::Tensor>& fp8_scales) {
   auto seq = engine(handle);
+  // The forward's recipe, and under delayed scaling its scales: the recomputation casts as the
+  // forward did, and only the backward's casts advance the histories.
+  const auto recipe = ops::recipe_from_key(std::string(fp8));
+  const ops::Fp8AutocastGuard autocast(recipe != nullptr, recipe);
+  std::optional<ops::Fp8ReplayGuard> replay;
+  if (is_delayed(recipe)) {
+    TORCH_CHECK(fp8_scales.has_value() && fp8_scales->defined(),
+                "fusible::sequential_call_backward: delayed scaling needs the forward's scales");
+    replay.emplace(fp8_states(*seq), *fp8_scales);
+  }
   std::vector<at::Tensor> leaves;
   for (const auto group : {at::TensorList(input), extras, named, params}) {
     for (const auto& t : group) leaves.push_back(t.detach().requires_grad_(t.is_floating_point()));
@@ -167,20 +210,31 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 int64_t handle, const at::Tensor& input,
                                                 at::TensorList extras, c10::string_view names,
-                                                at::TensorList named, at::TensorList params) {
+                                                at::TensorList named, at::TensorList params,
+                                                c10::string_view fp8) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("fusible::sequential_call", "")
                                .typed<decltype(sequential_call)>();
     ctx->saved_data["handle"] = handle;
     ctx->saved_data["names"] = std::string(names);
+    ctx->saved_data["fp8"] = std::string(fp8);
     ctx->saved_data["extras"] = static_cast<int64_t>(extras.size());
     ctx->saved_data["named"] = static_cast<int64_t>(named.size());
     std::vector<at::Tensor> saved{input};
     for (const auto group : {extras, named, params})
       saved.insert(saved.end(), group.begin(), group.end());
+    auto outputs = [&] {
+      const at::AutoDispatchBelowADInplaceOrView below_autograd;  // apply() only turns grad off
+      return op.call(handle, input, extras, names, named, params, fp8);
+    }();
+    const bool delayed = is_delayed(ops::recipe_from_key(std::string(fp8)));
+    if (delayed) {  // the forward's scales: saved, and no gradient flows through them
+      saved.push_back(outputs.back());
+      ctx->mark_non_differentiable({outputs.back()});
+    }
+    ctx->saved_data["delayed"] = delayed;
     ctx->save_for_backward(saved);
-    const at::AutoDispatchBelowADInplaceOrView below_autograd;  // apply() only turns grad mode off
-    return op.call(handle, input, extras, names, named, params);
+    return outputs;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -188,28 +242,43 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("fusible::sequential_call_backward", "")
                                .typed<decltype(sequential_call_backward)>();
-    const auto saved = ctx->get_saved_variables();
+    auto saved = ctx->get_saved_variables();
+    std::optional<at::Tensor> scales;
+    if (ctx->saved_data["delayed"].toBool()) {
+      scales = saved.back();
+      saved.pop_back();
+      grad_outputs.pop_back();
+    }
     const auto ne = ctx->saved_data["extras"].toInt(), nn = ctx->saved_data["named"].toInt();
     const at::TensorList all(saved);
-    const auto grads = op.call(ctx->saved_data["handle"].toInt(), saved[0], all.slice(1, ne),
-                               ctx->saved_data["names"].toStringRef(), all.slice(1 + ne, nn),
-                               all.slice(1 + ne + nn), grad_outputs);
-    // One slot per forward argument; the handle and the names get none.
+    const auto grads =
+        op.call(ctx->saved_data["handle"].toInt(), saved[0], all.slice(1, ne),
+                ctx->saved_data["names"].toStringRef(), all.slice(1 + ne, nn),
+                all.slice(1 + ne + nn), grad_outputs, ctx->saved_data["fp8"].toStringRef(), scales);
+    // One slot per forward argument; the handle, the names and the recipe get none.
     torch::autograd::variable_list out{at::Tensor(), grads[0]};
     out.insert(out.end(), grads.begin() + 1, grads.begin() + 1 + ne);
     out.emplace_back();
     out.insert(out.end(), grads.begin() + 1 + ne, grads.end());
+    out.emplace_back();
     return out;
   }
 };
 
 std::vector<at::Tensor> sequential_call_autograd(int64_t handle, const at::Tensor& input,
                                                  at::TensorList extras, c10::string_view names,
-                                                 at::TensorList named, at::TensorList params) {
-  return SequentialCallAutograd::apply(handle, input, extras, names, named, params);
+                                                 at::TensorList named, at::TensorList params,
+                                                 c10::string_view fp8) {
+  return SequentialCallAutograd::apply(handle, input, extras, names, named, params, fp8);
 }
 
 }  // namespace
+
+int64_t delayed_scale_count(Sequential& seq) {
+  int64_t n = 0;
+  for (const auto& op : fp8_states(seq)) n += op.counts.first;
+  return n;
+}
 
 void set_sequential_resolver(SequentialResolver resolver) {
   auto& r = registry();
@@ -230,13 +299,17 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
   // The whole call of the Sequential named by handle: [y, public extra outputs]. names: the
   // channel names of `named`, joined by '\x1f'. Used by torch.compile (its fake kernel comes
   // from Python).
+  // fp8: the key of the FP8 recipe it was compiled under ("" for none; ops::recipe_key), which
+  // must be the autocast's when it runs; under delayed scaling the last output is the scales the
+  // forward cast with (its backward replays them).
   m.def(
       "sequential_call(int handle, Tensor input, Tensor[] extras, str names, Tensor[] named, "
-      "Tensor[] params) -> Tensor[]");
+      "Tensor[] params, str fp8=\"\") -> Tensor[]");
   // Its backward by recomputation: a gradient for input, each extra, named and parameter tensor.
   m.def(
       "sequential_call_backward(int handle, Tensor input, Tensor[] extras, str names, "
-      "Tensor[] named, Tensor[] params, Tensor[] grad_outputs) -> Tensor[]");
+      "Tensor[] named, Tensor[] params, Tensor[] grad_outputs, str fp8=\"\", "
+      "Tensor? fp8_scales=None) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {

@@ -19,6 +19,10 @@ using SequentialResolver = std::function<std::shared_ptr<Sequential>(int64_t han
 /// answer is kept, weakly, until then).
 void set_sequential_resolver(SequentialResolver resolver);
 
+/// The number of tensors the Sequential's ops cast in a forward under DelayedScaling: the length
+/// of sequential_call's last output under that recipe (its fake kernel needs it).
+int64_t delayed_scale_count(Sequential& seq);
+
 /// Drops what is kept for handle: its Sequential changed (or a new one took the handle).
 void forget_sequential(int64_t handle);
 

@@ -1,10 +1,16 @@
 // The thread's FP8 autocast and the per-op casts.
 #include "ops/quantization.h"
 
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
 #include <tuple>
 
 #include "kernels/ops.h"
@@ -13,6 +19,8 @@ namespace fusible::ops {
 namespace {
 
 thread_local Fp8Autocast current;
+// The states whose forward casts this thread replays (Fp8ReplayGuard): op state -> its replay.
+thread_local std::vector<std::pair<const Fp8OpState*, std::shared_ptr<Fp8OpState>>> replaying;
 
 void check(const Fp8Autocast& a) {
   if (!a.enabled) return;
@@ -224,7 +232,88 @@ Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, 
   }
   move_to(s->forward, device);
   move_to(s->backward, device);
+  for (auto it = replaying.rbegin(); it != replaying.rend(); ++it) {
+    if (it->first == s.get()) return {a.recipe, it->second};
+  }
   return {a.recipe, s};
 }
+
+std::string recipe_key(const Fp8Recipe* r) {
+  if (r == nullptr) return "";
+  std::ostringstream out;
+  out << std::setprecision(17) << r->kind << ';' << r->forward_format << ';' << r->backward_format
+      << ';' << r->margin << ';' << r->amax_history_len << ';' << r->amax_compute_algo << ';'
+      << r->x_block_dim << ';' << r->w_block_dim << ';' << r->grad_block_dim;
+  return out.str();
+}
+
+std::shared_ptr<const Fp8Recipe> recipe_from_key(const std::string& key) {
+  if (key.empty()) return nullptr;
+  std::istringstream in(key);
+  auto r = std::make_shared<Fp8Recipe>();
+  char sep[8] = {};
+  std::getline(in, r->kind, ';');
+  std::getline(in, r->forward_format, ';');
+  std::getline(in, r->backward_format, ';');
+  in >> r->margin >> sep[0] >> r->amax_history_len >> sep[1];
+  std::getline(in, r->amax_compute_algo, ';');
+  in >> r->x_block_dim >> sep[2] >> r->w_block_dim >> sep[3] >> r->grad_block_dim;
+  const bool ok = !in.fail() && in.peek() == std::char_traits<char>::eof() &&
+                  std::all_of(sep, sep + 4, [](char c) { return c == ';'; });
+  TORCH_CHECK_VALUE(ok, "fusible: '", key, "' is not an FP8 recipe key");
+  check({true, r});
+  return r;
+}
+
+namespace {
+
+// Whether the op's forward keeps its state (else it makes a fresh one, scale 1).
+bool keeps(const OpFp8State& op, const Fp8Recipe& recipe) {
+  return op.state && fits(op.state->forward, op.counts.first, recipe.amax_history_len) &&
+         fits(op.state->backward, op.counts.second, recipe.amax_history_len);
+}
+
+}  // namespace
+
+at::Tensor delayed_forward_scales(const std::vector<OpFp8State>& ops, const Fp8Recipe& recipe,
+                                  c10::Device device) {
+  std::vector<at::Tensor> scales;
+  for (const auto& op : ops) {
+    for (int64_t j = 0; j < op.counts.first; ++j) {
+      scales.push_back(keeps(op, recipe) ? op.state->forward[j].scale.to(device)
+                                         : at::ones({1}, at::dtype(at::kFloat).device(device)));
+    }
+  }
+  if (scales.empty()) return at::empty({0}, at::dtype(at::kFloat).device(device));
+  return at::cat(scales);
+}
+
+Fp8ReplayGuard::Fp8ReplayGuard(const std::vector<OpFp8State>& ops, const at::Tensor& scales) {
+  int64_t total = 0;
+  for (const auto& op : ops) total += op.counts.first;
+  TORCH_CHECK(scales.dim() == 1 && scales.numel() == total,
+              "FP8 delayed scaling: a replay expects ", total, " forward scales, got shape ",
+              scales.sizes());
+  int64_t offset = 0;
+  for (const auto& op : ops) {
+    if (op.state) {
+      auto replay = std::make_shared<Fp8OpState>();
+      for (int64_t j = 0; j < op.counts.first; ++j) {
+        // Its own history and a copy of the scale: the cast updates both in place.
+        const auto& real = state_at(op.state->forward, j);
+        replay->forward.push_back(
+            {at::zeros_like(real.amax_history),
+             scales.narrow(0, offset + j, 1).to(real.scale.device()).clone()});
+      }
+      replay->backward = op.state->backward;  // the same tensors: the backward records as usual
+      replay_.emplace_back(op.state.get(), std::move(replay));
+    }
+    offset += op.counts.first;
+  }
+  saved_ = replaying;
+  replaying.insert(replaying.end(), replay_.begin(), replay_.end());
+}
+
+Fp8ReplayGuard::~Fp8ReplayGuard() { replaying = std::move(saved_); }
 
 }  // namespace fusible::ops

@@ -70,6 +70,37 @@ class Fp8AutocastGuard {
 /// are not C++ scopes). Checks as the guard does.
 Fp8Autocast exchange_fp8_autocast(Fp8Autocast autocast);
 
+/// A recipe as one string, and back: a compiled graph's call carries the recipe of its forward
+/// this way to its backward, which runs outside the autocast. "" is no recipe (FP8 off).
+std::string recipe_key(const Fp8Recipe* recipe);
+std::shared_ptr<const Fp8Recipe> recipe_from_key(const std::string& key);
+
+/// One op's delayed-scaling state and its (forward, backward) quantizer counts.
+struct OpFp8State {
+  std::shared_ptr<Fp8OpState> state;
+  std::pair<int64_t, int64_t> counts;
+};
+
+/// Under DelayedScaling `recipe`: the scales the next forward of these ops casts with, one per
+/// forward quantizer in op order, fp32 on `device` (1 where the forward makes a fresh state).
+at::Tensor delayed_forward_scales(const std::vector<OpFp8State>& ops, const Fp8Recipe& recipe,
+                                  c10::Device device);
+
+/// While alive, this thread replays a forward under DelayedScaling: a cast of one of these ops'
+/// forward tensors uses the scale delayed_forward_scales recorded and leaves the history alone;
+/// their backward tensors cast (and record) as usual. A compiled call's backward recomputes its
+/// forward so, and computes what the eager backward would.
+class Fp8ReplayGuard {
+ public:
+  Fp8ReplayGuard(const std::vector<OpFp8State>& ops, const at::Tensor& scales);
+  ~Fp8ReplayGuard();
+  Fp8ReplayGuard(const Fp8ReplayGuard&) = delete;
+  Fp8ReplayGuard& operator=(const Fp8ReplayGuard&) = delete;
+
+ private:
+  std::vector<std::pair<const Fp8OpState*, std::shared_ptr<Fp8OpState>>> replay_, saved_;
+};
+
 /// One tensor as a linear's GEMMs take it (ops/linear_gemms.h).
 /// - High precision (no FP8, or FP8 emulated by a cast and back): `rowwise` is the tensor the
 ///   forward and dgrad GEMMs read, `columnwise` the one the wgrad GEMM reads (the same tensor but

@@ -82,14 +82,24 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
     if enabled:
         recipe = recipe if recipe is not None else _recipe.Float8CurrentScaling()
         cpp = _cpp_recipe(recipe)
+    global _compiled_key
     prev = _C._exchange_fp8_autocast(bool(enabled), cpp)
     prev_recipe = getattr(_autocast_recipe, "value", None)
+    prev_key = _compiled_key
     _autocast_recipe.value = recipe if enabled else None
+    _compiled_key = _C._fp8_recipe_key(cpp)
     try:
         yield
     finally:
         _C._exchange_fp8_autocast(*prev)
         _autocast_recipe.value = prev_recipe
+        _compiled_key = prev_key
+
+
+# The innermost autocast's recipe key ("" for none), read by a Sequential while torch.compile
+# traces it: a plain global, so Dynamo guards on its value and recompiles when the recipe changes.
+# (The C++ state is per thread; a compiled call checks the two agree when it runs.)
+_compiled_key = ""
 
 
 # The recipe object of this thread's innermost autocast (fusion functions receive it).

@@ -88,5 +88,60 @@ TEST(Fp8Autocast, DelayedScalingStateLivesOnTheOpAndIsCopied) {
   EXPECT_NE(copy->fp8_state()->forward[0].scale.data_ptr(), state->forward[0].scale.data_ptr());
 }
 
+TEST(Fp8Autocast, RecipeKeyRoundTrips) {
+  EXPECT_EQ(ops::recipe_key(nullptr), "");
+  EXPECT_EQ(ops::recipe_from_key(""), nullptr);
+  auto r = std::make_shared<ops::Fp8Recipe>(*recipe("delayed", "e4m3", "e5m2"));
+  r->margin = 0.1;  // not exact in binary: the key must keep every bit
+  r->amax_compute_algo = "most_recent";
+  r->x_block_dim = 2;
+  const auto back = ops::recipe_from_key(ops::recipe_key(r.get()));
+  ASSERT_NE(back, nullptr);
+  EXPECT_EQ(ops::recipe_key(back.get()), ops::recipe_key(r.get()));
+  EXPECT_EQ(back->margin, 0.1);
+  EXPECT_EQ(back->amax_history_len, 3);
+  EXPECT_EQ(back->amax_compute_algo, "most_recent");
+  EXPECT_EQ(back->x_block_dim, 2);
+  EXPECT_THROW(ops::recipe_from_key("delayed;e4m3"), c10::ValueError);
+  EXPECT_THROW(ops::recipe_from_key("mxfp8;e4m3;e5m2;0;3;max;1;2;1"), c10::ValueError);
+}
+
+// A compiled call's backward recomputes its forward: under delayed scaling it must cast with the
+// forward's scales and leave the forward histories as the forward left them.
+TEST(Fp8Autocast, ReplayCastsAsTheForwardDidWithoutAdvancingHistories) {
+  at::manual_seed(0);
+  auto lin = std::make_shared<ops::BasicLinear>(8, 4, c10::Device(c10::kCPU), at::kFloat);
+  fuser::OperationFuser fuser({lin});
+  const auto r = recipe("delayed", "e4m3", "e5m2");
+  const ops::Fp8AutocastGuard on(true, r);
+  const auto states = [&] {
+    return std::vector<ops::OpFp8State>{{lin->fp8_state(), lin->num_quantizers()}};
+  };
+  const auto x = at::randn({2, 8}) * 4;
+  // No state yet: the first forward makes fresh ones (scale 1).
+  EXPECT_TRUE(at::equal(ops::delayed_forward_scales(states(), *r, c10::kCPU), at::ones({2})));
+  {
+    const at::NoGradGuard no_grad;
+    fuser.forward(x, {});
+  }
+  const auto scales = ops::delayed_forward_scales(states(), *r, c10::kCPU);
+  EXPECT_FALSE(at::equal(scales, at::ones({2})));
+  at::Tensor y;
+  {
+    const at::NoGradGuard no_grad;
+    y = fuser.forward(x * 3, {})[0];  // casts with `scales`, then moves the scales on
+  }
+  const auto history = lin->fp8_state()->forward[0].amax_history.clone();
+  const auto next = lin->fp8_state()->forward[0].scale.clone();
+  EXPECT_FALSE(at::equal(next, scales.narrow(0, 0, 1)));
+  {
+    const ops::Fp8ReplayGuard replay(states(), scales);
+    EXPECT_TRUE(at::equal(fuser.forward(x * 3, {})[0], y));
+  }
+  EXPECT_TRUE(at::equal(lin->fp8_state()->forward[0].amax_history, history));
+  EXPECT_TRUE(at::equal(lin->fp8_state()->forward[0].scale, next));
+  EXPECT_THROW(ops::Fp8ReplayGuard(states(), at::ones({3})), c10::Error);
+}
+
 }  // namespace
 }  // namespace fusible

@@ -460,18 +460,6 @@ class TestDelayedScaling:
             model.load_state_dict(sd)
 
 
-def test_fp8_autocast_around_a_compiled_sequential_is_refused():
-    # Its backward recomputes the call outside the autocast: refused rather than wrong gradients.
-    torch._dynamo.reset()
-    model = ops.Sequential(ops.Linear(8, 8, dtype=torch.float32, device="cpu"), ops.GELU())
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    x = torch.randn(2, 8, requires_grad=True)
-    compiled(x).sum().backward()  # fine without FP8
-    with pytest.raises(NotImplementedError, match="around a torch.compile'd Sequential"):
-        with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
-            compiled(x)
-
-
 class TestQuantizerAccessors:
     def test_before_any_recipe_and_bad_indices(self):
         lin = ops.BasicLinear(4, 4, device="cpu")

@@ -5,7 +5,10 @@ call's parameters, so the graph has no break and AOTAutograd sees every tensor i
 Its backward is a second op, `fusible::sequential_call_backward`, that recomputes the call with
 autograd on and differentiates it: the compiled graph holds only the call's inputs between forward
 and backward (activation recomputation). A Dropout in training mode is refused there, since its
-recomputed mask would differ from the forward's.
+recomputed mask would differ from the forward's. Under fusible.autocast the call carries its
+recipe's key (read while tracing, so Dynamo guards on it): the recomputation casts as the forward
+did, and under DelayedScaling with the forward's scales (the call's last output) and without
+advancing the histories a second time.
 
 Both ops and the autograd formula that ties them are C++ (csrc/fuser/compiled_call.cpp): a compiled
 call runs no Python of ours. They find the Sequential's engine by its handle through `_resolve`,
@@ -17,7 +20,8 @@ import weakref
 
 import torch
 
-from .. import _C
+from .. import _C, quantization
+from .._float8_tensor import Float8Tensor
 
 _live = {}  # id(Sequential) -> weakref: what the ops' handle names
 
@@ -83,20 +87,30 @@ def _run(seq, input, extras, names, named, params):
     cpp = seq._engine()
     _check_runnable(seq)
     pairs = list(zip(names.split(_SEP), named)) if named else []
-    outputs, _ = cpp.run(input, list(extras), pairs, params, None)  # no hooked ops: checked above
+    # Without FP8: a recipe changes no shape or dtype, and a delayed-scaling state must not be
+    # made from fake tensors.
+    prev = _C._exchange_fp8_autocast(False, None)
+    try:
+        outputs, _ = cpp.run(input, list(extras), pairs, params, None)  # no hooked op: checked
+    finally:
+        _C._exchange_fp8_autocast(*prev)
     return outputs
 
 
 @torch.library.register_fake("fusible::sequential_call")
-def _(handle, input, extras, names, named, params):
+def _(handle, input, extras, names, named, params, fp8=""):
     # The C++ ops have Meta implementations: the call itself runs on the fake tensors.
+    seq = _sequential(handle)
     with torch.no_grad():
-        outputs = _run(_sequential(handle), input, extras, names, named, params)
-    return [t.clone() for t in outputs]
+        outputs = [t.clone() for t in _run(seq, input, extras, names, named, params)]
+    if fp8.startswith("delayed;"):  # the forward's scales
+        n = _C._delayed_scale_count(seq._engine())
+        outputs.append(input.new_empty([n], dtype=torch.float32))
+    return outputs
 
 
 @torch.library.register_fake("fusible::sequential_call_backward")
-def _(handle, input, extras, names, named, params, grad_outputs):
+def _(handle, input, extras, names, named, params, grad_outputs, fp8="", fp8_scales=None):
     return [torch.empty_like(t) for t in [input, *extras, *named, *params]]
 
 
@@ -152,8 +166,15 @@ def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
             raise NotImplementedError(_HOOKED)
     paths = _param_paths(seq._compile_handle)
     params = [getattr(seq.get_submodule(path), name) for path, name in paths]
+    if any(isinstance(p, Float8Tensor) for p in params):
+        raise NotImplementedError(
+            "Sequential: FP8 weights (quantized_model_init) under torch.compile are not supported "
+            "yet; build the model without quantized_model_init (fusible.autocast still runs its "
+            "GEMMs in FP8) or run it uncompiled"
+        )
     named = dict(channel_inputs or {})
     names = list(named.keys())
+    fp8 = quantization._compiled_key  # guarded: another recipe compiles another graph
     outputs = torch.ops.fusible.sequential_call(
         seq._compile_handle,
         input,
@@ -161,5 +182,8 @@ def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
         _SEP.join(names),
         [named[n] for n in names],
         params,
+        fp8,
     )
+    if fp8.startswith("delayed;"):
+        outputs = outputs[:-1]  # the forward's scales are for the backward only
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
