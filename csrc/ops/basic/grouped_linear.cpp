@@ -2,6 +2,7 @@
 // them as a tensor, so on CUDA nothing waits for the host.
 #include "ops/basic/grouped_linear.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
 
@@ -48,6 +49,44 @@ bool consecutive_slices(const std::vector<at::Tensor>& ts) {
 
 std::string param_name(const char* base, int64_t g, bool single) {
   return single ? std::string(base) : base + std::to_string(g);
+}
+
+// The split sizes on the host, checked against the rows (FP8 casts each group apart: it waits for
+// the device's sizes, as te.ops, which takes them as a host list).
+std::vector<int64_t> host_split_sizes(const at::Tensor& sizes, int64_t rows) {
+  const auto host = sizes.to(at::kCPU, at::kLong);
+  std::vector<int64_t> out(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  int64_t sum = 0;
+  for (auto n : out) {
+    TORCH_CHECK_VALUE(n >= 0, "GroupedLinear: expected non-negative split sizes, got ", n);
+    sum += n;
+  }
+  TORCH_CHECK_VALUE(sum == rows, "GroupedLinear: expected split sizes summing to the input's ",
+                    rows, " rows, got ", sum);
+  return out;
+}
+
+// Each group's rows of t [rows, k] cast by `cast(group, its rows)` -> (rowwise, columnwise)
+// operands, concatenated; an empty group's rows are left as they are.
+template <typename Cast>
+std::pair<at::Tensor, at::Tensor> cast_groups(const at::Tensor& t,
+                                              const std::vector<int64_t>& sizes, bool rowwise,
+                                              bool columnwise, Cast&& cast) {
+  std::vector<at::Tensor> rows, cols;
+  int64_t start = 0;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    const auto part = t.narrow(0, start, sizes[g]);
+    start += sizes[g];
+    if (sizes[g] == 0) {
+      rows.push_back(part);
+      cols.push_back(part);
+      continue;
+    }
+    const GemmOperand o = cast(static_cast<int64_t>(g), part);
+    if (rowwise) rows.push_back(o.rowwise);
+    if (columnwise) cols.push_back(o.columnwise);
+  }
+  return {rowwise ? at::cat(rows) : at::Tensor(), columnwise ? at::cat(cols) : at::Tensor()};
 }
 
 }  // namespace
@@ -186,9 +225,25 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
   const auto x_nd = cast_to(input, ctx.compute_dtype);
   const auto x = x_nd.reshape({rows, in_features_});
   const int64_t nw = num_weight_params();
+  bool any_weight_grad = false;
+  for (int64_t i = 0; i < nw; ++i) any_weight_grad |= ctx.param_requires_grad.at(i);
+  const bool need_x = ctx.requires_grad && any_weight_grad;
+  // Under an FP8 autocast the GEMMs see each group's x and W cast by its own quantizers (te.ops'
+  // per-group quantizers), emulated: cast to FP8 and back, GEMMs in the compute dtype.
+  ctx.fp8 = fp8_cast(input);
+  auto x_gemm = x;
+  at::Tensor x_wgrad = x_nd;  // as it came (see below)
+  if (ctx.fp8.on()) {
+    std::tie(x_gemm, x_wgrad) =
+        cast_groups(x, host_split_sizes(sizes, rows), true, need_x, [&](int64_t g, auto& part) {
+          return ctx.fp8.forward_operand(part, g, /*weight=*/false, true, need_x);
+        });
+  }
   const auto weight =
-      cast_to(grouped_param(ctx, 0, single_weight_, "weight", {out_features_, in_features_}),
-              ctx.compute_dtype);
+      ctx.fp8.on()
+          ? fp8_weights(ctx)
+          : cast_to(grouped_param(ctx, 0, single_weight_, "weight", {out_features_, in_features_}),
+                    ctx.compute_dtype);
   at::Tensor bias;
   if (has_bias_) {
     bias =
@@ -200,16 +255,15 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
     kernels::check_grouped_scales(op, x, scales);
   }
   auto y = kernels::grouped_linear_fwd(
-      x, weight, sizes, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
+      x_gemm, weight, sizes, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
       scales.defined() ? std::optional<at::Tensor>(cast_to(scales, ctx.compute_dtype))
                        : std::nullopt);
   if (ctx.requires_grad) {
-    bool any_weight_grad = false;
-    for (int64_t i = 0; i < nw; ++i) any_weight_grad |= ctx.param_requires_grad.at(i);
     // (split sizes, x for wgrad, the weights for dgrad, then with scale_bias: scales and biases).
     // x as it came, not its 2-D view: a view made here (grad mode off) of a caller's tensor that
     // an earlier op wrote in place is refused by autograd once the fuser marks that tensor dirty.
-    ctx.save_for_backward({sizes, any_weight_grad && keep_input ? x_nd : at::Tensor(),
+    // Under FP8 the cast x is kept whatever keep_input says: a recast would not be the forward's.
+    ctx.save_for_backward({sizes, need_x && (keep_input || ctx.fp8.on()) ? x_wgrad : at::Tensor(),
                            ctx.input_requires_grad ? weight : at::Tensor(), scales,
                            scale_bias_ ? bias : at::Tensor()});
   }
@@ -229,9 +283,40 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
   return y.reshape(shape);
 }
 
-at::Tensor GroupedLinear::input_grad(const OperationContext& ctx, const at::Tensor& dy) const {
+at::Tensor GroupedLinear::fp8_weights(OperationContext& ctx) const {
+  constexpr const char* op = "GroupedLinear";
+  std::vector<at::Tensor> ws;
+  for (int64_t g = 0; g < num_groups_; ++g) {
+    const auto& p = ctx.param(single_weight_ ? 0 : g, op);
+    if (single_weight_)
+      check_param_shape(op, "weight", p, {num_groups_, out_features_, in_features_});
+    const auto w = single_weight_ ? p.select(0, g) : p;
+    if (!single_weight_) check_param_shape(op, "weight", w, {out_features_, in_features_});
+    ws.push_back(ctx.fp8
+                     .forward_operand(cast_to(w, ctx.compute_dtype), num_groups_ + g,
+                                      /*weight=*/true, /*rowwise=*/true, /*columnwise=*/false)
+                     .rowwise);
+  }
+  return at::stack(ws);
+}
+
+GroupedLinear::Grad GroupedLinear::grad_operands(const OperationContext& ctx,
+                                                 const at::Tensor& dy) const {
+  if (!ctx.fp8.on()) return {dy, dy, dy};
+  const bool need_dx = ctx.input_requires_grad;
+  bool need_dw = false;
+  for (int64_t i = 0; i < num_weight_params(); ++i) need_dw |= ctx.param_requires_grad.at(i);
+  const auto sizes = host_split_sizes(ctx.saved_tensors.at(0), dy.size(0));
+  auto [dgrad, wgrad] = cast_groups(dy, sizes, need_dx, need_dw, [&](int64_t g, auto& part) {
+    return ctx.fp8.backward_operand(part, g, need_dx, need_dw);
+  });
+  return {dy, dgrad, wgrad};
+}
+
+at::Tensor GroupedLinear::input_grad(const OperationContext& ctx, const Grad& grad) const {
   if (!ctx.input_requires_grad) return {};
-  auto dx = kernels::grouped_linear_dgrad(dy, ctx.saved_tensors.at(2), ctx.saved_tensors.at(0));
+  auto dx =
+      kernels::grouped_linear_dgrad(grad.dgrad, ctx.saved_tensors.at(2), ctx.saved_tensors.at(0));
   if (!ctx.state.isTensor()) return dx;
   const auto& buffer = ctx.state.toTensor();  // the caller's grad_input buffer, in x's shape
   buffer.view({-1, in_features_}).copy_(dx);
@@ -239,7 +324,8 @@ at::Tensor GroupedLinear::input_grad(const OperationContext& ctx, const at::Tens
 }
 
 std::pair<std::vector<at::Tensor>, at::Tensor> GroupedLinear::param_grads(
-    const OperationContext& ctx, const at::Tensor& dy, const at::Tensor& input) const {
+    const OperationContext& ctx, const Grad& grad, const at::Tensor& input) const {
+  const auto& dy = grad.dy;
   const auto& saved = ctx.saved_tensors;
   const auto& sizes = saved.at(0);
   const auto& scales = saved.at(3);
@@ -249,8 +335,9 @@ std::pair<std::vector<at::Tensor>, at::Tensor> GroupedLinear::param_grads(
   bool need_dw = false;
   for (int64_t i = 0; i < nw; ++i) need_dw |= ctx.param_requires_grad.at(i);
   if (need_dw) {
-    const auto x = input.defined() ? input : saved.at(1).reshape({-1, in_features_});
-    const auto dw = kernels::grouped_linear_wgrad(dy, x, sizes);
+    const auto x =
+        input.defined() && !ctx.fp8.on() ? input : saved.at(1).reshape({-1, in_features_});
+    const auto dw = kernels::grouped_linear_wgrad(grad.wgrad, x, sizes);
     for (int64_t i = 0; i < nw; ++i) {
       if (ctx.param_requires_grad.at(i)) grads[i] = single_weight_ ? dw : dw[i];
     }
@@ -275,7 +362,8 @@ std::pair<std::vector<at::Tensor>, at::Tensor> GroupedLinear::param_grads(
 BackwardResult GroupedLinear::fuser_backward(const std::vector<OperationContext*>& ctxs,
                                              const at::Tensor& grad_output, const TensorLists&) {
   auto& ctx = *ctxs.at(0);
-  const auto dy = cast_to(grad_output, ctx.compute_dtype).reshape({-1, out_features_});
+  const auto dy =
+      grad_operands(ctx, cast_to(grad_output, ctx.compute_dtype).reshape({-1, out_features_}));
   at::Tensor dx = input_grad(ctx, dy);
   if (dx.defined()) {
     auto shape = grad_output.sizes().vec();

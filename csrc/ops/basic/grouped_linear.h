@@ -56,15 +56,27 @@ class GroupedLinear : public BasicOperation {
   at::Tensor forward(OperationContext& ctx, const at::Tensor& input,
                      const std::vector<at::Tensor>& extra_inputs, const ForwardArgs& args,
                      bool keep_input = true);
-  /// dx [rows, in] from dy [rows, out] (undefined when the input needs no gradient); written
-  /// into the caller's grad_input buffer and that buffer returned (in x's shape) where the
-  /// forward was handed one (ops/call_buffers.h).
-  at::Tensor input_grad(const OperationContext& ctx, const at::Tensor& dy) const;
-  /// The parameter gradients and (scale_bias) the scales' gradient from dy [rows, out] and the
-  /// forward's input x [rows, in] in the compute dtype (undefined: the one the forward kept).
+  /// dy [rows, out] as the backward takes it: `dgrad` and `wgrad`, the GEMMs' operands (under
+  /// the forward's FP8 recipe cast per group, each group with its own quantizer: made once per
+  /// backward, a delayed-scaling history advances once), and `dy` itself for the bias.
+  struct Grad {
+    at::Tensor dy, dgrad, wgrad;
+  };
+  Grad grad_operands(const OperationContext& ctx, const at::Tensor& dy) const;
+  /// dx [rows, in] (undefined when the input needs no gradient); written into the caller's
+  /// grad_input buffer and that buffer returned (in x's shape) where the forward was handed one
+  /// (ops/call_buffers.h).
+  at::Tensor input_grad(const OperationContext& ctx, const Grad& dy) const;
+  /// The parameter gradients and (scale_bias) the scales' gradient from dy and the forward's
+  /// input x [rows, in] in the compute dtype (undefined: the one the forward kept, which it does
+  /// under FP8 whatever keep_input said).
   std::pair<std::vector<at::Tensor>, at::Tensor> param_grads(const OperationContext& ctx,
-                                                             const at::Tensor& dy,
+                                                             const Grad& dy,
                                                              const at::Tensor& x) const;
+  /// te.ops' quantizers: per group its input and its weight forward, its gradient backward.
+  std::pair<int64_t, int64_t> num_quantizers() const override {
+    return {2 * num_groups_, num_groups_};
+  }
 
  private:
   int64_t num_weight_params() const { return single_weight_ ? 1 : num_groups_; }
@@ -76,6 +88,9 @@ class GroupedLinear : public BasicOperation {
                            const char* name, c10::IntArrayRef shape) const;
   /// Checks the split sizes' metadata (dtype, shape) and puts them on x's device.
   at::Tensor split_sizes_for(const at::Tensor& sizes, const at::Tensor& x) const;
+  /// Under FP8: the weights [N, out, in] as the GEMMs see them, each group's parameter (an FP8
+  /// weight as it is stored) cast by its own quantizer.
+  at::Tensor fp8_weights(OperationContext& ctx) const;
 
   int64_t num_groups_, in_features_, out_features_;
   bool has_bias_, scale_bias_, single_weight_, single_bias_;

@@ -21,7 +21,8 @@ at::Tensor GroupedMLP_GroupedGEMMGLU::fuser_forward(const std::vector<OperationC
                                                     const TensorLists& extra_inputs, TensorLists&,
                                                     const ForwardArgs& args) {
   const auto h = fc1_->forward(*ctxs.at(0), input, extra_inputs.at(0), args);
-  // The activation keeps h and the scales; fc2 keeps no input (recomputed in the backward).
+  // The activation keeps h and the scales; fc2 keeps no input (recomputed in the backward; under
+  // FP8 it keeps its cast input).
   TensorLists no_outputs(1);
   const auto a =
       activation_->fuser_forward({ctxs.at(1)}, h, {extra_inputs.at(1)}, no_outputs, args);
@@ -32,7 +33,8 @@ BackwardResult GroupedMLP_GroupedGEMMGLU::fuser_backward(const std::vector<Opera
                                                          const at::Tensor& grad_output,
                                                          const TensorLists&) {
   auto &fc1_ctx = *ctxs.at(0), &act_ctx = *ctxs.at(1), &fc2_ctx = *ctxs.at(2);
-  const auto dy = cast_to(grad_output, fc2_ctx.compute_dtype).reshape({-1, fc2_->out_features()});
+  const auto dy = fc2_->grad_operands(
+      fc2_ctx, cast_to(grad_output, fc2_ctx.compute_dtype).reshape({-1, fc2_->out_features()}));
   const auto scales_shape = act_ctx.saved_tensors.at(1).sizes().vec();
   // Scopes and releases free each tensor once it is used, as the unfused plan's per-op backwards
   // would: fc2's input gradient, the recomputed fc2 input, the activation's saved input.
@@ -52,7 +54,7 @@ BackwardResult GroupedMLP_GroupedGEMMGLU::fuser_backward(const std::vector<Opera
     std::tie(fc2_grads, fc2_dscales) =
         fc2_->param_grads(fc2_ctx, dy, cast_to(a, fc2_ctx.compute_dtype));
   }
-  const auto dh2 = cast_to(dh, fc1_ctx.compute_dtype);
+  const auto dh2 = fc1_->grad_operands(fc1_ctx, cast_to(dh, fc1_ctx.compute_dtype));
   dh = at::Tensor();
   at::Tensor dx = fc1_->input_grad(fc1_ctx, dh2);
   if (dx.defined()) {

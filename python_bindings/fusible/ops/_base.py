@@ -114,17 +114,25 @@ def quantize_fp8_weights(module):
 
     for op in module._basic_op_list():
         how = getattr(op, "_fp8_weight", None)
-        w = op._parameters.get("weight") if how else None
-        if w is None or w.is_meta or isinstance(w, Float8Tensor):
+        if how is None:
             continue
-        q = Float8Tensor.quantize(w, how.format, delayed=how.delayed, block_dim=how.block_dim)
-        q = torch.nn.Parameter(q, requires_grad=w.requires_grad)
-        for m in module.modules():
-            for name, p in list(m._parameters.items()):
-                if p is w:
-                    m._parameters[name] = q
-        _fp8_weights_pending.discard(op)
-        op._sync_cpp_parameters()
+        changed = False
+        names = op._fp8_weight_names()
+        for weight_name in names:
+            w = op._parameters.get(weight_name)
+            if w is None or w.is_meta or isinstance(w, Float8Tensor):
+                continue
+            q = Float8Tensor.quantize(w, how.format, delayed=how.delayed, block_dim=how.block_dim)
+            q = torch.nn.Parameter(q, requires_grad=w.requires_grad)
+            for m in module.modules():
+                for name, p in list(m._parameters.items()):
+                    if p is w:
+                        m._parameters[name] = q
+            changed = True
+        if changed or not any(getattr(op._parameters.get(n), "is_meta", False) for n in names):
+            _fp8_weights_pending.discard(op)
+        if changed:
+            op._sync_cpp_parameters()
 
 
 _FP8_STATE_FORMAT = "fusible.fp8.delayed_scaling/1"
@@ -487,6 +495,10 @@ class BasicOperation(FusibleOperation):
     extra tensors with the class attributes num_extra_inputs / num_extra_outputs, register
     parameters the usual nn.Module way, and implement op_forward / op_backward (or fuser_forward /
     fuser_backward for ops with extra tensors)."""
+
+    def _fp8_weight_names(self):
+        """The parameters quantized_model_init stores in FP8 (where the op has them)."""
+        return ["weight"]
 
     # ---- te.ops' quantizer accessors (FP8): views of the C++ op's recipe and state
     def get_quantizer(self, mode, index):

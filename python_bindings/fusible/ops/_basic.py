@@ -293,6 +293,9 @@ class GroupedLinear(BasicOperation):
 
     _repr_fields = ("num_groups", "in_features", "out_features")
 
+    def _fp8_weight_names(self):
+        return [f"weight{g}" for g in range(self.num_groups)]
+
     def __init__(
         self,
         num_groups,
@@ -320,7 +323,20 @@ class GroupedLinear(BasicOperation):
         self._accumulate_into_main_grad = bool(accumulate_into_main_grad)
         self.single_grouped_weight = bool(single_grouped_weight)  # te.ops' attributes
         self.single_grouped_bias = bool(single_grouped_bias) and self.use_bias
+        fp8_weight = quantization.model_init_weights()
+        if fp8_weight is not None and self.single_grouped_weight:
+            raise NotImplementedError(
+                "GroupedLinear: single_grouped_weight=True under fusible.quantized_model_init is "
+                "not supported yet (FP8 weights are stored per group: weight0, weight1, ...)"
+            )
         super().__init__(self._make_cpp(_device(device), _dtype(dtype)))
+        # Under quantized_model_init: each group's weight in FP8 (its own scale), now or when
+        # materialized.
+        self._fp8_weight = fp8_weight
+        if fp8_weight is not None:
+            if self.weight0.is_meta:
+                _fp8_weights_pending.add(self)
+            quantize_fp8_weights(self)
 
     @property
     def has_bias(self):  # te.ops' attribute name
