@@ -117,7 +117,11 @@ void bind_quantization(py::module_& m) {
         });
 
   py::class_<ops::Quantize, ops::BasicOperation, std::shared_ptr<ops::Quantize>>(m, "Quantize")
-      .def(py::init<bool, bool>(), py::arg("forward"), py::arg("backward"));
+      .def(py::init<bool, bool>(), py::arg("forward"), py::arg("backward"))
+      .def_property_readonly("last_backward_scale", [](const ops::Quantize& q) -> py::object {
+        const auto& s = q.last_backward_scale();
+        return s.defined() ? py::cast(s) : py::none();
+      });
 }
 
 }  // namespace fusible::python

@@ -232,6 +232,42 @@ class _AsFloat8(torch.autograd.Function):
         return (grad.dequantize() if isinstance(grad, Float8Tensor) else grad), None, None
 
 
+class _GradAsFloat8(torch.autograd.Function):
+    """Identity forward; the backward hands the gradient (already on the FP8 grid: the next
+    node is ops.Quantize's backward cast) on as a Float8Tensor, as te.ops' Quantize does."""
+
+    @staticmethod
+    def forward(ctx, x, fmt, cpp_op):
+        ctx.fmt, ctx.cpp_op = fmt, cpp_op
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        scale = ctx.cpp_op.last_backward_scale  # delayed scaling's; None: the grad's own amax
+        if isinstance(grad, Float8Tensor) or grad.dtype not in _FP8_GEMM_DTYPES:
+            return grad, None, None
+        if scale is None:
+            return Float8Tensor.quantize(grad, ctx.fmt), None, None
+        scale = scale.to(grad.device)
+        data = cast_with_scale(grad, ctx.fmt, scale)
+        return Float8Tensor(data, scale.reciprocal(), ctx.fmt, grad.dtype), None, None
+
+
+_FP8_GEMM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def quantized_grad(x, cpp_op):
+    """x, through which ops.Quantize(backward=True)'s gradient leaves as te.ops hands it on: under
+    a per-tensor FP8 autocast a Float8Tensor (its values exactly those the cast produced); else x
+    itself (no autocast, block scaling, no gradient, or a dtype no FP8 GEMM takes)."""
+    recipe = getattr(_autocast_recipe, "value", None)
+    if recipe is None or recipe.float8_block_scaling():
+        return x
+    if not (torch.is_grad_enabled() and x.requires_grad) or x.dtype not in _FP8_GEMM_DTYPES:
+        return x
+    return _GradAsFloat8.apply(x, recipe.fp8_format.backward_format, cpp_op)
+
+
 def output_scale(cpp_op):
     """The scale an op's next forward cast uses under a DelayedScaling autocast (its state's,
     1.0 before the first one), read before that forward; None under other recipes."""
@@ -253,7 +289,7 @@ def quantized_output(y, scale=None):
     recipe = getattr(_autocast_recipe, "value", None)
     if recipe is None or recipe.float8_block_scaling():
         return y
-    if y.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if y.dtype not in _FP8_GEMM_DTYPES:
         return y
     scale = None if scale is None else scale.to(y.device)
     return _AsFloat8.apply(y, recipe.fp8_format.forward_format, scale)

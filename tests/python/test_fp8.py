@@ -1299,6 +1299,48 @@ class TestQuantizeOutput:
             assert type(seq(x)) is torch.Tensor  # block scaling: the cast values, unwrapped
 
 
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("rec", ["current", "delayed"])
+    def test_quantize_backward_hands_on_a_float8_gradient(self, device, rec):
+        from fusible._float8_tensor import Float8Tensor
+
+        r = recipe.Float8CurrentScaling() if rec == "current" else recipe.DelayedScaling()
+        torch.manual_seed(8)
+        op = ops.Quantize(forward=False, backward=True)
+        first = ops.Sequential(ops.Quantize(forward=False, backward=True), ops.Linear(32, 8))
+        fmax = 57344.0  # E5M2
+        scale = 1.0  # delayed scaling's first backward cast
+        for _ in range(2):
+            x = torch.randn(16, 32, device=device, requires_grad=True)
+            dy = torch.randn(16, 32, device=device) * 3
+            seen = []
+            h = x * 1.0
+            h.register_hook(seen.append)
+            with fusible.autocast(recipe=r):
+                y = op(h)
+            y.backward(dy)
+            g = seen[0]
+            assert isinstance(g, Float8Tensor) and g.dtype == dy.dtype
+            d = dy.double().cpu()
+            s = fmax / d.abs().max().item() if rec == "current" else scale
+            want = (d * s).clamp(-fmax, fmax).to(torch.float8_e5m2).double() / s
+            # (an fp32 scale against a float64 one: equal up to the scale's rounding)
+            torch.testing.assert_close(g.dequantize().double().cpu(), want, rtol=1e-6, atol=0)
+            torch.testing.assert_close(x.grad, g.dequantize(), rtol=0, atol=0)
+            scale = fmax / d.abs().max().item()  # history (len 1024, max): this step's amax
+        seen = []
+        h = torch.randn(4, 32, requires_grad=True) * 1.0
+        h.register_hook(seen.append)
+        with fusible.autocast(recipe=r):
+            first(h).sum().backward()
+        assert isinstance(seen[0], Float8Tensor)
+        with fusible.autocast(recipe=recipe.Float8BlockScaling()):
+            h = torch.randn(4, 32, requires_grad=True) * 1.0
+            h.register_hook(seen.append)
+            op(h).sum().backward()
+        assert type(seen[-1]) is torch.Tensor  # block scaling: the cast values, unwrapped
+
+
 class TestFloat8TensorWrites:
     def test_a_write_into_a_view_keeps_the_rest(self):
         with fusible.quantized_model_init():

@@ -12,7 +12,10 @@ at::Tensor Quantize::op_forward(OperationContext& ctx, const at::Tensor& x, cons
 
 std::pair<at::Tensor, std::vector<at::Tensor>> Quantize::op_backward(OperationContext& ctx,
                                                                      const at::Tensor& dy) {
-  return {ctx.fp8.backward(dy), {}};  // off unless backward_ was set under an FP8 autocast
+  // Off unless backward_ was set under an FP8 autocast.
+  const auto& state = ctx.fp8.state;
+  if (state && !state->backward.empty()) last_backward_scale_ = state->backward[0].scale.clone();
+  return {ctx.fp8.backward(dy), {}};
 }
 
 }  // namespace fusible::ops

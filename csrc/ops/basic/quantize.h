@@ -17,10 +17,14 @@ class Quantize : public BasicOperation {
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs&) override;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
+  /// The scale its latest backward cast used under DelayedScaling (undefined otherwise): what a
+  /// binding that hands the gradient out quantized records it with.
+  const at::Tensor& last_backward_scale() const { return last_backward_scale_; }
 
  private:
   bool forward_;
   bool backward_;
+  at::Tensor last_backward_scale_;
 };
 
 }  // namespace fusible::ops

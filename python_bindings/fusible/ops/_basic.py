@@ -372,8 +372,11 @@ class Quantize(BasicOperation):
     leaves fusible (called alone, or last in a Sequential) under a per-tensor recipe, it is a
     Float8Tensor, as te.ops returns a quantized tensor: the next op's FP8 GEMM reads its data as
     it is, any other module sees its dequantized values. Inside a fuser group the next op gets the
-    cast values, which its own cast leaves unchanged (they are on the grid). The backward's
-    gradient is cast and handed back in the compute dtype.
+    cast values, which its own cast leaves unchanged under current scaling (they are on the grid;
+    under DelayedScaling the next op's own quantizer casts them again, where te.ops would read
+    them as they are). Likewise the backward's gradient leaves fusible (Quantize called alone, or
+    first in a Sequential) as a Float8Tensor under a per-tensor recipe; inside a group the op
+    before it gets the cast values.
 
     Args:
         forward (bool): quantize the forward's tensor (default True).
@@ -391,6 +394,8 @@ class Quantize(BasicOperation):
         return _C.Quantize(self._quantize_forward, self._quantize_backward)
 
     def forward(self, input, *extra_inputs, **kwargs):
+        if self._quantize_backward:  # its gradient leaves fusible here: handed on quantized
+            input = quantization.quantized_grad(input, self._cpp)
         if not self._quantize_forward:
             return super().forward(input, *extra_inputs, **kwargs)
         scale = quantization.output_scale(self._cpp)

@@ -192,7 +192,8 @@ class Sequential(torch.nn.Module):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_cpp"] = None  # rebuilt on the copy's first call: a copy is not locked
-        state.pop("_quantize_last", None)  # a C++ op; set again with the engine
+        state.pop("_quantize_last", None)  # C++ ops; set again with the engine
+        state.pop("_quantize_first", None)
         return state
 
     def __setstate__(self, state):
@@ -289,6 +290,10 @@ class Sequential(torch.nn.Module):
             last = next(reversed(self._modules.values()), None)
             quantize = getattr(last, "_quantize_forward", False)
             self.__dict__["_quantize_last"] = last._cpp if quantize else None
+            # And a first Quantize(backward=True)'s gradient (quantization.quantized_grad).
+            first = next(iter(self._modules.values()), None)
+            quantize = getattr(first, "_quantize_backward", False)
+            self.__dict__["_quantize_first"] = first._cpp if quantize else None
             # Every hook dict of the ops: while all are empty (the usual case) one any() per call
             # tells that nothing changed, instead of four attribute reads per op.
             self._hook_dicts = tuple(
@@ -329,6 +334,8 @@ class Sequential(torch.nn.Module):
         cpp = self._engine()  # also sets _param_sources, _basic and _pre_hooks
         quantize_last = self._quantize_last  # its C++ op, or None
         scale = quantization.output_scale(quantize_last) if quantize_last is not None else None
+        if self._quantize_first is not None:
+            input = quantization.quantized_grad(input, self._quantize_first)
         self._pre_hooks(input, extra_inputs)
         named_inputs = list(channel_inputs.items()) if channel_inputs else []
         params = call_parameters(self._param_sources)
