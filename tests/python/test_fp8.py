@@ -1298,7 +1298,6 @@ class TestQuantizeOutput:
         with fusible.autocast(recipe=recipe.Float8BlockScaling()):
             assert type(seq(x)) is torch.Tensor  # block scaling: the cast values, unwrapped
 
-
     @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize("rec", ["current", "delayed"])
     def test_quantize_backward_hands_on_a_float8_gradient(self, device, rec):
@@ -1307,7 +1306,9 @@ class TestQuantizeOutput:
         r = recipe.Float8CurrentScaling() if rec == "current" else recipe.DelayedScaling()
         torch.manual_seed(8)
         op = ops.Quantize(forward=False, backward=True)
-        first = ops.Sequential(ops.Quantize(forward=False, backward=True), ops.Linear(32, 8))
+        first = ops.Sequential(
+            ops.Quantize(forward=False, backward=True), ops.Linear(32, 8, device=device)
+        )
         fmax = 57344.0  # E5M2
         scale = 1.0  # delayed scaling's first backward cast
         for _ in range(2):
@@ -1329,13 +1330,13 @@ class TestQuantizeOutput:
             torch.testing.assert_close(x.grad, g.dequantize(), rtol=0, atol=0)
             scale = fmax / d.abs().max().item()  # history (len 1024, max): this step's amax
         seen = []
-        h = torch.randn(4, 32, requires_grad=True) * 1.0
+        h = torch.randn(4, 32, device=device, requires_grad=True) * 1.0
         h.register_hook(seen.append)
         with fusible.autocast(recipe=r):
             first(h).sum().backward()
         assert isinstance(seen[0], Float8Tensor)
         with fusible.autocast(recipe=recipe.Float8BlockScaling()):
-            h = torch.randn(4, 32, requires_grad=True) * 1.0
+            h = torch.randn(4, 32, device=device, requires_grad=True) * 1.0
             h.register_hook(seen.append)
             op(h).sum().backward()
         assert type(seen[-1]) is torch.Tensor  # block scaling: the cast values, unwrapped
