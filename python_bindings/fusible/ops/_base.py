@@ -162,6 +162,45 @@ def drop_empty_te_extra_state(state_dict, key):
     del state_dict[key]
 
 
+def _frozen_message(op, name):
+    cls = type(op).__name__
+    return (
+        f"{cls}.{name} is fixed at construction (the op and its fusions were built with it); "
+        f"build a new {cls} with the value you want and put it in place of this one"
+    )
+
+
+def _freezing_init(init):
+    """init, after which (the outermost of fusible's constructors) every public attribute the
+    constructors set is read-only: one rule for every op's hyperparameters (eps, p, scale, ...),
+    which the C++ op was built with and a compiled graph may have baked in. Attributes a user's
+    subclass sets after, and new attributes, stay writable."""
+
+    def wrapped(self, *args, **kwargs):
+        depth = self.__dict__.get("_init_depth", 0)
+        self.__dict__["_init_depth"] = depth + 1
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            self.__dict__["_init_depth"] = depth
+        if depth == 0:
+            frozen = {
+                k for k in self.__dict__ if not k.startswith("_") and k not in _MODULE_ATTRIBUTES
+            }
+            self.__dict__["_frozen"] = frozenset(frozen)
+
+    wrapped.__name__, wrapped.__qualname__, wrapped.__doc__ = (
+        init.__name__,
+        init.__qualname__,
+        init.__doc__,
+    )
+    wrapped.__wrapped__ = init
+    return wrapped
+
+
+_MODULE_ATTRIBUTES = frozenset(torch.nn.Module().__dict__)  # nn.Module's own ("training")
+
+
 class FusibleOperation(torch.nn.Module):
     """Base of every fusible op: a torch.nn.Module over a C++ operation (`_cpp`).
 
@@ -170,6 +209,13 @@ class FusibleOperation(torch.nn.Module):
 
     is_fused_op = False
     _builtin = True  # a built-in op: the C++ op is one of the library's classes
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # fusible's own classes: what their constructors set becomes read-only (_freeze_settings).
+        init = cls.__dict__.get("__init__")
+        if init is not None and cls.__module__.startswith("fusible."):
+            cls.__init__ = _freezing_init(init)
 
     def __init__(self, cpp_op):
         super().__init__()
@@ -228,6 +274,8 @@ class FusibleOperation(torch.nn.Module):
         return counts[0] if mode == "forward" else counts[1]
 
     def __setattr__(self, name, value):
+        if name in self.__dict__.get("_frozen", ()):
+            raise AttributeError(_frozen_message(self, name))
         # Linear's weight/bias are also its basic ops' own: keep those aliases on assignment.
         params = self.__dict__.get("_parameters")
         if params is not None and name in params and isinstance(value, torch.nn.Parameter):
@@ -241,6 +289,11 @@ class FusibleOperation(torch.nn.Module):
                 if op is not self and name in op._parameters:
                     torch.nn.Module.__setattr__(op, name, value)
         super().__setattr__(name, value)
+
+    def __delattr__(self, name):
+        if name in self.__dict__.get("_frozen", ()):
+            raise AttributeError(_frozen_message(self, name))
+        super().__delattr__(name)
 
     def _apply(self, fn, recurse=True):
         # In place, so the Parameter objects (shared with C++) keep their identity; torch's own

@@ -577,6 +577,8 @@ def _activation(name, doc, gated=False):
         )
     else:
         doc += f"\n\n    Args:\n        {_CACHE_DOC}"
+    # Named as the class's own, so a wrong keyword's TypeError names the op (GELU.__init__()).
+    __init__.__qualname__, _make_cpp.__qualname__ = f"{name}.__init__", f"{name}._make_cpp"
     attrs = {"__init__": __init__, "_make_cpp": _make_cpp, "__doc__": doc, "__module__": __name__}
     attrs["cache_quantized_input"] = _CACHE_PROPERTY
     if gated:

@@ -200,6 +200,26 @@ class Sequential(torch.nn.Module):
         super().__setstate__(state)
         _compile_support.register(self)  # a copy has its own handle
 
+    # Every route that sets or removes a child (setattr, register_module / add_module, del)
+    # regroups, as the list API below does.
+    def __setattr__(self, name, value):
+        child = isinstance(value, torch.nn.Module) or name in self.__dict__.get("_modules", {})
+        super().__setattr__(name, value)
+        if child:
+            self._invalidate()
+
+    def __delattr__(self, name):
+        child = name in self.__dict__.get("_modules", {})
+        super().__delattr__(name)
+        if child:
+            self._invalidate()
+
+    def add_module(self, name, module):
+        super().add_module(name, module)
+        self._invalidate()
+
+    register_module = add_module
+
     # ---- list API (any change drops the C++ Sequential, and with it the channel locks)
     def _invalidate(self):
         self._cpp = None
