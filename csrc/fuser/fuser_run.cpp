@@ -2,6 +2,12 @@
 // including channel routing between ops.
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "fuser/fuser_call.h"
 
@@ -114,6 +120,37 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
   return outputs;
 }
 
+namespace {
+
+// p's backward; reading a saved tensor that the forward (another op, when fused) did not save is
+// an error naming both and what was saved, not a bare out_of_range.
+ops::BackwardResult backward_of(const FuserCall& call, const PlannedOp& p,
+                                const std::vector<ops::OperationContext*>& ctxs,
+                                const at::Tensor& dy, const ops::TensorLists& grad_extra_out) {
+  std::vector<size_t> saved;
+  for (const auto* c : ctxs) saved.push_back(c->saved_tensors.size());
+  try {
+    return p.op->fuser_backward(ctxs, dy, grad_extra_out);
+  } catch (const std::out_of_range&) {
+    std::vector<std::string> forwards;
+    for (const auto& f : call.plan->forward) {
+      const bool overlaps =
+          std::any_of(f.basic_indices.begin(), f.basic_indices.end(), [&](auto i) {
+            return std::find(p.basic_indices.begin(), p.basic_indices.end(), i) !=
+                   p.basic_indices.end();
+          });
+      if (overlaps) forwards.push_back(f.op->type_name());
+    }
+    TORCH_CHECK(false, p.op->type_name(),
+                ": its backward read a saved tensor that the forward did not save (forward ran as ",
+                c10::Join(", ", forwards), "; tensors saved per basic op: ", c10::Join(", ", saved),
+                "). A fused forward must save in each basic op's context what that op's backward "
+                "reads, or come with its own backward fusion");
+  }
+}
+
+}  // namespace
+
 std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tensor>& grad_outputs) {
   const auto& routing = *call.routing;
   const size_t n = call.ctxs.size();
@@ -138,7 +175,7 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
     auto ctxs = contexts_of(call, p);
     ops::TensorLists sub_grad_out;
     for (auto i : p.basic_indices) sub_grad_out.push_back(grad_extra_out[i]);
-    auto r = p.op->fuser_backward(ctxs, dy, sub_grad_out);
+    auto r = backward_of(call, p, ctxs, dy, sub_grad_out);
     for (auto* c : ctxs) {
       if (c->release_saved) c->saved_tensors.clear();  // activations freed as eager frees them
     }

@@ -5,11 +5,13 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <string>
 #include <unordered_set>
 
 #include "common/checks.h"
@@ -439,6 +441,32 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
   }
 };
 
+std::vector<std::string> OperationFuser::extra_input_takers() const {
+  std::vector<std::string> out(routing_->num_public_inputs);
+  for (size_t op = 0; op < routing_->inputs.size(); ++op) {
+    for (size_t slot = 0; slot < routing_->inputs[op].size(); ++slot) {
+      const auto& src = routing_->inputs[op][slot];
+      if (src.kind == InputSource::Kind::kPublic) {
+        out.at(src.index) =
+            basic_ops_[op]->type_name() + " (extra input " + std::to_string(slot) + ")";
+      }
+    }
+  }
+  return out;
+}
+
+std::string extra_input_error(const char* who, const std::vector<std::string>& takers, size_t got) {
+  std::string out = std::string(who) + ": expected " + std::to_string(takers.size()) +
+                    " extra inputs, got " + std::to_string(got);
+  if (!takers.empty()) out += "; in order they feed " + c10::Join(", ", takers);
+  if (got < takers.size()) {
+    out +=
+        " (pass them after the input, or bind an op's extra input to a channel with "
+        "set_extra_input_channel and feed it by name)";
+  }
+  return out;
+}
+
 std::vector<at::Tensor> OperationFuser::forward(
     const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
     const std::vector<std::pair<std::string, at::Tensor>>& named_inputs,
@@ -449,8 +477,7 @@ std::vector<at::Tensor> OperationFuser::forward(
                    basic_ops_.empty() ? std::string("OperationFuser") : basic_ops_[0]->type_name(),
                    ": expected a floating-point input, got ", input.scalar_type());
   TORCH_CHECK_VALUE(static_cast<int64_t>(extra_inputs.size()) == routing_->num_public_inputs,
-                    "OperationFuser: expected ", routing_->num_public_inputs, " extra inputs, got ",
-                    extra_inputs.size());
+                    extra_input_error("OperationFuser", extra_input_takers(), extra_inputs.size()));
   for (size_t i = 0; i < extra_inputs.size(); ++i) {
     TORCH_CHECK_VALUE(extra_inputs[i].defined(), "OperationFuser: extra input ", i, " is None");
   }

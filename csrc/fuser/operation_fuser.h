@@ -50,6 +50,9 @@ struct FuserOptions {
   std::set<std::string> export_channels;
 };
 
+/// "who: expected N extra inputs, got M; in order they feed <takers>" (and how to feed them).
+std::string extra_input_error(const char* who, const std::vector<std::string>& takers, size_t got);
+
 class OperationFuser {
  public:
   /// Flattens `ops` (composites expand into their basic ops) and checks channel wiring.
@@ -71,6 +74,8 @@ class OperationFuser {
   const ParamLayout& parameter_layout() const { return *param_layout_; }
 
   int64_t num_extra_inputs() const { return routing_->num_public_inputs; }
+  /// Who takes each extra input, by position: "<op type> (extra input <slot>)", for errors.
+  std::vector<std::string> extra_input_takers() const;
   /// Number of public extra outputs.
   int64_t num_extra_outputs() const;
   /// What each exported output is: public (returned to the caller) and/or named.

@@ -132,8 +132,16 @@ Sequential::Outputs Sequential::run(const at::Tensor& input,
     needed += g.fuser->num_extra_inputs();
     num_params += g.fuser->parameter_layout().size;
   }
-  TORCH_CHECK_VALUE(static_cast<int64_t>(extra_inputs.size()) == needed, "Sequential: expected ",
-                    needed, " extra inputs, got ", extra_inputs.size());
+  if (static_cast<int64_t>(extra_inputs.size()) != needed) {
+    std::vector<std::string> takers;
+    for (const auto& g : groups) {
+      if (!g.fuser) continue;
+      for (auto& t : g.fuser->extra_input_takers()) {
+        takers.push_back(std::move(t) + " in the group from entry " + std::to_string(g.entry));
+      }
+    }
+    TORCH_CHECK_VALUE(false, extra_input_error("Sequential", takers, extra_inputs.size()));
+  }
   TORCH_CHECK_VALUE(!params || static_cast<int64_t>(params->size()) == num_params,
                     "Sequential: expected ", num_params, " parameters, got ", params->size());
   at::Tensor x = input;

@@ -199,6 +199,23 @@ class TestFusedOpsAndFusions:
         torch.testing.assert_close(gx, torch.full((5,), 0.25, dtype=D))
         torch.testing.assert_close(gr, torch.ones(5, dtype=D))
 
+    def test_a_fused_forward_that_saves_too_little_is_named(self):
+        class SavesTooLittle(LinearSiLU):
+            def fuser_forward(self, basic_op_ctxs, input_, **unused):
+                y, extra = super().fuser_forward(basic_op_ctxs, input_, **unused)
+                basic_op_ctxs[0].save_for_backward(input_)  # BasicLinear's backward reads (x, w)
+                return y, extra
+
+        ops.register_forward_fusion(_pairwise(SavesTooLittle, ops.BasicLinear, ops.SiLU))
+        seq = ops.Sequential(ops.BasicLinear(4, 6, device="cpu", dtype=D), ops.SiLU())
+        y = seq(_x(3, 4))
+        with pytest.raises(
+            RuntimeError,
+            match=r"BasicLinear: its backward read a saved tensor that the forward did not save "
+            r"\(forward ran as SavesTooLittle; tensors saved per basic op: 1\)",
+        ):
+            y.sum().backward()
+
     def test_forward_only_linear_silu_backward_unfused(self):
         ops.register_forward_fusion(_pairwise(LinearSiLU, ops.BasicLinear, ops.SiLU))
         lin = ops.BasicLinear(4, 6, device="cpu", dtype=D)

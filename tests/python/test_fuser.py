@@ -131,6 +131,14 @@ class TestOperationFuser:
         fuser = ops.OperationFuser([ops.AddExtraInput()])
         with pytest.raises(ValueError, match="expected 1 extra inputs, got 0"):
             fuser(torch.randn(3))
+        # A Sequential names the op that wants it, and how to feed it.
+        seq = ops.Sequential(ops.MakeExtraOutput(), ops.Linear(8, 8), ops.AddExtraInput())
+        want = (
+            r"expected 1 extra inputs, got 0; in order they feed AddExtraInput \(extra input 0\) "
+            r"in the group from entry 0 \(pass them after the input, or bind an op's extra input"
+        )
+        with pytest.raises(ValueError, match=want):
+            seq(torch.randn(2, 8))
 
     def test_bad_inputs_give_clear_errors_and_change_nothing(self):
         lin = ops.Linear(4, 3, device="cpu")
