@@ -125,28 +125,45 @@ std::vector<ops::OpFp8State> fp8_states(Sequential& seq) {
   return out;
 }
 
-std::vector<at::Tensor> sequential_call(int64_t handle, const at::Tensor& input,
-                                        at::TensorList extras, c10::string_view names,
-                                        at::TensorList named, at::TensorList params,
+// A call's tensors, [input, extras..., named..., params...] (one list the schema never leaves
+// empty: AOTInductor passes an empty tensor list as None), split.
+struct CallTensors {
+  at::Tensor input;
+  std::vector<at::Tensor> extras, named, params;
+  CallTensors(at::TensorList tensors, int64_t num_extras, int64_t num_named) {
+    TORCH_CHECK(!tensors.empty() && num_extras >= 0 && num_named >= 0 &&
+                    1 + num_extras + num_named <= static_cast<int64_t>(tensors.size()),
+                "fusible::sequential_call: ", tensors.size(), " tensors cannot hold an input, ",
+                num_extras, " extra and ", num_named, " named inputs");
+    input = tensors[0];
+    extras = tensors.slice(1, num_extras).vec();
+    named = tensors.slice(1 + num_extras, num_named).vec();
+    params = tensors.slice(1 + num_extras + num_named).vec();
+  }
+};
+
+std::vector<at::Tensor> sequential_call(int64_t handle, at::TensorList tensors, int64_t num_extras,
+                                        int64_t num_named, c10::string_view names,
                                         c10::string_view fp8) {
   auto seq = engine(handle);
+  const CallTensors t(tensors, num_extras, num_named);
   const auto recipe = compiled_recipe(fp8);
   // Delayed scaling: the scales this forward casts with, for the backward's recomputation.
   const auto scales = is_delayed(recipe)
-                          ? ops::delayed_forward_scales(fp8_states(*seq), *recipe, input.device())
+                          ? ops::delayed_forward_scales(fp8_states(*seq), *recipe, t.input.device())
                           : at::Tensor();
   const at::NoGradGuard no_grad;
-  auto outputs = seq->run(input, extras.vec(), named_inputs(names, named), params.vec()).outputs;
-  outputs = owned(std::move(outputs), {input, extras, named, params});
+  auto outputs = seq->run(t.input, t.extras, named_inputs(names, t.named), t.params).outputs;
+  outputs = owned(std::move(outputs), {tensors});
   if (scales.defined()) outputs.push_back(scales);
   return outputs;
 }
 
 // Recomputes the call with autograd on and differentiates it: a compiled graph keeps only the
-// call's inputs between forward and backward.
-std::vector<at::Tensor> sequential_call_backward(int64_t handle, const at::Tensor& input,
-                                                 at::TensorList extras, c10::string_view names,
-                                                 at::TensorList named, at::TensorList params,
+// call's inputs between forward and backward. One gradient per tensor of the call.
+std::vector<at::Tensor> sequential_call_backward(int64_t handle, at::TensorList tensors,
+                                                 int64_t num_extras, int64_t num_named,
+                                                 c10::string_view names,
                                                  at::TensorList grad_outputs, c10::string_view fp8,
                                                  const std::optional<at::Tensor>& fp8_scales) {
   auto seq = engine(handle);
@@ -161,20 +178,14 @@ std::vector<at::Tensor> sequential_call_backward(int64_t handle, const at::Tenso
     replay.emplace(fp8_states(*seq), *fp8_scales);
   }
   std::vector<at::Tensor> leaves;
-  for (const auto group : {at::TensorList(input), extras, named, params}) {
-    for (const auto& t : group) leaves.push_back(t.detach().requires_grad_(t.is_floating_point()));
-  }
-  const auto slice = [&](size_t from, size_t n) {
-    return std::vector<at::Tensor>(leaves.begin() + from, leaves.begin() + from + n);
-  };
-  const size_t ne = extras.size(), nn = named.size();
+  for (const auto& t : tensors) leaves.push_back(t.detach().requires_grad_(t.is_floating_point()));
+  const CallTensors t(leaves, num_extras, num_named);
   std::vector<at::Tensor> grads(leaves.size());
   {
     const AutogradKeysOn with_autograd;  // a kernel may run below autograd; this recomputes
     const at::AutoGradMode grad_mode(true);
-    const auto outputs = seq->run(leaves[0], slice(1, ne), named_inputs(names, slice(1 + ne, nn)),
-                                  slice(1 + ne + nn, params.size()))
-                             .outputs;
+    const auto outputs =
+        seq->run(t.input, t.extras, named_inputs(names, t.named), t.params).outputs;
     TORCH_CHECK(outputs.size() == grad_outputs.size(),
                 "fusible::sequential_call_backward: ", grad_outputs.size(),
                 " output gradients for ", outputs.size(), " outputs");
@@ -202,30 +213,27 @@ std::vector<at::Tensor> sequential_call_backward(int64_t handle, const at::Tenso
     if (!grads[i].defined()) grads[i] = at::zeros_like(leaves[i]);
   }
   // A gradient may be an incoming one passed straight through (an add's): copied.
-  return owned(std::move(grads), {input, extras, named, params, grad_outputs});
+  return owned(std::move(grads), {tensors, grad_outputs});
 }
 
 // The autograd formula: the backward op on the saved inputs (the graph keeps nothing else).
 struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallAutograd> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                int64_t handle, const at::Tensor& input,
-                                                at::TensorList extras, c10::string_view names,
-                                                at::TensorList named, at::TensorList params,
-                                                c10::string_view fp8) {
+                                                int64_t handle, at::TensorList tensors,
+                                                int64_t num_extras, int64_t num_named,
+                                                c10::string_view names, c10::string_view fp8) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("fusible::sequential_call", "")
                                .typed<decltype(sequential_call)>();
     ctx->saved_data["handle"] = handle;
     ctx->saved_data["names"] = std::string(names);
     ctx->saved_data["fp8"] = std::string(fp8);
-    ctx->saved_data["extras"] = static_cast<int64_t>(extras.size());
-    ctx->saved_data["named"] = static_cast<int64_t>(named.size());
-    std::vector<at::Tensor> saved{input};
-    for (const auto group : {extras, named, params})
-      saved.insert(saved.end(), group.begin(), group.end());
+    ctx->saved_data["extras"] = num_extras;
+    ctx->saved_data["named"] = num_named;
+    auto saved = tensors.vec();
     auto outputs = [&] {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;  // apply() only turns grad off
-      return op.call(handle, input, extras, names, named, params, fp8);
+      return op.call(handle, tensors, num_extras, num_named, names, fp8);
     }();
     const bool delayed = is_delayed(ops::recipe_from_key(std::string(fp8)));
     if (delayed) {  // the forward's scales: saved, and no gradient flows through them
@@ -249,27 +257,22 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
       saved.pop_back();
       grad_outputs.pop_back();
     }
-    const auto ne = ctx->saved_data["extras"].toInt(), nn = ctx->saved_data["named"].toInt();
-    const at::TensorList all(saved);
-    const auto grads =
-        op.call(ctx->saved_data["handle"].toInt(), saved[0], all.slice(1, ne),
-                ctx->saved_data["names"].toStringRef(), all.slice(1 + ne, nn),
-                all.slice(1 + ne + nn), grad_outputs, ctx->saved_data["fp8"].toStringRef(), scales);
-    // One slot per forward argument; the handle, the names and the recipe get none.
-    torch::autograd::variable_list out{at::Tensor(), grads[0]};
-    out.insert(out.end(), grads.begin() + 1, grads.begin() + 1 + ne);
-    out.emplace_back();
-    out.insert(out.end(), grads.begin() + 1 + ne, grads.end());
-    out.emplace_back();
+    auto grads =
+        op.call(ctx->saved_data["handle"].toInt(), saved, ctx->saved_data["extras"].toInt(),
+                ctx->saved_data["named"].toInt(), ctx->saved_data["names"].toStringRef(),
+                grad_outputs, ctx->saved_data["fp8"].toStringRef(), scales);
+    // One slot per forward argument, a tensor list's flattened: none for the other arguments.
+    torch::autograd::variable_list out{at::Tensor()};
+    out.insert(out.end(), grads.begin(), grads.end());
+    out.resize(out.size() + 4);
     return out;
   }
 };
 
-std::vector<at::Tensor> sequential_call_autograd(int64_t handle, const at::Tensor& input,
-                                                 at::TensorList extras, c10::string_view names,
-                                                 at::TensorList named, at::TensorList params,
-                                                 c10::string_view fp8) {
-  return SequentialCallAutograd::apply(handle, input, extras, names, named, params, fp8);
+std::vector<at::Tensor> sequential_call_autograd(int64_t handle, at::TensorList tensors,
+                                                 int64_t num_extras, int64_t num_named,
+                                                 c10::string_view names, c10::string_view fp8) {
+  return SequentialCallAutograd::apply(handle, tensors, num_extras, num_named, names, fp8);
 }
 
 }  // namespace
@@ -296,20 +299,19 @@ void forget_sequential(int64_t handle) {
 }  // namespace fusible::fuser
 
 TORCH_LIBRARY_FRAGMENT(fusible, m) {
-  // The whole call of the Sequential named by handle: [y, public extra outputs]. names: the
-  // channel names of `named`, joined by '\x1f'. Used by torch.compile (its fake kernel comes
-  // from Python).
-  // fp8: the key of the FP8 recipe it was compiled under ("" for none; ops::recipe_key), which
-  // must be the autocast's when it runs; under delayed scaling the last output is the scales the
-  // forward cast with (its backward replays them).
+  // The whole call of the Sequential named by handle: [y, public extra outputs]. tensors: [input,
+  // num_extras extra inputs, num_named channel inputs, the parameters]; names: the channel names,
+  // joined by '\x1f'. fp8: the key of the FP8 recipe it was compiled under ("" for none;
+  // ops::recipe_key), which must be the autocast's when it runs; under delayed scaling the last
+  // output is the scales the forward cast with (its backward replays them). Used by
+  // torch.compile and torch.export (its fake kernel comes from Python).
   m.def(
-      "sequential_call(int handle, Tensor input, Tensor[] extras, str names, Tensor[] named, "
-      "Tensor[] params, str fp8=\"\") -> Tensor[]");
-  // Its backward by recomputation: a gradient for input, each extra, named and parameter tensor.
+      "sequential_call(int handle, Tensor[] tensors, int num_extras, int num_named, str names, "
+      "str fp8=\"\") -> Tensor[]");
+  // Its backward by recomputation: a gradient for each of the call's tensors.
   m.def(
-      "sequential_call_backward(int handle, Tensor input, Tensor[] extras, str names, "
-      "Tensor[] named, Tensor[] params, Tensor[] grad_outputs, str fp8=\"\", "
-      "Tensor? fp8_scales=None) -> Tensor[]");
+      "sequential_call_backward(int handle, Tensor[] tensors, int num_extras, int num_named, "
+      "str names, Tensor[] grad_outputs, str fp8=\"\", Tensor? fp8_scales=None) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {

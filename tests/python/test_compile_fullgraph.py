@@ -168,7 +168,7 @@ def test_opcheck_of_the_call_ops():
     x, gate = torch.randn(4, 8, dtype=D), torch.randn(4, 8, dtype=D)
     paths = cs._param_paths(model._compile_handle)
     params = [getattr(model.get_submodule(p), n).detach() for p, n in paths]
-    args = (model._compile_handle, x, [], "gate", [gate], params)
+    args = (model._compile_handle, [x, gate, *params], 0, 1, "gate")
     torch.library.opcheck(torch.ops.fusible.sequential_call.default, args)
     outs = torch.ops.fusible.sequential_call(*args)
     grads = [torch.randn_like(o) for o in outs]

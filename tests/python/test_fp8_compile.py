@@ -110,13 +110,13 @@ def test_a_call_under_another_recipe_than_compiled_is_refused():
     model(x)  # builds the engine
     with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
         with pytest.raises(RuntimeError, match="compiled under FP8 recipe '' but called under"):
-            torch.ops.fusible.sequential_call(handle, x, [], "", [], params, "")
+            torch.ops.fusible.sequential_call(handle, [x, *params], 0, 0, "", "")
     key = fusible.quantization._compiled_key
     assert key == ""  # restored on exit
     with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
         key = fusible.quantization._compiled_key
     with pytest.raises(RuntimeError, match="compiled under FP8 recipe 'current;"):
-        torch.ops.fusible.sequential_call(handle, x, [], "", [], params, key)
+        torch.ops.fusible.sequential_call(handle, [x, *params], 0, 0, "", key)
 
 
 def test_fp8_weights_under_compile_are_refused():

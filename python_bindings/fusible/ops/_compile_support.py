@@ -16,6 +16,7 @@ asked once per handle and again after the engine was rebuilt. Their fake kernels
 tracing) are here.
 """
 
+import math
 import weakref
 
 import torch
@@ -97,12 +98,122 @@ def _run(seq, input, extras, names, named, params):
     return outputs
 
 
+_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
+
+
+def _symbols(tensors):
+    """The free symbols of the tensors' sizes, in a fixed order."""
+    found = {}
+    for t in tensors:
+        for d in t.shape:
+            if isinstance(d, torch.SymInt):
+                for sym in sorted(d.node.expr.free_symbols, key=str):
+                    found.setdefault(sym, d.node.shape_env)
+    return list(found.items())
+
+
+def _concrete(t, values):
+    """A fake tensor like t with its symbolic sizes evaluated at `values` (symbol -> int)."""
+    shape = [
+        int(d.node.expr.xreplace(values)) if isinstance(d, torch.SymInt) else d for d in t.shape
+    ]
+    return t.new_empty(shape)
+
+
+def _symbolic_outputs(run, input, extras, named, params):
+    """The outputs' shapes as expressions of the inputs' symbolic sizes, without running the C++
+    ops on symbolic sizes (they would read them, and specialize the graph to one size). The call
+    runs at the sizes' hints and with one symbol scaled at a time: a size the ops refuse to vary
+    (a feature dim a weight fixes) is specialized, as reading it would. Then all others are scaled
+    together, each by its own prime: an output size that changed is the product of the symbols
+    whose primes divide the ratio, times a constant (as a reshape of leading dims gives). Any
+    other dependence is refused."""
+    symbols = _symbols([input, *extras, *named])
+    hints = {sym: int(env.backed_var_to_val[sym]) for sym, env in symbols}
+    nodes = {sym: env.create_symintnode(sym, hint=hints[sym]) for sym, env in symbols}
+
+    def run_at(values):
+        return run(*(_concrete_all(ts, values) for ts in (input, extras, named)), params)
+
+    first = run_at(hints)
+    dynamic = []
+    for sym, env in symbols:
+        try:
+            run_at({**hints, sym: hints[sym] * 2})
+        except RuntimeError:
+            int(nodes[sym])  # a guard: this size is fixed (a change recompiles)
+            continue
+        dynamic.append((sym, env))
+    if len(dynamic) > len(_PRIMES):
+        raise NotImplementedError(
+            f"Sequential: {len(dynamic)} dynamic sizes in one call; at most {len(_PRIMES)}"
+        )
+    scaled = dict(hints)
+    for (sym, _), p in zip(dynamic, _PRIMES):
+        scaled[sym] = hints[sym] * p
+    second = run_at(scaled) if dynamic else first
+    outputs = []
+    for a, b in zip(first, second, strict=True):
+        shape = []
+        for va, vb in zip(a.shape, b.shape, strict=True):
+            shape.append(va if va == vb else _expression(va, vb, dynamic, hints, nodes))
+        outputs.append(input.new_empty(shape, dtype=a.dtype))
+    return outputs
+
+
+def _concrete_all(ts, values):
+    return (
+        _concrete(ts, values)
+        if isinstance(ts, torch.Tensor)
+        else [_concrete(t, values) for t in ts]
+    )
+
+
+def _expression(va, vb, symbols, hints, nodes):
+    """The size that is va at the hints and vb with the symbols scaled, as c * product(symbols)."""
+    subset, rest = [], (vb // va if va and vb % va == 0 else 0)
+    for (sym, _), p in zip(symbols, _PRIMES):
+        if rest and rest % p == 0:
+            subset.append(sym)
+            rest //= p
+    base = math.prod(hints[sym] for sym in subset)
+    if not subset or rest != 1 or va % base:
+        raise NotImplementedError(
+            "Sequential: an output size depends on the input's dynamic sizes in a way "
+            "torch.compile / torch.export cannot follow here (neither constant nor a constant "
+            "times a product of them); compile with dynamic=False or export with static shapes"
+        )
+    expr = va // base
+    for sym in subset:
+        expr = nodes[sym] * expr
+    return expr
+
+
+def _split(tensors, num_extras, num_named):
+    """[input, extras..., named..., params...] -> (input, extras, named, params)."""
+    named_end = 1 + num_extras + num_named
+    return (
+        tensors[0],
+        tensors[1 : 1 + num_extras],
+        tensors[1 + num_extras : named_end],
+        tensors[named_end:],
+    )
+
+
 @torch.library.register_fake("fusible::sequential_call")
-def _(handle, input, extras, names, named, params, fp8=""):
+def _(handle, tensors, num_extras, num_named, names, fp8=""):
     # The C++ ops have Meta implementations: the call itself runs on the fake tensors.
     seq = _sequential(handle)
-    with torch.no_grad():
-        outputs = [t.clone() for t in _run(seq, input, extras, names, named, params)]
+    input, extras, named, params = _split(tensors, num_extras, num_named)
+
+    def run(input, extras, named, params):
+        with torch.no_grad():
+            return [t.clone() for t in _run(seq, input, extras, names, named, params)]
+
+    if _symbols([input, *extras, *named]):
+        outputs = _symbolic_outputs(run, input, extras, named, params)
+    else:
+        outputs = run(input, extras, named, params)
     if fp8.startswith("delayed;"):  # the forward's scales
         n = _C._delayed_scale_count(seq._engine())
         outputs.append(input.new_empty([n], dtype=torch.float32))
@@ -110,8 +221,8 @@ def _(handle, input, extras, names, named, params, fp8=""):
 
 
 @torch.library.register_fake("fusible::sequential_call_backward")
-def _(handle, input, extras, names, named, params, grad_outputs, fp8="", fp8_scales=None):
-    return [torch.empty_like(t) for t in [input, *extras, *named, *params]]
+def _(handle, tensors, num_extras, num_named, names, grad_outputs, fp8="", fp8_scales=None):
+    return [torch.empty_like(t) for t in tensors]
 
 
 @torch.compiler.assume_constant_result
@@ -177,11 +288,10 @@ def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
     fp8 = quantization._compiled_key  # guarded: another recipe compiles another graph
     outputs = torch.ops.fusible.sequential_call(
         seq._compile_handle,
-        input,
-        list(extra_inputs),
+        [input, *extra_inputs, *(named[n] for n in names), *params],
+        len(extra_inputs),
+        len(names),
         _SEP.join(names),
-        [named[n] for n in names],
-        params,
         fp8,
     )
     if fp8.startswith("delayed;"):
