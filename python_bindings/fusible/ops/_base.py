@@ -12,6 +12,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext
 
 from .. import _C
+from . import _func_support
 
 
 def _device(device):
@@ -389,6 +390,8 @@ class FusibleOperation(torch.nn.Module):
     def forward(self, input, *extra_inputs):
         """y = op(x, *extra_inputs); with public extra outputs, (y, *extra_outputs)."""
         check_tensors(type(self).__name__, input, extra_inputs)
+        if _func_support.active():  # torch.func: through a one-op Sequential's custom op
+            return self._func_sequential()(input, *extra_inputs)
         if self._fuser is None:
             # A plain op(x) call never locks the op's channels.
             fuser = _C.OperationFuser([self._cpp], lock_channels=False)
@@ -397,6 +400,16 @@ class FusibleOperation(torch.nn.Module):
         out = fuser.forward(input, list(extra_inputs), [], call_parameters(sources))
         # Read after the call: this fuser does not lock the channels, which may have changed.
         return unpack_outputs(split_outputs(out, fuser.exported())[0])
+
+    def _func_sequential(self):
+        """A Sequential of this op alone (made once): how a torch.func transform calls it."""
+        seq = self.__dict__.get("_func_seq")
+        if seq is None:
+            from ._containers import Sequential
+
+            seq = Sequential(self)
+            self.__dict__["_func_seq"] = seq  # not a submodule: no cycle in modules()
+        return seq
 
     def train(self, mode=True):
         super().train(mode)

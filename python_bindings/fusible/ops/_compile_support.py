@@ -201,7 +201,7 @@ def _split(tensors, num_extras, num_named):
 
 
 @torch.library.register_fake("fusible::sequential_call")
-def _(handle, tensors, num_extras, num_named, names, fp8=""):
+def _fake_call(handle, tensors, num_extras, num_named, names, fp8=""):
     # The C++ ops have Meta implementations: the call itself runs on the fake tensors.
     seq = _sequential(handle)
     input, extras, named, params = _split(tensors, num_extras, num_named)
@@ -251,22 +251,19 @@ def _in_place_op(seq):
     return next((m for m in seq.modules() if isinstance(m, kinds) and m.in_place), None)
 
 
-def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
-    """Sequential.forward while Dynamo traces: one sequential_call."""
-    if return_dict:
-        raise NotImplementedError(
-            "Sequential: return_dict=True under torch.compile is not supported yet"
-        )
+def check_traceable(seq, what):
+    """What a call as one op (whose backward recomputes it) cannot honour, refused by name; `what`:
+    "torch.compile" or "torch.func"."""
     if torch.is_grad_enabled() and _has_training_dropout(seq):
         raise NotImplementedError(
-            "Sequential: a training-mode Dropout under torch.compile with autograd is not "
-            "supported yet (the compiled backward recomputes the call, and would draw a new mask)"
+            f"Sequential: a training-mode Dropout under {what} with autograd is not supported yet "
+            "(the backward recomputes the call, and would draw a new mask)"
         )
     op = _in_place_op(seq)
     if op is not None:
         raise NotImplementedError(
-            f"Sequential: {type(op).__name__}(in_place=True) under torch.compile is not supported "
-            "yet (it writes into a tensor the compiled call was given); use in_place=False"
+            f"Sequential: {type(op).__name__}(in_place=True) under {what} is not supported yet "
+            "(it writes into a tensor the call was given); use in_place=False"
         )
     from ._base import FusibleOperation
 
@@ -274,7 +271,16 @@ def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
     # instead of going unseen by the compiled call.
     for m in seq._modules.values():
         if isinstance(m, FusibleOperation) and (m._forward_hooks or m._forward_pre_hooks):
-            raise NotImplementedError(_HOOKED)
+            raise NotImplementedError(_HOOKED.replace("torch.compile", what))
+
+
+def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
+    """Sequential.forward while Dynamo traces: one sequential_call."""
+    if return_dict:
+        raise NotImplementedError(
+            "Sequential: return_dict=True under torch.compile is not supported yet"
+        )
+    check_traceable(seq, "torch.compile")
     paths = _param_paths(seq._compile_handle)
     params = [getattr(seq.get_submodule(path), name) for path, name in paths]
     if any(isinstance(p, Float8Tensor) for p in params):

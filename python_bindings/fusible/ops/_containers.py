@@ -9,7 +9,7 @@ import torch
 from torch import _disable_dynamo
 
 from .. import _C, quantization
-from . import _compile_support, fused
+from . import _compile_support, _func_support, fused
 from ._base import (
     BasicOperation,
     FusibleOperation,
@@ -350,6 +350,8 @@ class Sequential(torch.nn.Module):
             return _compile_support.compiled_forward(
                 self, input, extra_inputs, channel_inputs, return_dict
             )
+        if _func_support.active():  # torch.func: a custom op it can transform (_func_support)
+            return _func_support.forward(self, input, extra_inputs, channel_inputs, return_dict)
         # Dynamo never gets here (the branch above), so no _disable_dynamo wrapper on this path.
         cpp = self._engine()  # also sets _param_sources, _basic and _pre_hooks
         quantize_last = self._quantize_last  # its C++ op, or None

@@ -1,0 +1,144 @@
+"""torch.func transforms (grad, vjp, vmap, jacrev, functional_call, stack_module_state) over fusible
+calls. The fuser's own autograd is a C++ torch::autograd::Function, which functorch cannot see
+through; under a transform a Sequential call (and a single op's, through a one-op Sequential) runs
+instead as one torch.autograd.Function in functorch's style (setup_context, a vmap rule): its
+backward is the recomputing `fusible::sequential_call_backward` (as under torch.compile), and
+vmap maps the call over the batch one sample at a time (correct, not fast). Forward-mode AD
+(jvp) and second derivatives are refused by name.
+"""
+
+import torch
+
+from . import _compile_support
+from ._compile_support import _SEP, _param_paths, _sequential
+
+_JVP = (
+    "fusible: forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) through a "
+    "fusible call is not supported; use reverse mode (torch.func.vjp, jacrev, grad)"
+)
+
+
+def active():
+    """Whether a torch.func transform is running (one C call: cheap on the eager path)."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _owned(outputs, inputs):
+    """Outputs that alias an input (or an earlier output) copied: a custom op returns fresh
+    tensors."""
+    seen = {t.untyped_storage().data_ptr() for t in inputs if t.numel()}
+    out = []
+    for t in outputs:
+        ptr = t.untyped_storage().data_ptr() if t.numel() else None
+        if ptr is not None and ptr in seen:
+            t = t.clone()
+        elif ptr is not None:
+            seen.add(ptr)
+        out.append(t)
+    return out
+
+
+def _per_sample(apply, info, in_dims, args):
+    """vmap rule: apply(*args) for each sample of the batched args (the others as they are), the
+    outputs stacked along dim 0."""
+    results = []
+    for b in range(info.batch_size):
+        sample = [
+            a if d is None or not isinstance(a, torch.Tensor) else a.select(d, b)
+            for a, d in zip(args, in_dims, strict=True)
+        ]
+        results.append(apply(*sample))
+    stacked = tuple(torch.stack(outs) for outs in zip(*results, strict=True))
+    return stacked, (0,) * len(stacked)
+
+
+class _Call(torch.autograd.Function):
+    """The call of the Sequential named by handle on its tensors [input, extras, named, params]."""
+
+    @staticmethod
+    def forward(handle, num_extras, num_named, names, *tensors):
+        input, extras, named, params = _compile_support._split(list(tensors), num_extras, num_named)
+        with torch.no_grad():
+            outputs = _compile_support._run(
+                _sequential(handle), input, extras, names, named, params
+            )
+        return tuple(_owned(outputs, tensors))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        handle, num_extras, num_named, names, *tensors = inputs
+        ctx.save_for_backward(*tensors)
+        ctx.call = (handle, num_extras, num_named, names)
+        ctx.outputs = [(t.shape, t.dtype, t.device) for t in output]
+        ctx.floating = [t.is_floating_point() for t in tensors]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads = [
+            g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+            for g, (shape, dtype, device) in zip(grads, ctx.outputs, strict=True)
+        ]
+        out = _CallBackward.apply(*ctx.call, len(ctx.saved_tensors), *ctx.saved_tensors, *grads)
+        # No gradient for a tensor that needs none (an integer one: split sizes).
+        out = [g if f else None for g, f in zip(out, ctx.floating, strict=True)]
+        return None, None, None, None, *out
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(_JVP)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return _per_sample(_Call.apply, info, in_dims, args)
+
+
+class _CallBackward(torch.autograd.Function):
+    """The call's backward (fusible::sequential_call_backward, which recomputes it): the call's
+    tensors, then the output gradients -> one gradient per tensor."""
+
+    @staticmethod
+    def forward(handle, num_extras, num_named, names, num_tensors, *tensors_and_grads):
+        tensors = list(tensors_and_grads[:num_tensors])
+        grads = list(tensors_and_grads[num_tensors:])
+        return tuple(
+            torch.ops.fusible.sequential_call_backward(
+                handle, tensors, num_extras, num_named, names, grads
+            )
+        )
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            "fusible: a second derivative (hessian, grad of grad) through a fusible call is not "
+            "supported"
+        )
+
+    @staticmethod
+    def vmap(info, in_dims, *args):  # jacrev: the vjp of each basis vector
+        return _per_sample(_CallBackward.apply, info, in_dims, args)
+
+
+def forward(seq, input, extra_inputs, channel_inputs, return_dict):
+    """Sequential.forward under a torch.func transform: one sequential_func call."""
+    if return_dict:
+        raise NotImplementedError("Sequential: return_dict=True under torch.func is not supported")
+    _compile_support.check_traceable(seq, "torch.func")
+    paths = _param_paths(seq._compile_handle)
+    params = [getattr(seq.get_submodule(path), name) for path, name in paths]
+    named = dict(channel_inputs or {})
+    names = list(named.keys())
+    outputs = _Call.apply(
+        seq._compile_handle,
+        len(extra_inputs),
+        len(names),
+        _SEP.join(names),
+        input,
+        *extra_inputs,
+        *(named[n] for n in names),
+        *params,
+    )
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
