@@ -3,6 +3,8 @@
 // kernels, used while tracing, are registered from Python).
 #include "fuser/compiled_call.h"
 
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
@@ -142,9 +144,15 @@ struct CallTensors {
   }
 };
 
+// The default generator of a device (a training-mode Dropout's), whose state a call saves so its
+// recomputation draws the same masks.
+at::Generator generator_of(const at::Device& device) {
+  return at::globalContext().defaultGenerator(device);
+}
+
 std::vector<at::Tensor> sequential_call(int64_t handle, at::TensorList tensors, int64_t num_extras,
                                         int64_t num_named, c10::string_view names,
-                                        c10::string_view fp8) {
+                                        c10::string_view fp8, bool replay_rng) {
   auto seq = engine(handle);
   const CallTensors t(tensors, num_extras, num_named);
   const auto recipe = compiled_recipe(fp8);
@@ -152,12 +160,40 @@ std::vector<at::Tensor> sequential_call(int64_t handle, at::TensorList tensors, 
   const auto scales = is_delayed(recipe)
                           ? ops::delayed_forward_scales(fp8_states(*seq), *recipe, t.input.device())
                           : at::Tensor();
+  at::Tensor rng_state;  // likewise the generator's state its Dropout draws from
+  if (replay_rng) {
+    auto gen = generator_of(t.input.device());
+    const std::lock_guard<std::mutex> lock(gen.mutex());
+    rng_state = gen.get_state();
+  }
   const at::NoGradGuard no_grad;
   auto outputs = seq->run(t.input, t.extras, named_inputs(names, t.named), t.params).outputs;
   outputs = owned(std::move(outputs), {tensors});
   if (scales.defined()) outputs.push_back(scales);
+  if (rng_state.defined()) outputs.push_back(rng_state);
   return outputs;
 }
+
+// While alive: the generator of `device` at `state` (the forward's), its own state restored after,
+// so a recomputation draws the forward's masks and leaves the random sequence as it was.
+class RngReplay {
+ public:
+  RngReplay(const at::Device& device, const at::Tensor& state) : gen_(generator_of(device)) {
+    const std::lock_guard<std::mutex> lock(gen_.mutex());
+    saved_ = gen_.get_state();
+    gen_.set_state(state);
+  }
+  ~RngReplay() {
+    const std::lock_guard<std::mutex> lock(gen_.mutex());
+    gen_.set_state(saved_);
+  }
+  RngReplay(const RngReplay&) = delete;
+  RngReplay& operator=(const RngReplay&) = delete;
+
+ private:
+  at::Generator gen_;
+  at::Tensor saved_;
+};
 
 // Recomputes the call with autograd on and differentiates it: a compiled graph keeps only the
 // call's inputs between forward and backward. One gradient per tensor of the call.
@@ -165,8 +201,12 @@ std::vector<at::Tensor> sequential_call_backward(int64_t handle, at::TensorList 
                                                  int64_t num_extras, int64_t num_named,
                                                  c10::string_view names,
                                                  at::TensorList grad_outputs, c10::string_view fp8,
-                                                 const std::optional<at::Tensor>& fp8_scales) {
+                                                 const std::optional<at::Tensor>& fp8_scales,
+                                                 const std::optional<at::Tensor>& rng_state) {
   auto seq = engine(handle);
+  TORCH_CHECK(!tensors.empty(), "fusible::sequential_call_backward: no tensors");
+  std::optional<RngReplay> rng;
+  if (rng_state.has_value() && rng_state->defined()) rng.emplace(tensors[0].device(), *rng_state);
   // The forward's recipe, and under delayed scaling its scales: the recomputation casts as the
   // forward did, and only the backward's casts advance the histories.
   const auto recipe = ops::recipe_from_key(std::string(fp8));
@@ -221,7 +261,8 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 int64_t handle, at::TensorList tensors,
                                                 int64_t num_extras, int64_t num_named,
-                                                c10::string_view names, c10::string_view fp8) {
+                                                c10::string_view names, c10::string_view fp8,
+                                                bool replay_rng) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("fusible::sequential_call", "")
                                .typed<decltype(sequential_call)>();
@@ -233,14 +274,17 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
     auto saved = tensors.vec();
     auto outputs = [&] {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;  // apply() only turns grad off
-      return op.call(handle, tensors, num_extras, num_named, names, fp8);
+      return op.call(handle, tensors, num_extras, num_named, names, fp8, replay_rng);
     }();
+    // The forward's delayed scales and generator state (the last outputs): saved, and no gradient
+    // flows through them.
     const bool delayed = is_delayed(ops::recipe_from_key(std::string(fp8)));
-    if (delayed) {  // the forward's scales: saved, and no gradient flows through them
-      saved.push_back(outputs.back());
-      ctx->mark_non_differentiable({outputs.back()});
-    }
+    const auto extra = static_cast<int64_t>(delayed) + static_cast<int64_t>(replay_rng);
+    std::vector<at::Tensor> kept(outputs.end() - extra, outputs.end());
+    saved.insert(saved.end(), kept.begin(), kept.end());
+    if (!kept.empty()) ctx->mark_non_differentiable(kept);
     ctx->saved_data["delayed"] = delayed;
+    ctx->saved_data["replay_rng"] = replay_rng;
     ctx->save_for_backward(saved);
     return outputs;
   }
@@ -251,28 +295,33 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
                                .findSchemaOrThrow("fusible::sequential_call_backward", "")
                                .typed<decltype(sequential_call_backward)>();
     auto saved = ctx->get_saved_variables();
-    std::optional<at::Tensor> scales;
-    if (ctx->saved_data["delayed"].toBool()) {
-      scales = saved.back();
+    const auto take_last = [&](const char* flag) -> std::optional<at::Tensor> {
+      if (!ctx->saved_data[flag].toBool()) return std::nullopt;
+      auto t = saved.back();
       saved.pop_back();
       grad_outputs.pop_back();
-    }
+      return t;
+    };
+    const auto rng_state = take_last("replay_rng");  // outputs [..., scales, rng state]
+    const auto scales = take_last("delayed");
     auto grads =
         op.call(ctx->saved_data["handle"].toInt(), saved, ctx->saved_data["extras"].toInt(),
                 ctx->saved_data["named"].toInt(), ctx->saved_data["names"].toStringRef(),
-                grad_outputs, ctx->saved_data["fp8"].toStringRef(), scales);
+                grad_outputs, ctx->saved_data["fp8"].toStringRef(), scales, rng_state);
     // One slot per forward argument, a tensor list's flattened: none for the other arguments.
     torch::autograd::variable_list out{at::Tensor()};
     out.insert(out.end(), grads.begin(), grads.end());
-    out.resize(out.size() + 4);
+    out.resize(out.size() + 5);
     return out;
   }
 };
 
 std::vector<at::Tensor> sequential_call_autograd(int64_t handle, at::TensorList tensors,
                                                  int64_t num_extras, int64_t num_named,
-                                                 c10::string_view names, c10::string_view fp8) {
-  return SequentialCallAutograd::apply(handle, tensors, num_extras, num_named, names, fp8);
+                                                 c10::string_view names, c10::string_view fp8,
+                                                 bool replay_rng) {
+  return SequentialCallAutograd::apply(handle, tensors, num_extras, num_named, names, fp8,
+                                       replay_rng);
 }
 
 }  // namespace
@@ -302,16 +351,19 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
   // The whole call of the Sequential named by handle: [y, public extra outputs]. tensors: [input,
   // num_extras extra inputs, num_named channel inputs, the parameters]; names: the channel names,
   // joined by '\x1f'. fp8: the key of the FP8 recipe it was compiled under ("" for none;
-  // ops::recipe_key), which must be the autocast's when it runs; under delayed scaling the last
-  // output is the scales the forward cast with (its backward replays them). Used by
-  // torch.compile and torch.export (its fake kernel comes from Python).
+  // ops::recipe_key), which must be the autocast's when it runs; under delayed scaling an output
+  // after the call's is the scales the forward cast with (its backward replays them).
+  // replay_rng (a training-mode Dropout): the last output is the state of the input device's
+  // generator before the call, from which the backward's recomputation draws the same masks.
+  // Used by torch.compile and torch.export (its fake kernel comes from Python).
   m.def(
       "sequential_call(int handle, Tensor[] tensors, int num_extras, int num_named, str names, "
-      "str fp8=\"\") -> Tensor[]");
+      "str fp8=\"\", bool replay_rng=False) -> Tensor[]");
   // Its backward by recomputation: a gradient for each of the call's tensors.
   m.def(
       "sequential_call_backward(int handle, Tensor[] tensors, int num_extras, int num_named, "
-      "str names, Tensor[] grad_outputs, str fp8=\"\", Tensor? fp8_scales=None) -> Tensor[]");
+      "str names, Tensor[] grad_outputs, str fp8=\"\", Tensor? fp8_scales=None, "
+      "Tensor? rng_state=None) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {

@@ -85,31 +85,49 @@ def test_inference_and_frozen_parameters():
         torch.testing.assert_close(_run(compiled, x, gate)[0], _run(model, x, gate)[0])
 
 
-def test_training_dropout_is_refused_with_a_clear_error():
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dropout", ["fusible", "torch.nn between groups"])
+def test_training_dropout_replays_its_masks_in_the_backward(device, dropout):
+    """The compiled backward recomputes the call from the generator state the forward started
+    from: forward, gradients and the parameters after 3 steps equal eager's with the same seeds,
+    and the backward leaves the random sequence as it was."""
     torch._dynamo.reset()
-    model = ops.Sequential(ops.Linear(8, 8, dtype=D, device="cpu"), ops.Dropout(0.5))
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    with pytest.raises(Exception, match="Dropout under torch.compile"):
-        compiled(torch.randn(2, 8, dtype=D, requires_grad=True))
-    model.eval()  # identity: fine
-    torch._dynamo.reset()
-    x = torch.randn(2, 8, dtype=D)
-    torch.testing.assert_close(
-        torch.compile(model, fullgraph=True, backend="aot_eager")(x), model(x)
-    )
-
-
-def test_torch_dropout_between_groups_is_refused_in_training():
-    """A plain torch.nn.Dropout would draw a new mask in the recomputing backward, too."""
-    torch._dynamo.reset()
+    torch.manual_seed(0)
+    drop = ops.Dropout(0.5) if dropout == "fusible" else torch.nn.Dropout(0.5)
     model = ops.Sequential(
-        ops.Linear(8, 8, dtype=D, device="cpu"),
-        torch.nn.Dropout(0.5),
-        ops.Linear(8, 8, dtype=D, device="cpu"),
+        ops.Linear(8, 8, dtype=D, device=device), drop, ops.Linear(8, 8, dtype=D, device=device)
     )
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    with pytest.raises(Exception, match="Dropout under torch.compile"):
-        compiled(torch.randn(2, 8, dtype=D, requires_grad=True))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(twin, backend="aot_eager", fullgraph=True)
+    for step in range(3):
+        x = torch.randn(16, 8, dtype=D, device=device)
+        results = []
+        for m in (model, compiled):
+            xi = x.clone().requires_grad_()
+            torch.manual_seed(100 + step)
+            y = m(xi)
+            state = torch.get_rng_state(), _cuda_rng(device)
+            y.square().sum().backward()
+            assert torch.equal(state[0], torch.get_rng_state())
+            assert torch.equal(state[1], _cuda_rng(device))
+            results.append([y, xi.grad, *(p.grad for p in m.parameters())])
+        for a, b in zip(*results, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert not torch.equal(results[0][0], model[2](model[0](x)))  # a mask was applied
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+                p -= 0.1 * p.grad
+                q -= 0.1 * q.grad
+                p.grad = q.grad = None
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def _cuda_rng(device):
+    return torch.cuda.get_rng_state() if device == "cuda" else torch.empty(0)
 
 
 @pytest.mark.parametrize("op", [ops.AddExtraInput, ops.MakeExtraOutput])

@@ -104,9 +104,14 @@ def test_forward_mode_and_second_derivatives_are_refused_by_name():
         grad(lambda t: grad(lambda u: ours(u).sum())(t).sum())(x)
 
 
-def test_a_training_dropout_under_grad_is_refused():
+def test_a_training_dropout_under_grad_draws_the_forwards_mask():
     model = ops.Sequential(ops.Linear(8, 8, dtype=D, device="cpu"), ops.Dropout(0.5))
-    with pytest.raises(NotImplementedError, match="training-mode Dropout under torch.func"):
-        grad(lambda t: model(t).sum())(torch.randn(2, 8, dtype=D))
+    x = torch.randn(4, 8, dtype=D)
+    xr = x.clone().requires_grad_()
+    torch.manual_seed(5)
+    (want,) = torch.autograd.grad(model(xr).square().sum(), xr)
+    torch.manual_seed(5)
+    got = grad(lambda t: model(t).square().sum())(x)
+    _close(got, want)
     model.eval()
-    grad(lambda t: model(t).sum())(torch.randn(2, 8, dtype=D))  # eval: fine
+    _close(grad(lambda t: model(t).sum())(x), model[0].weight.detach().sum(0).expand(4, 8))

@@ -4,8 +4,9 @@ call's parameters, so the graph has no break and AOTAutograd sees every tensor i
 
 Its backward is a second op, `fusible::sequential_call_backward`, that recomputes the call with
 autograd on and differentiates it: the compiled graph holds only the call's inputs between forward
-and backward (activation recomputation). A Dropout in training mode is refused there, since its
-recomputed mask would differ from the forward's. Under fusible.autocast the call carries its
+and backward (activation recomputation). A training-mode Dropout's recomputed mask is drawn from
+the generator state the forward started from (saved as an output
+of the call), so it is the forward's. Under fusible.autocast the call carries its
 recipe's key (read while tracing, so Dynamo guards on it): the recomputation casts as the forward
 did, and under DelayedScaling with the forward's scales (the call's last output) and without
 advancing the histories a second time.
@@ -201,7 +202,7 @@ def _split(tensors, num_extras, num_named):
 
 
 @torch.library.register_fake("fusible::sequential_call")
-def _fake_call(handle, tensors, num_extras, num_named, names, fp8=""):
+def _fake_call(handle, tensors, num_extras, num_named, names, fp8="", replay_rng=False):
     # The C++ ops have Meta implementations: the call itself runs on the fake tensors.
     seq = _sequential(handle)
     input, extras, named, params = _split(tensors, num_extras, num_named)
@@ -217,11 +218,37 @@ def _fake_call(handle, tensors, num_extras, num_named, names, fp8=""):
     if fp8.startswith("delayed;"):  # the forward's scales
         n = _C._delayed_scale_count(seq._engine())
         outputs.append(input.new_empty([n], dtype=torch.float32))
+    if replay_rng:  # the state of the generator the call's Dropout draws from
+        outputs.append(torch.empty(rng_state_size(input.device), dtype=torch.uint8, device="cpu"))
     return outputs
 
 
+def rng_state_size(device):
+    """Bytes of the state of `device`'s default generator (what get_state returns)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index].get_state().numel()
+    return torch.default_generator.get_state().numel()
+
+
+def replay_rng(seq):
+    """Whether a call's backward must draw its Dropout masks again as its forward did: a
+    training-mode Dropout (read while tracing, so Dynamo guards on it) with autograd on."""
+    return torch.is_grad_enabled() and _has_training_dropout(seq)
+
+
 @torch.library.register_fake("fusible::sequential_call_backward")
-def _(handle, tensors, num_extras, num_named, names, grad_outputs, fp8="", fp8_scales=None):
+def _(
+    handle,
+    tensors,
+    num_extras,
+    num_named,
+    names,
+    grad_outputs,
+    fp8="",
+    fp8_scales=None,
+    rng_state=None,
+):
     return [torch.empty_like(t) for t in tensors]
 
 
@@ -254,11 +281,6 @@ def _in_place_op(seq):
 def check_traceable(seq, what):
     """What a call as one op (whose backward recomputes it) cannot honour, refused by name; `what`:
     "torch.compile" or "torch.func"."""
-    if torch.is_grad_enabled() and _has_training_dropout(seq):
-        raise NotImplementedError(
-            f"Sequential: a training-mode Dropout under {what} with autograd is not supported yet "
-            "(the backward recomputes the call, and would draw a new mask)"
-        )
     op = _in_place_op(seq)
     if op is not None:
         raise NotImplementedError(
@@ -292,6 +314,7 @@ def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
     named = dict(channel_inputs or {})
     names = list(named.keys())
     fp8 = quantization._compiled_key  # guarded: another recipe compiles another graph
+    rng = replay_rng(seq)
     outputs = torch.ops.fusible.sequential_call(
         seq._compile_handle,
         [input, *extra_inputs, *(named[n] for n in names), *params],
@@ -299,7 +322,8 @@ def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
         len(names),
         _SEP.join(names),
         fp8,
+        rng,
     )
-    if fp8.startswith("delayed;"):
-        outputs = outputs[:-1]  # the forward's scales are for the backward only
+    # The forward's delayed scales and generator state are for the backward only.
+    outputs = outputs[: len(outputs) - fp8.startswith("delayed;") - rng]
     return outputs[0] if len(outputs) == 1 else tuple(outputs)

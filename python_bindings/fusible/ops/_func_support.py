@@ -38,6 +38,20 @@ def _owned(outputs, inputs):
     return out
 
 
+class _RngState:
+    """The generator state a call's Dropout drew from (an object, not a list: functorch rebuilds
+    containers it flattens)."""
+
+    state = None
+
+
+def _generator(device):
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+    return torch.default_generator
+
+
 def _per_sample(apply, info, in_dims, args):
     """vmap rule: apply(*args) for each sample of the batched args (the others as they are), the
     outputs stacked along dim 0."""
@@ -56,8 +70,10 @@ class _Call(torch.autograd.Function):
     """The call of the Sequential named by handle on its tensors [input, extras, named, params]."""
 
     @staticmethod
-    def forward(handle, num_extras, num_named, names, *tensors):
+    def forward(handle, num_extras, num_named, names, rng, *tensors):
         input, extras, named, params = _compile_support._split(list(tensors), num_extras, num_named)
+        if rng is not None:  # a training-mode Dropout: the backward draws from the same state
+            rng.state = _generator(input.device).get_state()
         with torch.no_grad():
             outputs = _compile_support._run(
                 _sequential(handle), input, extras, names, named, params
@@ -66,9 +82,9 @@ class _Call(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        handle, num_extras, num_named, names, *tensors = inputs
+        handle, num_extras, num_named, names, rng, *tensors = inputs
         ctx.save_for_backward(*tensors)
-        ctx.call = (handle, num_extras, num_named, names)
+        ctx.call = (handle, num_extras, num_named, names, rng.state if rng is not None else None)
         ctx.outputs = [(t.shape, t.dtype, t.device) for t in output]
         ctx.floating = [t.is_floating_point() for t in tensors]
 
@@ -81,7 +97,7 @@ class _Call(torch.autograd.Function):
         out = _CallBackward.apply(*ctx.call, len(ctx.saved_tensors), *ctx.saved_tensors, *grads)
         # No gradient for a tensor that needs none (an integer one: split sizes).
         out = [g if f else None for g, f in zip(out, ctx.floating, strict=True)]
-        return None, None, None, None, *out
+        return None, None, None, None, None, *out
 
     @staticmethod
     def jvp(ctx, *tangents):
@@ -97,12 +113,12 @@ class _CallBackward(torch.autograd.Function):
     tensors, then the output gradients -> one gradient per tensor."""
 
     @staticmethod
-    def forward(handle, num_extras, num_named, names, num_tensors, *tensors_and_grads):
+    def forward(handle, num_extras, num_named, names, rng_state, num_tensors, *tensors_and_grads):
         tensors = list(tensors_and_grads[:num_tensors])
         grads = list(tensors_and_grads[num_tensors:])
         return tuple(
             torch.ops.fusible.sequential_call_backward(
-                handle, tensors, num_extras, num_named, names, grads
+                handle, tensors, num_extras, num_named, names, grads, "", None, rng_state
             )
         )
 
@@ -136,6 +152,7 @@ def forward(seq, input, extra_inputs, channel_inputs, return_dict):
         len(extra_inputs),
         len(names),
         _SEP.join(names),
+        _RngState() if _compile_support.replay_rng(seq) else None,  # filled by the call
         input,
         *extra_inputs,
         *(named[n] for n in names),
