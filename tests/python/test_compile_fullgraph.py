@@ -227,3 +227,12 @@ def test_reduce_overhead_mode_equals_eager():
         torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-12, atol=1e-12)
         for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12, msg=n)
+
+
+@pytest.mark.parametrize("single", [False, True])
+def test_jit_trace_is_refused_pointing_to_export(single):
+    model = ops.Linear(8, 8, dtype=D, device="cpu")
+    if not single:
+        model = ops.Sequential(model, ops.GELU())
+    with pytest.raises(RuntimeError, match="torch.jit.trace is not supported .* torch.export"):
+        torch.jit.trace(model, torch.randn(2, 8, dtype=D))

@@ -163,6 +163,17 @@ def drop_empty_te_extra_state(state_dict, key):
     del state_dict[key]
 
 
+def refuse_jit_trace(who):
+    """torch.jit.trace would record the kernels one call happened to run (another plan, another
+    trace) and has no backward for them: refused, pointing to what works."""
+    if torch.jit.is_tracing():
+        raise RuntimeError(
+            f"{who}: torch.jit.trace is not supported (it records the kernels of one call, which "
+            "depend on the fusion plan, and cannot differentiate them); use torch.export.export "
+            "(dynamic shapes supported) or torch.compile"
+        )
+
+
 def _frozen_message(op, name):
     cls = type(op).__name__
     return (
@@ -390,6 +401,7 @@ class FusibleOperation(torch.nn.Module):
     def forward(self, input, *extra_inputs):
         """y = op(x, *extra_inputs); with public extra outputs, (y, *extra_outputs)."""
         check_tensors(type(self).__name__, input, extra_inputs)
+        refuse_jit_trace(type(self).__name__)
         if _func_support.active():  # torch.func: through a one-op Sequential's custom op
             return self._func_sequential()(input, *extra_inputs)
         if self._fuser is None:

@@ -16,6 +16,7 @@ from ._base import (
     PreForwardHooks,
     call_parameters,
     check_tensors,
+    refuse_jit_trace,
     run_with_op_kwargs,
     split_outputs,
     unpack_outputs,
@@ -344,6 +345,7 @@ class Sequential(torch.nn.Module):
         keywords} (te.ops); channel_inputs: {channel name: tensor} feeding extra inputs by name;
         return_dict: also return the named extra outputs as a dict."""
         check_tensors("Sequential", input, extra_inputs)
+        refuse_jit_trace("Sequential")
         if torch.compiler.is_compiling():  # one custom op: no graph break (_compile_support)
             if op_kwargs:
                 raise NotImplementedError("Sequential: op_kwargs under torch.compile")
