@@ -100,6 +100,10 @@ def test_forward_mode_and_second_derivatives_are_refused_by_name():
     x = torch.randn(5, 8, dtype=D)
     with pytest.raises(NotImplementedError, match="forward-mode AD .* is not supported"):
         torch.func.jvp(ours, (x,), (torch.ones_like(x),))
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+        with pytest.raises(NotImplementedError, match="forward-mode AD .* is not supported"):
+            ours(dual)
     with pytest.raises(NotImplementedError, match="second derivative"):
         grad(lambda t: grad(lambda u: ours(u).sum())(t).sum())(x)
 

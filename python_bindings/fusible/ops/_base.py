@@ -402,6 +402,7 @@ class FusibleOperation(torch.nn.Module):
         """y = op(x, *extra_inputs); with public extra outputs, (y, *extra_outputs)."""
         check_tensors(type(self).__name__, input, extra_inputs)
         refuse_jit_trace(type(self).__name__)
+        _func_support.refuse_forward_ad(input, extra_inputs)
         if _func_support.active():  # torch.func: through a one-op Sequential's custom op
             return self._func_sequential()(input, *extra_inputs)
         if self._fuser is None:

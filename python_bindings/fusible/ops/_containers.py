@@ -346,6 +346,7 @@ class Sequential(torch.nn.Module):
         return_dict: also return the named extra outputs as a dict."""
         check_tensors("Sequential", input, extra_inputs)
         refuse_jit_trace("Sequential")
+        _func_support.refuse_forward_ad(input, extra_inputs)
         if torch.compiler.is_compiling():  # one custom op: no graph break (_compile_support)
             if op_kwargs:
                 raise NotImplementedError("Sequential: op_kwargs under torch.compile")

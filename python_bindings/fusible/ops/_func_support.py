@@ -18,6 +18,16 @@ _JVP = (
 )
 
 
+def refuse_forward_ad(input, extra_inputs):
+    """Forward-mode AD (torch.autograd.forward_ad) outside torch.func: refused by name. (Only a
+    module-level int is read unless a dual level is open.)"""
+    if torch.autograd.forward_ad._current_level < 0:
+        return
+    for t in (input, *extra_inputs):
+        if torch.autograd.forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(_JVP)
+
+
 def active():
     """Whether a torch.func transform is running (one C call: cheap on the eager path)."""
     return torch._C._functorch.peek_interpreter_stack() is not None
