@@ -230,9 +230,28 @@ def test_reduce_overhead_mode_equals_eager():
 
 
 @pytest.mark.parametrize("single", [False, True])
-def test_jit_trace_is_refused_pointing_to_export(single):
+def test_jit_trace_records_one_op_and_differentiates_it(single):
+    torch.manual_seed(0)
     model = ops.Linear(8, 8, dtype=D, device="cpu")
+    with torch.no_grad():
+        model.bias.normal_()
     if not single:
-        model = ops.Sequential(model, ops.GELU())
-    with pytest.raises(RuntimeError, match="torch.jit.trace is not supported .* torch.export"):
-        torch.jit.trace(model, torch.randn(2, 8, dtype=D))
+        model = ops.Sequential(model, ops.GELU(), ops.Linear(8, 4, dtype=D, device="cpu"))
+    x = torch.randn(3, 8, dtype=D)
+    traced = torch.jit.trace(model, (x,))  # with its default check: the same graph each run
+    assert "fusible::sequential_call" in str(traced.graph)
+    traced(x).square().sum().backward()  # the parameters get their gradients through the trace
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    model(x).square().sum().backward()
+    for a, b in zip(want, model.parameters(), strict=True):
+        torch.testing.assert_close(a, b.grad, rtol=0, atol=0)
+    for batch in (3, 5):
+        xa = torch.randn(batch, 8, dtype=D, requires_grad=True)
+        xb = xa.detach().clone().requires_grad_()
+        ya, yb = traced(xa), model(xb)
+        torch.testing.assert_close(ya, yb, rtol=0, atol=0)
+        g = torch.randn_like(ya)
+        ya.backward(g)
+        yb.backward(g)
+        torch.testing.assert_close(xa.grad, xb.grad, rtol=0, atol=0)

@@ -163,17 +163,6 @@ def drop_empty_te_extra_state(state_dict, key):
     del state_dict[key]
 
 
-def refuse_jit_trace(who):
-    """torch.jit.trace would record the kernels one call happened to run (another plan, another
-    trace) and has no backward for them: refused, pointing to what works."""
-    if torch.jit.is_tracing():
-        raise RuntimeError(
-            f"{who}: torch.jit.trace is not supported (it records the kernels of one call, which "
-            "depend on the fusion plan, and cannot differentiate them); use torch.export.export "
-            "(dynamic shapes supported) or torch.compile"
-        )
-
-
 def _frozen_message(op, name):
     cls = type(op).__name__
     return (
@@ -401,9 +390,9 @@ class FusibleOperation(torch.nn.Module):
     def forward(self, input, *extra_inputs):
         """y = op(x, *extra_inputs); with public extra outputs, (y, *extra_outputs)."""
         check_tensors(type(self).__name__, input, extra_inputs)
-        refuse_jit_trace(type(self).__name__)
         _func_support.refuse_forward_ad(input, extra_inputs)
-        if _func_support.active():  # torch.func: through a one-op Sequential's custom op
+        if _func_support.active() or torch.jit.is_tracing():
+            # torch.func and torch.jit.trace: through a one-op Sequential, which they see as one op
             return self._func_sequential()(input, *extra_inputs)
         if self._fuser is None:
             # A plain op(x) call never locks the op's channels.
@@ -415,7 +404,7 @@ class FusibleOperation(torch.nn.Module):
         return unpack_outputs(split_outputs(out, fuser.exported())[0])
 
     def _func_sequential(self):
-        """A Sequential of this op alone (made once): how a torch.func transform calls it."""
+        """A Sequential of this op alone (made once): how torch.func and torch.jit.trace call it."""
         seq = self.__dict__.get("_func_seq")
         if seq is None:
             from ._containers import Sequential

@@ -16,7 +16,6 @@ from ._base import (
     PreForwardHooks,
     call_parameters,
     check_tensors,
-    refuse_jit_trace,
     run_with_op_kwargs,
     split_outputs,
     unpack_outputs,
@@ -345,9 +344,10 @@ class Sequential(torch.nn.Module):
         keywords} (te.ops); channel_inputs: {channel name: tensor} feeding extra inputs by name;
         return_dict: also return the named extra outputs as a dict."""
         check_tensors("Sequential", input, extra_inputs)
-        refuse_jit_trace("Sequential")
         _func_support.refuse_forward_ad(input, extra_inputs)
-        if torch.compiler.is_compiling():  # one custom op: no graph break (_compile_support)
+        # Under Dynamo and torch.jit.trace: one custom op (no graph break; a trace that records the
+        # same op whatever the fusion plan, and differentiates it through the op's autograd).
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
             if op_kwargs:
                 raise NotImplementedError("Sequential: op_kwargs under torch.compile")
             return _compile_support.compiled_forward(
