@@ -74,6 +74,10 @@ py::list context_list(const std::vector<OperationContext*>& ctxs) {
   return out;
 }
 
+constexpr const char* kNotSaved =
+    "OperationContext.saved_tensors is set by the fuser for the backward, from what the forward "
+    "saved; in the forward, read to_save";
+
 void bind_context(py::module_& m) {
   py::class_<OperationContext, std::shared_ptr<OperationContext>>(
       m, "OperationContext", py::dynamic_attr(),
@@ -97,10 +101,11 @@ void bind_context(py::module_& m) {
           })
       .def_property_readonly("saved_tensors",
                              [](OperationContext& ctx) {
+                               // Set by the fuser after the forward, as te.ops' fuser does: read
+                               // earlier, it would silently be something else.
+                               if (!ctx.saved_for_backward) throw py::attribute_error(kNotSaved);
                                py::list out;
-                               const auto& src =
-                                   ctx.saved_tensors.empty() ? ctx.to_save : ctx.saved_tensors;
-                               for (const auto& t : src) {
+                               for (const auto& t : ctx.saved_tensors) {
                                  out.append(t.defined() ? py::cast(t) : py::none());
                                }
                                return py::tuple(out);
@@ -119,13 +124,14 @@ void bind_context(py::module_& m) {
            [](OperationContext& ctx, const std::string& name) -> py::object {
              auto& d = context_dict(ctx);
              if (d.contains(name)) return d[py::str(name)];
+             // (Python asks here after the property raised: keep its reason.)
+             if (name == "saved_tensors") throw py::attribute_error(kNotSaved);
              throw py::attribute_error("OperationContext has no attribute '" + name + "'");
            })
       .def("__setattr__", [](py::object self, const std::string& name, py::object value) {
-        static const std::set<std::string> kFields{"requires_grad", "input_requires_grad",
-                                                   "compute_dtype", "input_dtype",
-                                                   "dtype",         "to_save"};
-        if (kFields.count(name)) {
+        // The fields bound above (properties of the class, declared once there) are set through
+        // them; a read-only one raises. Any other name is the op's own attribute.
+        if (py::hasattr(py::type::of(self), name.c_str())) {
           py::module_::import("builtins").attr("object").attr("__setattr__")(self, name, value);
           return;
         }

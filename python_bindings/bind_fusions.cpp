@@ -57,6 +57,10 @@ void bind_fusions(py::module_& m) {
   m.def(
       "register_fusion",
       [](py::function f, const std::string& pass, bool prepend, const std::string& name) {
+        TORCH_CHECK_VALUE(pass == "forward" || pass == "backward" || pass == "forward_backward",
+                          "register_fusion: expected pass 'forward', 'backward' or "
+                          "'forward_backward', got '",
+                          pass, "'");
         const auto p = pass == "forward"    ? FusionPass::kForward
                        : pass == "backward" ? FusionPass::kBackward
                                             : FusionPass::kForwardBackward;

@@ -347,6 +347,7 @@ void save_tensors(AutogradContext& actx, FuserCall& call,
       }
     }
     c.to_save.clear();
+    c.saved_for_backward = true;
   }
   actx.save_for_backward(through_autograd);
 }

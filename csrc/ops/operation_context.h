@@ -24,6 +24,9 @@ struct OperationContext : std::enable_shared_from_this<OperationContext> {
   bool check_saved_versions = false;
   /// The saved tensors, restored for the backward.
   std::vector<at::Tensor> saved_tensors;
+  /// Set once the fuser has moved to_save into saved_tensors (at the end of the forward): before,
+  /// saved_tensors holds nothing an op may read.
+  bool saved_for_backward = false;
   /// This call's parameters of the op, in op_parameters() order (DESIGN.md "Parameters are call
   /// inputs"): ops compute with these, never with a tensor captured earlier. Set for the forward
   /// only.

@@ -1,6 +1,7 @@
 """Extending fusible from Python with te.ops' protocol: custom basic ops, fused ops and fusion
 functions, mixed with built-in ops. Every case checks values and gradients against plain PyTorch."""
 
+import fusible
 import pytest
 import torch
 import torch.nn.functional as F
@@ -198,6 +199,10 @@ class TestFusedOpsAndFusions:
         gx, gr = torch.autograd.grad(y, [x, r], torch.ones(5, dtype=D))
         torch.testing.assert_close(gx, torch.full((5,), 0.25, dtype=D))
         torch.testing.assert_close(gr, torch.ones(5, dtype=D))
+
+    def test_an_unknown_fusion_pass_is_refused(self):
+        with pytest.raises(ValueError, match="expected pass 'forward', 'backward' or"):
+            fusible._C.register_fusion(lambda ops_list, recipe: ops_list, "fwd", False, "f")
 
     def test_a_fused_forward_that_saves_too_little_is_named(self):
         class SavesTooLittle(LinearSiLU):

@@ -70,7 +70,10 @@ def test_operation_context_is_constructible_with_te_fields():
     t = torch.ones(2)
     ctx.to_save = (t, None)
     assert ctx.to_save[0] is not None and torch.equal(ctx.to_save[0], t) and ctx.to_save[1] is None
-    assert torch.equal(ctx.saved_tensors[0], t)
+    with pytest.raises(AttributeError, match="saved_tensors is set by the fuser"):
+        ctx.saved_tensors  # before the fuser hands them over: an error, not to_save
+    with pytest.raises(AttributeError):
+        ctx.extra_input_requires_grad = [True]  # a read-only field stays read-only
     ctx.custom = 3  # any attribute, as te.ops' contexts
     assert ctx.custom == 3
 
