@@ -200,8 +200,11 @@ std::shared_ptr<const Plan> OperationFuser::plan_for(
   // Fusion functions see the recipe kind (te.ops re-fuses when it changes).
   const auto& autocast = ops::fp8_autocast();
   const std::string recipe = autocast.enabled && autocast.recipe ? autocast.recipe->kind : "";
+  std::vector<int64_t> settings;
+  settings.reserve(basic_ops_.size());
+  for (const auto& op : basic_ops_) settings.push_back(op->plan_settings());
   if (plan_ && plan_first_backward_ == first_backward && plan_registry_version_ == version &&
-      plan_param_dtypes_ == param_dtypes && plan_recipe_ == recipe) {
+      plan_param_dtypes_ == param_dtypes && plan_recipe_ == recipe && plan_settings_ == settings) {
     return plan_;
   }
   ops::OpList list(basic_ops_.begin(), basic_ops_.end());
@@ -223,6 +226,7 @@ std::shared_ptr<const Plan> OperationFuser::plan_for(
   plan_first_backward_ = first_backward;
   plan_registry_version_ = version;
   plan_recipe_ = recipe;
+  plan_settings_ = std::move(settings);
   plan_param_dtypes_ = param_dtypes;
   return plan_;
 }

@@ -124,7 +124,8 @@ class OperationFuser {
   int64_t plan_first_backward_ = -1;
   int64_t plan_registry_version_ = -1;
   std::vector<at::ScalarType> plan_param_dtypes_;
-  std::string plan_recipe_;  // the FP8 recipe kind the plan was made under ("" when off)
+  std::string plan_recipe_;             // the FP8 recipe kind the plan was made under ("" when off)
+  std::vector<int64_t> plan_settings_;  // the ops' plan_settings() it was made with
 };
 
 }  // namespace fusible::fuser

@@ -166,6 +166,9 @@ class BasicOperation : public FusibleOperation {
   /// How many tensors the op casts to FP8 under an FP8 autocast: (forward, backward), te.ops'
   /// num_quantizers("forward") and ("backward").
   virtual std::pair<int64_t, int64_t> num_quantizers() const { return {0, 0}; }
+  /// The op's settings that fusion decisions read (e.g. cache_quantized_input, which epilogue
+  /// fusions decline): a fuser re-plans when they change.
+  virtual int64_t plan_settings() const { return 0; }
   /// The FP8 cast for a forward now, on the device of `like` (makes the delayed-scaling state
   /// under a DelayedScaling autocast).
   Fp8Cast fp8_cast(const at::Tensor& like) {

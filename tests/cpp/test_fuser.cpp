@@ -70,6 +70,25 @@ TEST(Fuser, CustomForwardFusionAppearsInPlanAndMatchesUnfused) {
   EXPECT_EQ(unfused.fusion_plan().first.front(), "ForwardScaleScale");
 }
 
+// A setting that fusions read (cache_quantized_input, which the GEMM-epilogue fusion declines)
+// changed after a call re-plans the next one.
+TEST(Fuser, ChangingAFusionRelevantSettingReplans) {
+  const c10::Device cpu(c10::kCPU);
+  auto lin = std::make_shared<ops::BasicLinear>(8, 8, cpu, at::kFloat);
+  auto bias = std::make_shared<ops::Bias>(8, cpu, at::kFloat);
+  auto gelu = std::make_shared<ops::GELU>();
+  OperationFuser fuser({lin, bias, gelu});
+  const auto x = at::randn({4, 8}).requires_grad_();
+  fuser.forward(x, {});
+  const auto fused = fuser.fusion_plan().first;
+  ASSERT_EQ(fused.size(), 1u) << fused.front();
+  gelu->set_cache_quantized_input(true);
+  fuser.forward(x, {});
+  const auto replanned = fuser.fusion_plan().first;
+  EXPECT_GT(replanned.size(), 1u);
+  EXPECT_EQ(replanned.back(), "GELU");
+}
+
 TEST(Fuser, FusionThatDropsOpsIsRejected) {
   RegistryGuard guard;
   ops::FusionRegistry::instance().add("broken", ops::FusionPass::kForwardBackward,

@@ -30,6 +30,7 @@ class QuantizedInputCache {
 class ElementwiseActivation : public BasicOperation, public QuantizedInputCache {
  public:
   FUSIBLE_CLONEABLE_OP
+  int64_t plan_settings() const override { return caches_quantized_input(); }
   ElementwiseActivation(std::string type_name, std::string kind)
       : BasicOperation(std::move(type_name)), kind_(std::move(kind)) {}
   /// Kernel kind: gelu, qgelu, relu, srelu or silu.
@@ -70,6 +71,7 @@ class GluLayout {
 class GatedActivation : public BasicOperation, public QuantizedInputCache {
  public:
   FUSIBLE_CLONEABLE_OP
+  int64_t plan_settings() const override { return caches_quantized_input(); }
   GatedActivation(std::string type_name, std::string kind, int64_t interleave_size = 0)
       : BasicOperation(std::move(type_name)), kind_(std::move(kind)), layout_(interleave_size) {}
   /// Kernel kind: glu, geglu, qgeglu, reglu, sreglu or swiglu.
@@ -117,6 +119,7 @@ class ParamGatedActivation : public BasicOperation, public QuantizedInputCache {
  public:
   ParamGatedActivation(std::string type_name, int64_t interleave_size)
       : BasicOperation(std::move(type_name)), layout_(interleave_size) {}
+  int64_t plan_settings() const override { return caches_quantized_input(); }
   int64_t glu_interleave_size() const { return layout_.interleave_size(); }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
