@@ -1340,6 +1340,19 @@ class TestQuantizeOutput:
             h.register_hook(seen.append)
             op(h).sum().backward()
         assert type(seen[-1]) is torch.Tensor  # block scaling: the cast values, unwrapped
+        if rec == "delayed":  # then current scaling: its own amax, not the last delayed scale
+            h = torch.randn(16, 32, device=device, requires_grad=True) * 1.0
+            h.register_hook(seen.append)
+            dy = torch.randn(16, 32, device=device) * 1000
+            with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
+                y = op(h)
+            y.backward(dy)
+            d = dy.double().cpu()
+            s = fmax / d.abs().max().item()
+            want = (d * s).clamp(-fmax, fmax).to(torch.float8_e5m2).double() / s
+            torch.testing.assert_close(
+                seen[-1].dequantize().double().cpu(), want, rtol=1e-6, atol=0
+            )
 
 
 class TestFloat8TensorWrites:

@@ -119,3 +119,12 @@ def test_a_training_dropout_under_grad_draws_the_forwards_mask():
     _close(got, want)
     model.eval()
     _close(grad(lambda t: model(t).sum())(x), model[0].weight.detach().sum(0).expand(4, 8))
+
+
+def test_fp8_autocast_under_a_transform_is_refused():
+    ours, _ = _pair()
+    x = torch.randn(5, 8, dtype=torch.float32)
+    ours = ours.float()
+    with fusible.autocast():
+        with pytest.raises(NotImplementedError, match="FP8.* under torch.func"):
+            grad(lambda t: ours(t).sum())(x)

@@ -54,7 +54,7 @@ std::string param_name(const char* base, int64_t g, bool single) {
 // The split sizes on the host, checked against the rows (FP8 casts each group apart: it waits for
 // the device's sizes, as te.ops, which takes them as a host list).
 std::vector<int64_t> host_split_sizes(const at::Tensor& sizes, int64_t rows) {
-  const auto host = sizes.to(at::kCPU, at::kLong);
+  const auto host = sizes.to(at::kCPU, at::kLong).contiguous();  // a strided view read in order
   std::vector<int64_t> out(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
   int64_t sum = 0;
   for (auto n : out) {

@@ -14,7 +14,8 @@ std::pair<at::Tensor, std::vector<at::Tensor>> Quantize::op_backward(OperationCo
                                                                      const at::Tensor& dy) {
   // Off unless backward_ was set under an FP8 autocast.
   const auto& state = ctx.fp8.state;
-  if (state && !state->backward.empty()) last_backward_scale_ = state->backward[0].scale.clone();
+  last_backward_scale_ = state && !state->backward.empty() ? state->backward[0].scale.clone()
+                                                           : at::Tensor();  // none: not delayed
   return {ctx.fp8.backward(dy), {}};
 }
 

@@ -130,6 +130,11 @@ def _symbolic_outputs(run, input, extras, named, params):
     whose primes divide the ratio, times a constant (as a reshape of leading dims gives). Any
     other dependence is refused."""
     symbols = _symbols([input, *extras, *named])
+    if any(sym not in env.backed_var_to_val for sym, env in symbols):
+        raise NotImplementedError(
+            "Sequential: an input size with no hint (data-dependent) under torch.compile / "
+            "torch.export is not supported; give it a static or backed dynamic size"
+        )
     hints = {sym: int(env.backed_var_to_val[sym]) for sym, env in symbols}
     nodes = {sym: env.create_symintnode(sym, hint=hints[sym]) for sym, env in symbols}
 
@@ -141,7 +146,7 @@ def _symbolic_outputs(run, input, extras, named, params):
     for sym, env in symbols:
         try:
             run_at({**hints, sym: hints[sym] * 2})
-        except RuntimeError:
+        except Exception:  # any refusal (RuntimeError, ValueError from a shape check, ...)
             int(nodes[sym])  # a guard: this size is fixed (a change recompiles)
             continue
         dynamic.append((sym, env))

@@ -9,6 +9,7 @@ vmap maps the call over the batch one sample at a time (correct, not fast). Forw
 
 import torch
 
+from .. import _C
 from . import _compile_support
 from ._compile_support import _SEP, _param_paths, _sequential
 
@@ -153,6 +154,12 @@ def forward(seq, input, extra_inputs, channel_inputs, return_dict):
     if return_dict:
         raise NotImplementedError("Sequential: return_dict=True under torch.func is not supported")
     _compile_support.check_traceable(seq, "torch.func")
+    if _C._fp8_autocast_state()[0]:
+        # The call would run without FP8 (and its backward too): refused, not silently dropped.
+        raise NotImplementedError(
+            "Sequential: fusible.autocast (FP8) under torch.func transforms is not supported yet; "
+            "use torch.autograd (loss.backward()) or torch.compile for FP8"
+        )
     paths = _param_paths(seq._compile_handle)
     params = [getattr(seq.get_submodule(path), name) for path, name in paths]
     named = dict(channel_inputs or {})
