@@ -21,7 +21,7 @@ import time
 
 import torch
 from bench_mlp import SHAPES, make_models
-from fusible.ops._base import call_parameters
+from fusible.ops._call import call_parameters
 
 F = torch.ops.fusible
 

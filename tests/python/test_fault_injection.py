@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from conftest import cuda_only, tols
 from fusible import _C, ops
-from fusible.ops import _fusions
+from fusible.ops import fusion_registry
 
 D = torch.float64
 CONTAINERS = ["sequential", "operation_fuser"]
@@ -130,7 +130,7 @@ def _state(op_list):
     return (
         [op.channels_locked for op in _basic_ops(op_list)],
         [entry.id for entry in _C.snapshot_fusions()],
-        {f: list(ids) for f, ids in _fusions._ids.items()},
+        {f: list(ids) for f, ids in fusion_registry._ids.items()},
     )
 
 

@@ -1,112 +1,38 @@
-"""te.ops-style fusible operations: every op is a torch.nn.Module backed by a C++ operation."""
+"""te.ops-style fusible operations: every op is a torch.nn.Module backed by a C++ operation.
 
-from .. import _C as _core
-from . import basic, fused, fuser, linear, op, sequential
-from ._base import BasicOperation, FusedOperation, FusibleOperation
-from ._basic import (
-    GEGLU,
-    GELU,
-    GLU,
-    QGEGLU,
-    QGELU,
-    AddExtraInput,
-    BasicLinear,
-    Bias,
-    ClampedSwiGLU,
-    ConstantScale,
-    Dropout,
-    GroupedLinear,
-    Identity,
-    L2Normalization,
-    LayerNorm,
-    Linear,
-    MakeExtraOutput,
-    Quantize,
-    ReGLU,
-    ReLU,
-    Reshape,
-    RMSNorm,
-    ScaledClampedQGeGLU,
-    ScaledSiTUGLU,
-    ScaledSReLU,
-    ScaledSwiGLU,
-    ScaledTanhSReLU,
-    SiLU,
-    SiTUGLU,
-    SReGLU,
-    SReLU,
-    SwiGLU,
-    te_ops_state_dict,
-)
-from ._collectives import AllGather, AllReduce, ReduceScatter
-from ._containers import OperationFuser, Sequential
-from ._distributed import full_state_dict, load_full_state_dict
-from ._fusions import (
-    register_backward_fusion,
-    register_forward_backward_fusion,
-    register_forward_fusion,
-    restore_fusions,
-    snapshot_fusions,
-    unregister_fusion,
-)
+The modules mirror te.ops' (`op`, `basic`, `fused`, `fuser`, `linear`, `sequential`) and
+csrc/ops/basic/ (one module per op family under `basic`)."""
 
-OperationContext = _core.OperationContext
+import sys
+
+from . import basic, fused, fuser, linear, op, sequential, state_dict
+from .basic import *  # noqa: F403
+from .fuser import *  # noqa: F403
+from .linear import Linear
+from .op import FusedOperation, FusibleOperation, OperationContext
+from .sequential import Sequential
+from .state_dict import full_state_dict, load_full_state_dict, te_ops_state_dict
 
 __all__ = [
-    "AllGather",
-    "AllReduce",
-    "ReduceScatter",
-    "AddExtraInput",
-    "BasicLinear",
-    "BasicOperation",
-    "Bias",
-    "ClampedSwiGLU",
-    "ConstantScale",
-    "Dropout",
+    *basic.__all__,
+    *fuser.__all__,
     "FusedOperation",
     "FusibleOperation",
-    "GEGLU",
-    "GELU",
-    "GLU",
-    "GroupedLinear",
-    "Identity",
-    "L2Normalization",
-    "LayerNorm",
     "Linear",
-    "MakeExtraOutput",
-    "Quantize",
-    "OperationFuser",
-    "QGEGLU",
-    "QGELU",
-    "ReGLU",
-    "ReLU",
-    "Reshape",
-    "RMSNorm",
-    "SReGLU",
-    "SReLU",
-    "ScaledClampedQGeGLU",
-    "ScaledSiTUGLU",
-    "ScaledSReLU",
-    "ScaledSwiGLU",
-    "ScaledTanhSReLU",
-    "SiTUGLU",
+    "OperationContext",
     "Sequential",
-    "SiLU",
-    "SwiGLU",
+    "full_state_dict",
+    "load_full_state_dict",
+    "te_ops_state_dict",
     "basic",
     "fused",
     "fuser",
     "linear",
     "op",
     "sequential",
-    "OperationContext",
-    "register_forward_fusion",
-    "te_ops_state_dict",
-    "full_state_dict",
-    "load_full_state_dict",
-    "register_backward_fusion",
-    "register_forward_backward_fusion",
-    "unregister_fusion",
-    "snapshot_fusions",
-    "restore_fusions",
+    "state_dict",
 ]
+
+# Where fusible 0.1 defined its classes: pickles written by it name these modules.
+for _old in ("_base", "_basic", "_collectives", "_containers"):
+    sys.modules[f"{__name__}.{_old}"] = sys.modules[__name__]

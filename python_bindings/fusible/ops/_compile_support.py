@@ -24,6 +24,9 @@ import torch
 
 from .. import _C, quantization
 from .._float8_tensor import Float8Tensor
+from .basic.dropout import Dropout
+from .basic.extra_io import AddExtraInput, MakeExtraOutput
+from .op import FusibleOperation
 
 _live = {}  # id(Sequential) -> weakref: what the ops' handle names
 
@@ -63,8 +66,6 @@ def _check_runnable(seq):
         # A hooked op's group reads the module's own parameters after its pre-hooks, not the
         # call's: under compile that would differentiate the wrong tensors.
         raise NotImplementedError(_HOOKED)
-    from ._base import FusibleOperation
-
     for m in seq._entries():
         if not isinstance(m, FusibleOperation) and any(True for _ in m.parameters()):
             # Its parameters are not inputs of the op: they would get no gradient.
@@ -268,18 +269,14 @@ def _param_paths(handle):
 
 
 def _has_training_dropout(seq):
-    from . import _basic
-
-    dropouts = (_basic.Dropout, torch.nn.modules.dropout._DropoutNd)
+    dropouts = (Dropout, torch.nn.modules.dropout._DropoutNd)
     return any(isinstance(m, dropouts) and m.training and m.p > 0 for m in seq.modules())
 
 
 def _in_place_op(seq):
     """The first op that writes into a tensor it was given (the custom op declares no mutation,
     and its backward recomputes the call from the same tensors), or None."""
-    from . import _basic
-
-    kinds = (_basic.AddExtraInput, _basic.MakeExtraOutput)
+    kinds = (AddExtraInput, MakeExtraOutput)
     return next((m for m in seq.modules() if isinstance(m, kinds) and m.in_place), None)
 
 
@@ -292,8 +289,6 @@ def check_traceable(seq, what):
             f"Sequential: {type(op).__name__}(in_place=True) under {what} is not supported yet "
             "(it writes into a tensor the call was given); use in_place=False"
         )
-    from ._base import FusibleOperation
-
     # Read while tracing, so Dynamo guards on them: a hook added later recompiles (and is refused)
     # instead of going unseen by the compiled call.
     for m in seq._modules.values():

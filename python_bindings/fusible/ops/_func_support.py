@@ -12,26 +12,7 @@ import torch
 from .. import _C
 from . import _compile_support
 from ._compile_support import _SEP, _param_paths, _sequential
-
-_JVP = (
-    "fusible: forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) through a "
-    "fusible call is not supported; use reverse mode (torch.func.vjp, jacrev, grad)"
-)
-
-
-def refuse_forward_ad(input, extra_inputs):
-    """Forward-mode AD (torch.autograd.forward_ad) outside torch.func: refused by name. (Only a
-    module-level int is read unless a dual level is open.)"""
-    if torch.autograd.forward_ad._current_level < 0:
-        return
-    for t in (input, *extra_inputs):
-        if torch.autograd.forward_ad.unpack_dual(t).tangent is not None:
-            raise NotImplementedError(_JVP)
-
-
-def active():
-    """Whether a torch.func transform is running (one C call: cheap on the eager path)."""
-    return torch._C._functorch.peek_interpreter_stack() is not None
+from ._tracing import JVP_REFUSED
 
 
 def _owned(outputs, inputs):
@@ -112,7 +93,7 @@ class _Call(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, *tangents):
-        raise NotImplementedError(_JVP)
+        raise NotImplementedError(JVP_REFUSED)
 
     @staticmethod
     def vmap(info, in_dims, *args):

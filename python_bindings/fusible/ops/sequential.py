@@ -1,5 +1,363 @@
-"""te.ops' `ops.sequential` module."""
+"""te.ops' `ops.sequential` module: Sequential, the Python face of the C++ Sequential, which
+groups the ops, routes channels across groups and calls other Python modules back between them.
+Here: the list API, each call's parameters, forward hooks, and te.ops' call convention."""
 
-from ._containers import Sequential
+import collections
+import warnings
+
+import torch
+
+from .. import _C, quantization
+from . import _call, _compile_support, _func_support
+from ._tracing import func_active, refuse_forward_ad
+from .fuser import OperationFuser, basic_wrappers
+from .op import BasicOperation, FusibleOperation
 
 __all__ = ["Sequential"]
+
+
+def _hooks(module):
+    """1 when a fusible op has forward hooks (it then runs unfused, as its own group), 2 when it
+    has backward hooks (which cannot run inside a fuser: a warning), else 0."""
+    if not isinstance(module, FusibleOperation):
+        return 0
+    forward = bool(module._forward_hooks or module._forward_pre_hooks)
+    backward = bool(module._backward_hooks or module._backward_pre_hooks)
+    return forward | 2 * backward
+
+
+_warned_backward_hooks = set()
+
+
+def _warn_backward_hooks(op):
+    if id(op) not in _warned_backward_hooks:
+        _warned_backward_hooks.add(id(op))
+        warnings.warn(
+            f"{type(op).__name__}: backward hooks on an op inside a fusible Sequential do not run "
+            "(its backward is part of the fuser's); register the hook on the Sequential instead",
+            stacklevel=3,
+        )
+
+
+def _plain_step(module):
+    """A non-fusible module as the C++ Sequential's tensor-to-tensor step."""
+
+    def step(x):
+        out = module(x)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(
+                f"Sequential: {type(module).__name__} between fuser groups must return a tensor, "
+                f"got {type(out).__name__}"
+            )
+        return out
+
+    return step
+
+
+class Sequential(torch.nn.Module):
+    """A list of modules; consecutive fusible ops run as one fuser group each, any other module is
+    called as usual between groups. Channels connect ops across groups.
+
+    Args:
+        *modules: fusible ops and any other torch.nn.Module, in order; or one OrderedDict of
+            name -> module (its names become the submodules' names, as torch.nn.Sequential).
+
+    Call: seq(x, *extra_inputs, channel_inputs=None, return_dict=False); channel_inputs feeds bound
+    extra inputs by channel name, return_dict=True returns (y, {channel: named output}).
+    """
+
+    def __init__(self, *modules):
+        super().__init__()
+        self._cpp = None  # the C++ Sequential, built on first use after any change
+        _compile_support.register(self)
+        if len(modules) == 1 and isinstance(modules[0], collections.OrderedDict):
+            for name, m in modules[0].items():
+                self.append(m, name=name)
+            return
+        for m in modules:
+            self.append(m)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_cpp"] = None  # rebuilt on the copy's first call: a copy is not locked
+        state.pop("_quantize_last", None)  # C++ ops; set again with the engine
+        state.pop("_quantize_first", None)
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        _compile_support.register(self)  # a copy has its own handle
+
+    # Every route that sets or removes a child (setattr, register_module / add_module, del)
+    # regroups, as the list API below does.
+    def __setattr__(self, name, value):
+        child = isinstance(value, torch.nn.Module) or name in self.__dict__.get("_modules", {})
+        super().__setattr__(name, value)
+        if child:
+            self._invalidate()
+
+    def __delattr__(self, name):
+        child = name in self.__dict__.get("_modules", {})
+        super().__delattr__(name)
+        if child:
+            self._invalidate()
+
+    def add_module(self, name, module):
+        super().add_module(name, module)
+        self._invalidate()
+
+    register_module = add_module
+
+    # ---- list API (any change drops the C++ Sequential, and with it the channel locks)
+    def _invalidate(self):
+        self._cpp = None
+        _C._forget_sequential(self._compile_handle)  # compiled calls find the rebuilt engine
+
+    def _entries(self):
+        return list(self._modules.values())
+
+    def _rebuild(self, modules):
+        for key in list(self._modules.keys()):
+            del self._modules[key]
+        for i, m in enumerate(modules):
+            self.add_module(str(i), m)
+        self._invalidate()
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._entries())
+
+    def __getitem__(self, idx):
+        entries = self._entries()
+        if isinstance(idx, slice):
+            return Sequential(*entries[idx])
+        return entries[idx]
+
+    def __setitem__(self, idx, module):
+        entries = self._entries()
+        entries[idx] = module
+        self._rebuild(entries)
+
+    def __delitem__(self, idx):
+        entries = self._entries()
+        del entries[idx]
+        self._rebuild(entries)
+
+    def append(self, module, name=None):
+        """Appends a module (under `name`, else its position); returns self."""
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"Sequential: expected a torch.nn.Module, got {type(module).__name__}")
+        if _hooks(module) & 2:
+            _warn_backward_hooks(module)
+        self.add_module(str(len(self._modules)) if name is None else name, module)
+        self._invalidate()
+        return self
+
+    def extend(self, modules):
+        """Appends each module; returns self."""
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index, module):
+        """Inserts a module before position `index`."""
+        entries = self._entries()
+        entries.insert(index, module)
+        self._rebuild(entries)
+
+    def pop(self, index=-1):
+        """Removes and returns the module at `index`."""
+        entries = self._entries()
+        m = entries.pop(index)
+        self._rebuild(entries)
+        return m
+
+    def __add__(self, other):
+        return Sequential(*self._entries(), *list(other))
+
+    def __iadd__(self, other):
+        return self.extend(list(other))
+
+    # ---- running: the C++ Sequential groups and routes; this passes parameters and runs hooks
+    def _engine(self):
+        """The C++ Sequential, with its hook flags brought up to date."""
+        if self._cpp is None:
+            cpp = _C.Sequential()
+            for m in self._modules.values():
+                if isinstance(m, FusibleOperation):
+                    cpp.append_op(m._cpp)
+                else:
+                    cpp.append_step(_plain_step(m), type(m).__name__)
+            fusible = [m for m in self._modules.values() if isinstance(m, FusibleOperation)]
+            self._param_sources = [src for m in fusible for src in m._param_sources()]
+            self._basic = basic_wrappers(fusible)
+            self._pre_hooks = _call.PreForwardHooks(self._basic)
+            # te.ops hands a last Quantize's output out quantized (quantization.quantized_output).
+            last = next(reversed(self._modules.values()), None)
+            quantize = getattr(last, "_quantize_forward", False)
+            self.__dict__["_quantize_last"] = last._cpp if quantize else None
+            # And a first Quantize(backward=True)'s gradient (quantization.quantized_grad).
+            first = next(iter(self._modules.values()), None)
+            quantize = getattr(first, "_quantize_backward", False)
+            self.__dict__["_quantize_first"] = first._cpp if quantize else None
+            # Every hook dict of the ops: while all are empty (the usual case) one any() per call
+            # tells that nothing changed, instead of four attribute reads per op.
+            self._hook_dicts = tuple(
+                d
+                for m in fusible
+                for d in (
+                    m._forward_hooks,
+                    m._forward_pre_hooks,
+                    m._backward_hooks,
+                    m._backward_pre_hooks,
+                )
+            )
+            self._cpp, self._hook_flags = cpp, None  # last: a failure above leaves no engine
+        if self._hook_flags is None or self._any_hook or any(self._hook_dicts):
+            hooks = tuple(_hooks(m) for m in self._modules.values())
+            if hooks != self._hook_flags:
+                for m, h in zip(self._modules.values(), hooks):
+                    if h & 2:
+                        _warn_backward_hooks(m)
+                self._cpp.set_isolated([bool(h & 1) for h in hooks])
+                self._hook_flags = hooks
+                self._hooked = any(h & 1 for h in hooks)
+                self._any_hook = any(hooks)
+        return self._cpp
+
+    def forward(self, input, *extra_inputs, op_kwargs=None, channel_inputs=None, return_dict=False):
+        """y = seq(x, *extra_inputs). op_kwargs: {basic op (or its index here): op_forward
+        keywords} (te.ops); channel_inputs: {channel name: tensor} feeding extra inputs by name;
+        return_dict: also return the named extra outputs as a dict."""
+        _call.check_tensors("Sequential", input, extra_inputs)
+        refuse_forward_ad(input, extra_inputs)
+        # Under Dynamo and torch.jit.trace: one custom op (no graph break; a trace that records the
+        # same op whatever the fusion plan, and differentiates it through the op's autograd).
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
+            if op_kwargs:
+                raise NotImplementedError("Sequential: op_kwargs under torch.compile")
+            return _compile_support.compiled_forward(
+                self, input, extra_inputs, channel_inputs, return_dict
+            )
+        if func_active():  # torch.func: a custom op it can transform (_func_support)
+            return _func_support.forward(self, input, extra_inputs, channel_inputs, return_dict)
+        # Dynamo never gets here (the branch above), so no _disable_dynamo wrapper on this path.
+        cpp = self._engine()  # also sets _param_sources, _basic and _pre_hooks
+        quantize_last = self._quantize_last  # its C++ op, or None
+        scale = quantization.output_scale(quantize_last) if quantize_last is not None else None
+        if self._quantize_first is not None:
+            input = quantization.quantized_grad(input, self._quantize_first)
+        self._pre_hooks(input, extra_inputs)
+        named_inputs = list(channel_inputs.items()) if channel_inputs else []
+        params = _call.call_parameters(self._param_sources)
+        if op_kwargs is None:  # the usual call: nothing between it and the engine
+            outputs, named = self._run_engine(cpp, input, list(extra_inputs), named_inputs, params)
+        else:
+            outputs, named = _call.run_with_op_kwargs(
+                self._basic,
+                self._op_kwargs_list(op_kwargs),
+                lambda: self._run_engine(cpp, input, list(extra_inputs), named_inputs, params),
+            )
+        if quantize_last is not None:  # te.ops hands Quantize's output out quantized
+            outputs = [quantization.quantized_output(outputs[0], scale), *outputs[1:]]
+        if return_dict:
+            if len(named) != len(outputs) - 1:
+                raise ValueError(
+                    "Sequential: return_dict=True needs every public extra output to "
+                    "be named (set_extra_output_channel)"
+                )
+            return outputs[0], dict(named)
+        return _call.unpack_outputs(outputs)
+
+    def _op_kwargs_list(self, op_kwargs):
+        """te.ops' op_kwargs ({op or index: kwargs}) as one dict per basic op of this Sequential."""
+        entries = self._entries()
+        by_id = {}
+        for key, kwargs in op_kwargs.items():
+            op = entries[key] if isinstance(key, int) else key
+            if not isinstance(op, BasicOperation):
+                raise ValueError(
+                    f"Sequential: op_kwargs key {key!r} is not a basic operation "
+                    f"(got {type(op).__name__})"
+                )
+            by_id[id(op)] = kwargs
+        if not by_id.keys() <= {id(op) for op in self._basic}:
+            raise ValueError("op_kwargs contains keys that are not in this Sequential")
+        return [by_id.get(id(op), {}) for op in self._basic]
+
+    def _run_engine(self, cpp, input, extra_inputs, named_inputs, params):
+        """One call of cpp (this Sequential's _engine()) with these parameters: (outputs, named
+        outputs). Ops with forward hooks run through their own __call__ (the `around` callback)."""
+        around = _run_hooked_op(self, {n for n, _ in named_inputs}) if self._hooked else None
+        return cpp.run(input, extra_inputs, named_inputs, params, around)
+
+    def fusers(self, named_inputs=()):
+        """One entry per group: its OperationFuser, or the module itself."""
+        entries = self._entries()
+        groups = []
+        for cpp_fuser, first in self._engine().groups(set(named_inputs)):
+            if cpp_fuser is None:
+                groups.append(entries[first])
+                continue
+            n = len(cpp_fuser.get_basic_ops())
+            ops, k = [], first
+            while sum(len(op._basic_op_list()) for op in ops) < n:
+                ops.append(entries[k])
+                k += 1
+            groups.append(OperationFuser._view(cpp_fuser, ops))
+        return groups
+
+    def fusion_plan(self):
+        """For the most recent forward, one entry per group: {"forward": [op type names],
+        "backward": [...]} for a fuser group, {"module": type name} for another module."""
+        cpp = self._engine()
+        plan = cpp.fusion_plan()
+        if not plan:  # no forward yet: the grouping, with empty plans
+            self.fusers()
+            plan = cpp.fusion_plan()
+        return plan
+
+    def reset_parameters(self):
+        """Re-initializes every child that has parameters."""
+        for m in self._entries():
+            if hasattr(m, "reset_parameters") and any(True for _ in m.parameters()):
+                m.reset_parameters()
+
+
+def _run_hooked_op(seq, names):
+    """The C++ Sequential's `around` callback: runs an isolated op's group through the op's own
+    __call__, so its forward pre-hooks and forward hooks see (and may replace) the real input and
+    output, exactly as torch.nn.Module runs them."""
+    entries = seq._entries()
+
+    def around(entry, x, extra_inputs, run_group):
+        op = entries[entry]
+        exported = next(f.exported() for f, first in seq._cpp.groups(names) if first == entry)
+        result = {}
+
+        def forward(input, *extras):
+            # Read here, after the pre-hooks, which may have set the op's parameters.
+            result["all"] = run_group(
+                input, list(extras), _call.call_parameters(op._param_sources())
+            )
+            return _call.unpack_outputs(_call.split_outputs(result["all"], exported)[0])
+
+        op.__dict__["forward"] = forward  # what Module.__call__ runs between the hooks
+        try:
+            out = op(x, *extra_inputs)
+        finally:
+            del op.__dict__["forward"]
+        # Hooks may replace y and public extra outputs; named hidden ones pass through.
+        public = iter(list(out) if isinstance(out, tuple) else [out])
+        merged = [next(public)]
+        for tensor, (is_public, _) in zip(result["all"][1:], exported):
+            merged.append(next(public) if is_public else tensor)
+        return merged
+
+    return around
+
+
+# A single op's call under torch.func and torch.jit.trace runs as a one-op Sequential.
+FusibleOperation._one_op_container = Sequential

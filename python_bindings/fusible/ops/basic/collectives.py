@@ -1,9 +1,9 @@
 """te.ops' collective ops along dim 0 (AllGather, ReduceScatter, AllReduce) over a
-torch.distributed process group."""
+torch.distributed process group (csrc/ops/basic/collectives)."""
 
-from .. import _C
-from ._base import BasicOperation
-from ._distributed import group_spec
+from ... import _C
+from .._distributed import group_spec
+from ..op import BasicOperation
 
 
 class _Collective(BasicOperation):
@@ -34,3 +34,6 @@ class ReduceScatter(_Collective):
 class AllReduce(_Collective):
     """Sums x over the ranks of `process_group`; the backward passes the gradient through (it is
     the same on every rank), as te.ops' AllReduce."""
+
+
+__all__ = ["AllGather", "AllReduce", "ReduceScatter"]

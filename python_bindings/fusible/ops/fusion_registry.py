@@ -6,7 +6,7 @@ import atexit
 from .. import _C
 from ..quantization import active_recipe
 from . import fused
-from ._base import FusibleOperation
+from .op import FusibleOperation
 
 _ids = {}  # registered function -> its registry ids (a function may be registered twice)
 

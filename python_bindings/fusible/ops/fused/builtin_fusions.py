@@ -1,9 +1,10 @@
-"""Built-in fused operations, as fuser.forward_ops() / backward_ops() show them: modules over the
-C++ fused op a fusion made, with the user's own basic ops in `basic_ops` (an nn.ModuleList)."""
+"""The built-in fused operations (csrc/ops/fused/builtin_fusions), as fuser.forward_ops() /
+backward_ops() show them: modules over the C++ fused op a fusion made, with the user's own basic
+ops in `basic_ops` (an nn.ModuleList)."""
 
 import torch
 
-from ._base import FusedOperation
+from ..op import FusedOperation
 
 
 class _BuiltinFused(FusedOperation):
