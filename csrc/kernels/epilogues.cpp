@@ -5,10 +5,10 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
-#include "kernels/compute_dtype.h"
-#include "kernels/linear.h"
-#include "kernels/norms.h"
-#include "kernels/ops.h"
+#include "kernels/common/compute_dtype.h"
+#include "kernels/linear/linear.h"
+#include "kernels/norm/norm.h"
+#include "kernels/dispatch.h"
 
 namespace fusible::kernels {
 namespace reference {

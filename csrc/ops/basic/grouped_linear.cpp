@@ -7,8 +7,8 @@
 #include <ATen/ops/stack.h>
 
 #include "common/checks.h"
-#include "kernels/grouped_gemm.h"
-#include "kernels/ops.h"
+#include "kernels/grouped/grouped.h"
+#include "kernels/dispatch.h"
 #include "ops/call_buffers.h"
 #include "ops/parameter_utils.h"
 
