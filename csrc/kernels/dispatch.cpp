@@ -1,4 +1,4 @@
-// Typed dispatcher handles behind kernels/ops.h; each schema is looked up once.
+// Typed dispatcher handles behind kernels/dispatch.h; each schema is looked up once.
 #include "kernels/dispatch.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>

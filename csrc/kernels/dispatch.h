@@ -155,7 +155,7 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
                                             const std::string& act, bool save_pre, bool fast_accum,
                                             int64_t a_block = 0, int64_t b_block = 0);
 
-/// Block-scaled FP8 cast -> (data, scale_inv, data_t, scale_inv_t) (kernels/quantize_block.h).
+/// Block-scaled FP8 cast -> (data, scale_inv, data_t, scale_inv_t) (kernels/fp8/fp8_block.h).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_cast_block(const at::Tensor& x,
                                                                           const std::string& format,
                                                                           int64_t block_dim,

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "common/checks.h"
+#include "kernels/activation/activation_launchers.h"
 #include "kernels/common/compute_dtype.h"
 
 namespace fusible::kernels {

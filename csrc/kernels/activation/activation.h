@@ -6,7 +6,7 @@
 
 #include <string_view>
 
-#include "kernels/common/cuda_launchers.h"
+#include "kernels/common/launcher_types.h"
 
 namespace fusible::kernels::reference {
 

@@ -7,6 +7,7 @@
 
 #include "common/checks.h"
 #include "kernels/activation/activation.h"
+#include "kernels/activation/activation_launchers.h"
 #include "kernels/common/compute_dtype.h"
 #include "kernels/common/cuda_device.h"
 #include "kernels/common/cuda_dtype.h"

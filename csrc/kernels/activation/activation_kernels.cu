@@ -2,6 +2,7 @@
 // computed in fp32 registers (fp64 for fp64) from the storage dtype, written once in it.
 #include <algorithm>
 
+#include "kernels/activation/activation_launchers.h"
 #include "kernels/activation/activation_math.cuh"
 #include "kernels/common/cuda_map.cuh"
 

@@ -4,7 +4,7 @@
 
 #include <type_traits>
 
-#include "kernels/common/cuda_launchers.h"
+#include "kernels/activation/activation_launchers.h"
 
 namespace fusible::kernels::cuda {
 

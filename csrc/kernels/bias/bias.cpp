@@ -1,4 +1,6 @@
-// bias_fwd / bias_bwd: argument checks, the CPU reference (ATen) and the Meta (shape-only) version.
+// bias_fwd / bias_bwd: argument checks, the CPU reference (ATen) and the Meta (shape-only) version;
+// bias_act_bwd(_): the reference (CPU, CUDA fallback, Meta) through the dispatched activation and
+// bias ops, in the accumulation dtype.
 #include "kernels/bias/bias.h"
 
 #include <ATen/TensorOperators.h>
@@ -6,7 +8,12 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <string>
+
 #include "common/checks.h"
+#include "kernels/common/compute_dtype.h"
+#include "kernels/dispatch.h"
+#include "kernels/linear/linear.h"
 
 namespace fusible::kernels {
 
@@ -48,6 +55,22 @@ at::Tensor bias_bwd_meta(const at::Tensor& dy) {
   return at::empty({dy.size(-1)}, dy.options());
 }
 
+std::tuple<at::Tensor, at::Tensor> bias_act_bwd_ref(const at::Tensor& dy, const at::Tensor& pre,
+                                                    c10::string_view act) {
+  reference::check_epilogue_act("bias_act_bwd", act);
+  FUSIBLE_CHECK_SAME_DTYPE("bias_act_bwd", "dy", dy, "pre", pre);
+  // dbias sums the unrounded dpre, as the CUDA kernel does.
+  const auto dpre = activation_bwd(upcast(dy), upcast(pre), std::string(act));
+  return {dpre.to(dy.scalar_type()), bias_bwd(dpre).to(dy.scalar_type())};
+}
+
+at::Tensor bias_act_bwd__ref(const at::Tensor& dy, const at::Tensor& pre, c10::string_view act) {
+  FUSIBLE_CHECK_SAME_DTYPE("bias_act_bwd_", "dy", dy, "pre", pre);
+  auto [dpre, dbias] = bias_act_bwd_ref(dy, pre, act);
+  dy.copy_(dpre);
+  return dbias;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {
@@ -58,6 +81,11 @@ TORCH_LIBRARY_IMPL(fusible, CPU, m) {
 TORCH_LIBRARY_IMPL(fusible, Meta, m) {
   m.impl("bias_fwd", &bias_fwd_meta);
   m.impl("bias_bwd", &bias_bwd_meta);
+}
+
+TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
+  m.impl("bias_act_bwd", &bias_act_bwd_ref);
+  m.impl("bias_act_bwd_", &bias_act_bwd__ref);
 }
 
 }  // namespace fusible::kernels

@@ -7,10 +7,10 @@
 #include "common/checks.h"
 #include "kernels/activation/activation.h"
 #include "kernels/bias/bias.h"
+#include "kernels/bias/bias_launchers.h"
 #include "kernels/common/compute_dtype.h"
 #include "kernels/common/cuda_device.h"
 #include "kernels/common/cuda_dtype.h"
-#include "kernels/common/cuda_launchers.h"
 #include "kernels/linear/linear.h"
 
 namespace fusible::kernels {

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "kernels/activation/activation_math.cuh"
+#include "kernels/bias/bias_launchers.h"
 #include "kernels/common/cuda_common.cuh"
 
 namespace fusible::kernels {
@@ -130,17 +131,6 @@ void launch_bias_fwd(const void* x, const void* bias, void* y, int64_t rows, int
         static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<T*>(y), total, cols);
   });
   cuda::check_launch("bias_fwd_kernel");
-}
-
-int64_t column_sum_chunks(int64_t rows, int64_t cols, int num_sms) {
-  // Aim for ~8 blocks (of 256 threads) per SM, enough loads in flight to stream at full
-  // bandwidth, rounding down: one block past a full wave costs a whole extra wave (the GELU
-  // backward's 53-register blocks fit 4 per SM: 17 chunks of 64 column blocks made 2.06 waves,
-  // run as 3); each chunk at least 64 rows (a block spans up to 256 columns).
-  const int64_t col_blocks = (cols + 255) / 256;
-  const int64_t want = std::max<int64_t>(1, 8 * num_sms / col_blocks);
-  const int64_t max_by_rows = std::max<int64_t>(1, rows / 64);
-  return std::min(want, max_by_rows);
 }
 
 void launch_bias_bwd(const void* dy, void* workspace, void* dbias, int64_t rows, int64_t cols,

@@ -13,7 +13,7 @@
 #include <string>
 #include <type_traits>
 
-#include "kernels/common/cuda_launchers.h"
+#include "kernels/common/launcher_types.h"
 
 namespace fusible::kernels::cuda {
 

@@ -4,7 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
-#include "kernels/common/cuda_launchers.h"
+#include "kernels/common/launcher_types.h"
 
 namespace fusible::kernels {
 

@@ -10,7 +10,8 @@
 
 #include "kernels/common/cuda_device.h"
 #include "kernels/common/cuda_dtype.h"
-#include "kernels/elementwise/elementwise.h"
+#include "kernels/dropout/dropout.h"
+#include "kernels/dropout/dropout_launchers.h"
 
 namespace fusible::kernels {
 namespace {

@@ -3,6 +3,7 @@
 #include <curand_kernel.h>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/dropout/dropout_launchers.h"
 
 namespace fusible::kernels {
 namespace {

@@ -1,5 +1,5 @@
-// The residual add's and dropout's checks, and the add's ATen reference (CPU, Meta, and the CUDA
-// path for mixed dtypes).
+// The residual add's checks and its ATen reference (CPU, Meta, and the CUDA path for mixed
+// dtypes).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,10 +12,5 @@ void check_add_args(const char* op, const at::Tensor& x, const at::Tensor& other
 at::Tensor add_fwd(const at::Tensor& x, const at::Tensor& other);
 /// self += other, in self's storage and dtype.
 void add_(const at::Tensor& self, const at::Tensor& other);
-
-/// x floating, 0 <= p <= 1.
-void check_dropout_fwd_args(const at::Tensor& x, double p);
-/// dy floating; mask uint8 of ceil(dy.numel() / 8) bytes.
-void check_dropout_bwd_args(const at::Tensor& dy, const at::Tensor& mask);
 
 }  // namespace fusible::kernels::reference

@@ -9,6 +9,7 @@
 #include "kernels/common/cuda_device.h"
 #include "kernels/common/cuda_dtype.h"
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/elementwise/elementwise_launchers.h"
 
 namespace fusible::kernels {
 namespace {

@@ -1,5 +1,6 @@
 // Constant scale and residual add: one vectorized pass, computed in the accumulation type.
 #include "kernels/common/cuda_map.cuh"
+#include "kernels/elementwise/elementwise_launchers.h"
 
 namespace fusible::kernels {
 namespace {

@@ -1,5 +1,5 @@
 // fp8_quantize_dequantize(_delayed, _block) and fp8_cast(_delayed): checks, the ATen version
-// (CPU), Meta. CUDA: quantize_cuda.cpp.
+// (CPU), Meta. CUDA: fp8_cuda.cpp.
 #include "kernels/fp8/fp8.h"
 
 #include <ATen/TensorOperators.h>

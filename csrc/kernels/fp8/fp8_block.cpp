@@ -1,5 +1,5 @@
 // fp8_cast_block: checks, the ATen version (CPU, and CUDA where the kernel does not apply), Meta.
-// CUDA: quantize_block_cuda.cpp.
+// CUDA: fp8_block_cuda.cpp.
 #include "kernels/fp8/fp8_block.h"
 
 #include <ATen/TensorOperators.h>

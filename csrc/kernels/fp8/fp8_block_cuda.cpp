@@ -9,6 +9,7 @@
 #include "kernels/common/cuda_dtype.h"
 #include "kernels/fp8/fp8.h"
 #include "kernels/fp8/fp8_block.h"
+#include "kernels/fp8/fp8_launchers.h"
 
 namespace fusible::kernels {
 namespace {

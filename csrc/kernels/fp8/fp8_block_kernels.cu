@@ -7,6 +7,7 @@
 #include <cfloat>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/fp8/fp8_launchers.h"
 #include "kernels/fp8/fp8_math.cuh"
 
 namespace fusible::kernels {
@@ -29,7 +30,7 @@ __device__ __forceinline__ float pow2_scale(float amax, float fmax) {
   return ldexpf(1.f, e - 1);
 }
 
-// scale_inv layouts (kernels/quantize_block.h): 1x128 blocks of [rows, cols]: [cols / 128,
+// scale_inv layouts (kernels/fp8/fp8_block.h): 1x128 blocks of [rows, cols]: [cols / 128,
 // round_up(rows, 4)], entry [kb, r]; 128x128: [rows / 128, round_up(cols / 128, 4)], entry
 // [rb, kb].
 __host__ __device__ __forceinline__ int64_t round4(int64_t n) { return (n + 3) / 4 * 4; }

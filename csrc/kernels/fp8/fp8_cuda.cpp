@@ -12,6 +12,7 @@
 #include "kernels/common/cuda_device.h"
 #include "kernels/common/cuda_dtype.h"
 #include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_launchers.h"
 
 namespace fusible::kernels {
 namespace {

@@ -7,9 +7,9 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
-#include "kernels/linear/linear.h"
 #include "kernels/dispatch.h"
 #include "kernels/fp8/fp8_block.h"
+#include "kernels/linear/linear.h"
 
 namespace fusible::kernels {
 

@@ -1,7 +1,7 @@
 // fusible::fp8_gemm: a GEMM on FP8 data with per-tensor scales (the operands fp8_cast makes) or
 // block scales (fp8_cast_block's: 1x128 blocks, or 128x128 for one operand), an
 // epilogue (bias, residual, activation) and output in a wider dtype. Checks and the reference
-// (dequantize, fp32 GEMM: the CPU emulation); CUDA runs it in cuBLASLt (gemm/fp8_gemm_cuda.cpp).
+// (dequantize, fp32 GEMM: the CPU emulation); CUDA runs it in cuBLASLt (fp8_gemm_cuda.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,7 +19,7 @@ bool is_fp8(const at::Tensor& t);
 /// there; out_dtype bf16, fp16 or fp32; bias [N] and other in out_dtype; act 'none', 'gelu' or
 /// 'relu' (an activation takes no other; save_pre needs one).
 /// a_block / b_block: 0 per-tensor scale_inv ([1]), 1 or 2 block scales laid out as
-/// block_scale_shape (kernels/quantize_block.h) says; not both 2.
+/// block_scale_shape (kernels/fp8/fp8_block.h) says; not both 2.
 void check_fp8_gemm_args(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
                          const at::Tensor& b_scale_inv, at::ScalarType out_dtype,
                          const std::optional<at::Tensor>& bias,

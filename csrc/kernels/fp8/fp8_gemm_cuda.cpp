@@ -5,10 +5,10 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "kernels/dispatch.h"
 #include "kernels/fp8/fp8_gemm.h"
 #include "kernels/gemm/cublaslt_gemm.h"
 #include "kernels/gemm/row_views.h"
-#include "kernels/dispatch.h"
 
 namespace fusible::kernels {
 namespace {

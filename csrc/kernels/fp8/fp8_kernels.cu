@@ -9,6 +9,7 @@
 #include <cfloat>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/fp8/fp8_launchers.h"
 #include "kernels/fp8/fp8_math.cuh"
 
 namespace fusible::kernels {

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/common/cuda_launchers.h"
+#include "kernels/common/launcher_types.h"
 
 namespace fusible::kernels {
 

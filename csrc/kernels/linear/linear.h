@@ -1,5 +1,5 @@
 // The linear family's argument checks and reference implementations (ATen; CPU, CUDA fallback and
-// Meta), shared by the CUDA implementations in kernels/gemm/ (which fall back to them where
+// Meta), shared by linear_cuda.cpp (cuBLASLt through kernels/gemm/, falling back to them where
 // cuBLASLt cannot run).
 #pragma once
 

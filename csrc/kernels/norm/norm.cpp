@@ -8,6 +8,7 @@
 
 #include "common/checks.h"
 #include "kernels/common/compute_dtype.h"
+#include "kernels/dispatch.h"
 
 namespace fusible::kernels {
 namespace reference {
@@ -113,7 +114,29 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::T
   return {dx.to(x.scalar_type()), sum_leading(dyf * xhat, nd).to(weight.scalar_type())};
 }
 
-}  // namespace reference
+// The norm backward plus dextra: through the dispatched ops (each device's own norm backward and
+// add) in the accumulation dtype, rounded once.
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor& dy, const at::Tensor& x,
+                                                   const at::Tensor& rstd, const at::Tensor& weight,
+                                                   bool zero_centered_gamma,
+                                                   const at::Tensor& dextra) {
+  FUSIBLE_CHECK_SAME_DTYPE("rmsnorm_bwd_add", "dy", dy, "dextra", dextra);
+  auto [dx, dw] = kernels::rmsnorm_bwd(kernels::upcast(dy), kernels::upcast(x), rstd,
+                                       kernels::upcast(weight), zero_centered_gamma);
+  // add_fwd checks the shape; one rounding of dx + dextra.
+  return {kernels::add_fwd(dx, kernels::upcast(dextra)).to(x.scalar_type()),
+          dw.to(weight.scalar_type())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra) {
+  FUSIBLE_CHECK_SAME_DTYPE("layernorm_bwd_add", "dy", dy, "dextra", dextra);
+  auto [dx, dw, db] = kernels::layernorm_bwd(kernels::upcast(dy), kernels::upcast(x), mean, rstd,
+                                             kernels::upcast(weight), zero_centered_gamma);
+  return {kernels::add_fwd(dx, kernels::upcast(dextra)).to(x.scalar_type()),
+          dw.to(weight.scalar_type()), db.to(weight.scalar_type())};
+}
 
 namespace {
 
@@ -137,13 +160,17 @@ at::Tensor l2norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
 
 }  // namespace
 
+}  // namespace reference
+
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("layernorm_fwd", &reference::layernorm_fwd);
   m.impl("layernorm_bwd", &reference::layernorm_bwd);
   m.impl("rmsnorm_fwd", &reference::rmsnorm_fwd);
   m.impl("rmsnorm_bwd", &reference::rmsnorm_bwd);
-  m.impl("l2norm_fwd", &l2norm_fwd);
-  m.impl("l2norm_bwd", &l2norm_bwd);
+  m.impl("l2norm_fwd", &reference::l2norm_fwd);
+  m.impl("l2norm_bwd", &reference::l2norm_bwd);
+  m.impl("rmsnorm_bwd_add", &reference::rmsnorm_bwd_add);
+  m.impl("layernorm_bwd_add", &reference::layernorm_bwd_add);
 }
 
 }  // namespace fusible::kernels

@@ -12,9 +12,9 @@
 #include "kernels/common/compute_dtype.h"
 #include "kernels/common/cuda_device.h"
 #include "kernels/common/cuda_dtype.h"
-#include "kernels/common/cuda_launchers.h"
-#include "kernels/norm/norm.h"
 #include "kernels/dispatch.h"
+#include "kernels/norm/norm.h"
+#include "kernels/norm/norm_launchers.h"
 
 namespace fusible::kernels {
 namespace {

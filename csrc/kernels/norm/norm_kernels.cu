@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/norm/norm_launchers.h"
 
 namespace fusible::kernels {
 namespace {
