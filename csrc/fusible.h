@@ -4,7 +4,7 @@
 #include "fuser/compiled_call.h"
 #include "fuser/operation_fuser.h"
 #include "fuser/sequential.h"
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 #include "ops/basic/activations.h"
 #include "ops/basic/basic_linear.h"
 #include "ops/basic/bias.h"

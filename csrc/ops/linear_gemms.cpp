@@ -1,7 +1,7 @@
 // The linear GEMMs on high-precision or FP8 operands.
 #include "ops/linear_gemms.h"
 
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 
 namespace fusible::ops::gemms {
 namespace {

@@ -13,7 +13,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 
 namespace fusible::ops {
 namespace {

@@ -108,7 +108,7 @@ class Fp8ReplayGuard {
 /// - FP8 data: `rowwise` [..., K] and its transpose `columnwise` [K, M] (Hopper's FP8 GEMM reads
 ///   both operands with K contiguous) with their fp32 scale_inv: per-tensor ([1], the same for
 ///   both; block 0), or under block scaling each its own block scales (block 1: 1x128 blocks,
-///   2: 128x128; kernels/quantize_block.h).
+///   2: 128x128; kernels/fp8/fp8_block.h).
 /// Either may be undefined where no GEMM reads it. `dtype`: the compute dtype, the GEMMs' output.
 struct GemmOperand {
   at::Tensor rowwise, columnwise, scale_inv, columnwise_scale_inv;

@@ -4,7 +4,7 @@
 
 #include <tuple>
 
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 #include "test_utils.h"
 
 namespace fusible::test {

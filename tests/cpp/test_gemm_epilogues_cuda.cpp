@@ -1,6 +1,6 @@
 // The cuBLASLt layer's gradient epilogues that no kernel op uses, called directly: RELU_AUX_BIAS
 // (ReLU with its bit mask kept), DRELU_BGRAD (the ReLU gradient from that mask, with the bias
-// gradient), DGELU_BGRAD (slower on the H200 than our own pass, see gemm/linear_cuda.cpp) and
+// gradient), DGELU_BGRAD (slower on the H200 than our own pass, see linear/linear_cuda.cpp) and
 // BGRADB (a wgrad GEMM that also sums dy over rows), each against a float64 reference. Skipped
 // without CUDA.
 #include <ATen/ATen.h>

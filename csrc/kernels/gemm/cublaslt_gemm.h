@@ -48,7 +48,7 @@ struct RowMajorGemm {
   at::Tensor aux;
   // FP8 only: fp32 [1] each, on the device; op(a) is a * a_scale_inv, op(b) b * b_scale_inv.
   // With a_block / b_block 1 or 2 (Hopper's block scaling: 1x128 or 128x128 blocks, not both
-  // 128x128), the block scales in the layout of kernels/quantize_block.h.
+  // 128x128), the block scales in the layout of kernels/fp8/fp8_block.h.
   at::Tensor a_scale_inv, b_scale_inv;
   int64_t a_block = 0, b_block = 0;
   bool fast_accum = false;  // FP8 only: cuBLASLt's fast accumulation (forward GEMMs)

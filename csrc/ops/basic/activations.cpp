@@ -8,8 +8,8 @@
 #include <cmath>
 
 #include "common/checks.h"
-#include "kernels/activations.h"
-#include "kernels/ops.h"
+#include "kernels/activation/activation.h"
+#include "kernels/dispatch.h"
 
 namespace fusible::ops {
 namespace {

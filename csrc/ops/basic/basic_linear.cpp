@@ -7,8 +7,8 @@
 #include <ATen/ops/empty.h>
 
 #include "common/checks.h"
-#include "kernels/fp8_gemm.h"
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
+#include "kernels/fp8/fp8_gemm.h"
 #include "ops/parameter_utils.h"
 
 namespace fusible::ops {

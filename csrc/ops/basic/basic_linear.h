@@ -4,7 +4,7 @@
 #include <functional>
 #include <optional>
 
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 #include "ops/distributed.h"
 #include "ops/fusible_operation.h"
 #include "ops/linear_gemms.h"

@@ -4,7 +4,7 @@
 #include <ATen/ops/empty.h>
 
 #include "common/checks.h"
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 #include "ops/parameter_utils.h"
 
 namespace fusible::ops {

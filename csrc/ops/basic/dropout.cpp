@@ -2,7 +2,7 @@
 #include "ops/basic/dropout.h"
 
 #include "common/checks.h"
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 
 namespace fusible::ops {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/checks.h"
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 
 namespace fusible::ops {
 

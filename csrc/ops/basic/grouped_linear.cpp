@@ -1,4 +1,4 @@
-// GroupedLinear through the grouped GEMM kernels (kernels/grouped_gemm.h): the split sizes reach
+// GroupedLinear through the grouped GEMM kernels (kernels/grouped/grouped.h): the split sizes reach
 // them as a tensor, so on CUDA nothing waits for the host.
 #include "ops/basic/grouped_linear.h"
 
@@ -7,8 +7,8 @@
 #include <ATen/ops/stack.h>
 
 #include "common/checks.h"
-#include "kernels/grouped_gemm.h"
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
+#include "kernels/grouped/grouped.h"
 #include "ops/call_buffers.h"
 #include "ops/parameter_utils.h"
 

@@ -1,7 +1,7 @@
 // Identity, Reshape and ConstantScale.
 #include "ops/basic/simple_ops.h"
 
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 
 namespace fusible::ops {
 

@@ -1,7 +1,7 @@
 // BackwardAddRMSNorm and BackwardAddLayerNorm.
 #include "ops/fused/backward_add_norm.h"
 
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 #include "ops/fused/fusion_window.h"
 
 namespace fusible::ops {

@@ -1,7 +1,7 @@
 // BackwardLinearActivationBias.
 #include "ops/fused/backward_linear_activation_bias.h"
 
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 #include "ops/fused/fusion_window.h"
 
 namespace fusible::ops {

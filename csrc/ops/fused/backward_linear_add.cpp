@@ -1,7 +1,7 @@
 // BackwardLinearAdd.
 #include "ops/fused/backward_linear_add.h"
 
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 #include "ops/fused/fusion_window.h"
 
 namespace fusible::ops {

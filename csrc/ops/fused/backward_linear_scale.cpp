@@ -1,7 +1,7 @@
 // BackwardLinearScale.
 #include "ops/fused/backward_linear_scale.h"
 
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 #include "ops/fused/fusion_window.h"
 
 namespace fusible::ops {

@@ -1,7 +1,7 @@
 // ForwardLinearBiasActivation.
 #include "ops/fused/forward_linear_bias_activation.h"
 
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 #include "ops/fused/fusion_window.h"
 
 namespace fusible::ops {

@@ -1,7 +1,7 @@
 // ForwardLinearBiasAdd.
 #include "ops/fused/forward_linear_bias_add.h"
 
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 #include "ops/fused/fusion_window.h"
 
 namespace fusible::ops {

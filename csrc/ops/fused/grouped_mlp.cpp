@@ -3,7 +3,7 @@
 
 #include <tuple>
 
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 #include "ops/fused/fusion_window.h"
 
 namespace fusible::ops {

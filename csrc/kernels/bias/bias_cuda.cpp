@@ -1,0 +1,106 @@
+// bias_fwd / bias_bwd / bias_act_bwd on CUDA: torch-facing wrappers around bias_kernels.cu.
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "common/checks.h"
+#include "kernels/activation/activation.h"
+#include "kernels/bias/bias.h"
+#include "kernels/bias/bias_launchers.h"
+#include "kernels/common/compute_dtype.h"
+#include "kernels/common/cuda_device.h"
+#include "kernels/common/cuda_dtype.h"
+#include "kernels/linear/linear.h"
+
+namespace fusible::kernels {
+namespace {
+
+at::Tensor bias_fwd_cuda(const at::Tensor& x, const at::Tensor& bias) {
+  check_bias_fwd_args(x, bias);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto xc = x.contiguous();
+  const auto bc = bias.contiguous();
+  auto y = at::empty(x.sizes(), x.options());
+  const int64_t cols = x.size(-1);
+  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  launch_bias_fwd(xc.const_data_ptr(), bc.const_data_ptr(), y.mutable_data_ptr(), rows, cols,
+                  kernel_dtype("bias_fwd", x), current_sm_count(),
+                  c10::cuda::getCurrentCUDAStream());
+  return y;
+}
+
+// The bias gradient of dy (contiguous), after the activation's gradient when pre is given: then
+// dpre (which may be dy itself) receives dy * act'(pre).
+at::Tensor bias_grad(const char* op, const at::Tensor& dy, const at::Tensor& pre,
+                     const at::Tensor& dpre, ActKind act) {
+  const c10::cuda::CUDAGuard guard(dy.device());
+  const int64_t cols = dy.size(-1);
+  const int64_t rows = cols == 0 ? 0 : dy.numel() / cols;
+  const int64_t chunks = column_sum_chunks(rows, cols, current_sm_count());
+  const auto workspace = column_sum_workspace(chunks, cols, dy);
+  auto dbias = at::empty({cols}, dy.options());
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (pre.defined()) {
+    launch_bias_act_bwd(dy.const_data_ptr(), pre.const_data_ptr(), dpre.mutable_data_ptr(),
+                        data_or_null(workspace), dbias.mutable_data_ptr(), rows, cols, chunks, act,
+                        kernel_dtype(op, dy), stream);
+  } else {
+    launch_bias_bwd(dy.const_data_ptr(), data_or_null(workspace), dbias.mutable_data_ptr(), rows,
+                    cols, chunks, kernel_dtype(op, dy), stream);
+  }
+  return dbias;
+}
+
+at::Tensor bias_bwd_cuda(const at::Tensor& dy) {
+  check_bias_bwd_args(dy);
+  return bias_grad("bias_bwd", dy.contiguous(), {}, {}, ActKind::kRelu);
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_act_bwd_cuda(const at::Tensor& dy, const at::Tensor& pre,
+                                                     c10::string_view act) {
+  reference::check_epilogue_act("bias_act_bwd", act);
+  FUSIBLE_CHECK_FLOATING("bias_act_bwd", "pre", pre);
+  FUSIBLE_CHECK_MIN_DIM("bias_act_bwd", "pre", pre, 1);
+  FUSIBLE_CHECK_SHAPE_LIKE("bias_act_bwd", "dy", dy, pre);
+  FUSIBLE_CHECK_SAME_DEVICE("bias_act_bwd", "dy", dy, "pre", pre);
+  const auto prec = pre.contiguous();
+  auto dpre = at::empty(pre.sizes(), pre.options());
+  auto dbias = bias_grad("bias_act_bwd", dy.to(pre.scalar_type()).contiguous(), prec, dpre,
+                         reference::parse_activation("bias_act_bwd", act));
+  return {dpre, dbias};
+}
+
+at::Tensor bias_act_bwd__cuda(const at::Tensor& dy, const at::Tensor& pre, c10::string_view act) {
+  reference::check_epilogue_act("bias_act_bwd_", act);
+  FUSIBLE_CHECK_FLOATING("bias_act_bwd_", "pre", pre);
+  FUSIBLE_CHECK_MIN_DIM("bias_act_bwd_", "pre", pre, 1);
+  FUSIBLE_CHECK_SHAPE_LIKE("bias_act_bwd_", "dy", dy, pre);
+  FUSIBLE_CHECK_SAME_DEVICE("bias_act_bwd_", "dy", dy, "pre", pre);
+  FUSIBLE_CHECK_SAME_DTYPE("bias_act_bwd_", "dy", dy, "pre", pre);
+  if (!dy.is_contiguous()) {  // the kernel writes rows in place: through a copy
+    auto [dpre, dbias] = bias_act_bwd_cuda(dy, pre, act);
+    dy.copy_(dpre);
+    return dbias;
+  }
+  return bias_grad("bias_act_bwd_", dy, pre.contiguous(), dy,
+                   reference::parse_activation("bias_act_bwd_", act));
+}
+
+}  // namespace
+
+at::Tensor bias_act_bwd_in_place(const at::Tensor& dz, const at::Tensor& pre,
+                                 c10::string_view act) {
+  TORCH_INTERNAL_ASSERT(dz.is_contiguous() && pre.is_contiguous() &&
+                        dz.scalar_type() == pre.scalar_type() && dz.sizes().equals(pre.sizes()));
+  return bias_grad("bias_act_bwd", dz, pre, dz, reference::parse_activation("bias_act_bwd", act));
+}
+
+TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
+  m.impl("bias_fwd", &bias_fwd_cuda);
+  m.impl("bias_bwd", &bias_bwd_cuda);
+  m.impl("bias_act_bwd", &bias_act_bwd_cuda);
+  m.impl("bias_act_bwd_", &bias_act_bwd__cuda);
+}
+
+}  // namespace fusible::kernels

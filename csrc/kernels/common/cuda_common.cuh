@@ -1,0 +1,165 @@
+// Device helpers shared by the raw CUDA kernels (.cu files only): the fp32 (fp64 for fp64)
+// accumulation type, conversions, 16-byte vectors, block reductions, dtype dispatch and the launch
+// check. No torch headers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/common/launcher_types.h"
+
+namespace fusible::kernels::cuda {
+
+template <typename T>
+struct Acc {
+  using type = float;
+};
+template <>
+struct Acc<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t = typename Acc<T>::type;
+
+template <typename T>
+__device__ __forceinline__ acc_t<T> to_acc(T v) {
+  return static_cast<acc_t<T>>(v);
+}
+template <>
+__device__ __forceinline__ float to_acc<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_acc<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_acc(acc_t<T> v) {
+  return static_cast<T>(v);
+}
+template <>
+__device__ __forceinline__ __half from_acc<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+/// VEC elements of T loaded or stored as one access (16 bytes when VEC * sizeof(T) == 16).
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, VEC>*>(p);
+}
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, VEC>& v) {
+  *reinterpret_cast<Vec<T, VEC>*>(p) = v;
+}
+
+/// Elements per 16-byte access of T.
+template <typename T>
+constexpr int kVec16 = 16 / sizeof(T);
+
+/// Whether every pointer is 16-byte aligned and n a multiple of the vector width: the vector path.
+inline bool can_vectorize(int64_t n, int vec, std::initializer_list<const void*> ptrs) {
+  if (n % vec != 0) return false;
+  for (const void* p : ptrs) {
+    if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+/// f(std::integral_constant<int, VEC>) with VEC the 16-byte width of T when n and every pointer
+/// allow it (can_vectorize), else 1.
+template <typename T, typename F>
+void dispatch_vec(int64_t n, std::initializer_list<const void*> ptrs, F&& f) {
+  if (can_vectorize(n, kVec16<T>, ptrs)) {
+    f(std::integral_constant<int, kVec16<T>>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+/// Safe to call repeatedly: it synchronizes before reusing its shared scratch.
+template <typename A>
+__device__ __forceinline__ A block_sum(A v) {
+  __shared__ A scratch[32];
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // an earlier call may still be reading scratch
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  A total = lane < warps ? scratch[lane] : A(0);
+  for (int o = 16; o > 0; o /= 2) total += __shfl_xor_sync(0xffffffffu, total, o);
+  return total;
+}
+
+inline void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string(what) +
+                             ": CUDA launch failed: " + cudaGetErrorString(err));
+  }
+}
+
+/// f(T{}) with T the element type of dtype.
+template <typename F>
+void dispatch_dtype(KernelDType dtype, F&& f) {
+  switch (dtype) {
+    case KernelDType::kFloat32:
+      return f(float{});
+    case KernelDType::kFloat64:
+      return f(double{});
+    case KernelDType::kFloat16:
+      return f(__half{});
+    case KernelDType::kBFloat16:
+      return f(__nv_bfloat16{});
+  }
+  throw std::runtime_error("fusible: unsupported kernel dtype");
+}
+
+/// out[c] = sum over chunks of partial[chunk * stride + c], in chunk order (deterministic): the
+/// second pass of the column reductions (bias and norm-weight gradients).
+template <typename T>
+__global__ void column_sum_kernel(const acc_t<T>* __restrict__ partial,  // [chunks, stride]
+                                  T* __restrict__ out,                   // [cols]
+                                  int64_t cols, int64_t chunks, int64_t stride) {
+  const int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (col >= cols) return;
+  acc_t<T> sum = 0;
+  for (int64_t c = 0; c < chunks; ++c) sum += partial[c * stride + col];
+  out[col] = from_acc<T>(sum);
+}
+
+template <typename T>
+void launch_column_sum(const void* partial, void* out, int64_t cols, int64_t chunks, int64_t stride,
+                       cudaStream_t stream) {
+  if (cols == 0) return;
+  constexpr int kThreads = 256;
+  column_sum_kernel<T><<<(cols + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      static_cast<const acc_t<T>*>(partial), static_cast<T*>(out), cols, chunks, stride);
+  check_launch("column_sum_kernel");
+}
+
+/// Grid size for a grid-stride loop over n items of block threads: enough blocks to fill every SM.
+inline int64_t grid_for(int64_t n, int threads, int num_sms) {
+  const int64_t need = (n + threads - 1) / threads;
+  const int64_t fill = static_cast<int64_t>(num_sms) * (2048 / threads);
+  return need < fill ? (need > 0 ? need : 1) : fill;
+}
+
+}  // namespace fusible::kernels::cuda

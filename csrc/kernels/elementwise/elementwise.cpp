@@ -1,0 +1,54 @@
+// Small elementwise ops of the basic operations: constant scale and residual add (out of place and
+// in place), through ATen in fp32 (fp64 for fp64). Dropout: kernels/dropout/.
+#include "kernels/elementwise/elementwise.h"
+
+#include <ATen/TensorOperators.h>
+#include <torch/library.h>
+
+#include "common/checks.h"
+#include "kernels/common/compute_dtype.h"
+
+namespace fusible::kernels {
+namespace reference {
+
+void check_add_args(const char* op, const at::Tensor& x, const at::Tensor& other) {
+  FUSIBLE_CHECK_FLOATING(op, "x", x);
+  FUSIBLE_CHECK_FLOATING(op, "other", other);
+  FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "other", other);
+  TORCH_CHECK(x.sym_sizes().equals(other.sym_sizes()), op, ": expected other of shape ",
+              x.sym_sizes(), ", got ", other.sym_sizes());
+}
+
+// x + other in x's dtype.
+at::Tensor add_fwd(const at::Tensor& x, const at::Tensor& other) {
+  check_add_args("add_fwd", x, other);
+  return (upcast(x) + upcast(other)).to(x.scalar_type());
+}
+
+// self += other, in self's storage and dtype.
+void add_(const at::Tensor& self, const at::Tensor& other) {
+  check_add_args("add_", self, other);
+  self.add_(other.to(self.scalar_type()));
+}
+
+}  // namespace reference
+
+namespace {
+
+using reference::add_;
+using reference::add_fwd;
+
+at::Tensor scale_fwd(const at::Tensor& x, double scale) {
+  FUSIBLE_CHECK_FLOATING("scale_fwd", "x", x);
+  return (upcast(x) * scale).to(x.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
+  m.impl("scale_fwd", &scale_fwd);
+  m.impl("add_fwd", &add_fwd);
+  m.impl("add_", &add_);
+}
+
+}  // namespace fusible::kernels

@@ -1,0 +1,287 @@
+// fp8_quantize_dequantize(_delayed, _block) and fp8_cast(_delayed): checks, the ATen version
+// (CPU), Meta. CUDA: fp8_cuda.cpp.
+#include "kernels/fp8/fp8.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/amax.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/frexp.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/ldexp.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/repeat_interleave.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+
+#include "common/checks.h"
+
+namespace fusible::kernels {
+
+double fp8_max(const char* op, c10::string_view format) {
+  if (format == "e4m3") return 448.0;
+  TORCH_CHECK_VALUE(format == "e5m2", op, ": expected format 'e4m3' or 'e5m2', got '", format, "'");
+  return 57344.0;
+}
+
+at::ScalarType fp8_dtype(const char* op, c10::string_view format) {
+  fp8_max(op, format);
+  return format == "e4m3" ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+}
+
+void check_fp8_cast_args(const char* op, const at::Tensor& x, c10::string_view format,
+                         double margin) {
+  FUSIBLE_CHECK_FLOATING(op, "x", x);
+  FUSIBLE_CHECK_MIN_DIM(op, "x", x, 1);
+  fp8_max(op, format);
+  TORCH_CHECK_VALUE(std::isfinite(margin), op, ": expected a finite margin, got ", margin);
+}
+
+void check_fp8_qdq_args(const at::Tensor& x, c10::string_view format, double margin) {
+  FUSIBLE_CHECK_FLOATING("fp8_quantize_dequantize", "x", x);
+  fp8_max("fp8_quantize_dequantize", format);
+  TORCH_CHECK_VALUE(std::isfinite(margin),
+                    "fp8_quantize_dequantize: expected a finite margin, got ", margin);
+}
+
+void check_fp8_qdq_delayed_args(const at::Tensor& x, c10::string_view format,
+                                const at::Tensor& amax_history, const at::Tensor& scale,
+                                double margin, c10::string_view amax_compute_algo) {
+  constexpr const char* op = "fp8_quantize_dequantize_delayed";
+  check_fp8_qdq_args(x, format, margin);
+  FUSIBLE_CHECK_DIM(op, "amax_history", amax_history, 1);
+  TORCH_CHECK_VALUE(amax_history.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat,
+                    op, ": expected a float32 amax_history and scale, got ",
+                    amax_history.scalar_type(), " and ", scale.scalar_type());
+  FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "amax_history", amax_history);
+  FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "scale", scale);
+  TORCH_CHECK_VALUE(amax_compute_algo == "max" || amax_compute_algo == "most_recent", op,
+                    ": expected amax_compute_algo 'max' or 'most_recent', got '", amax_compute_algo,
+                    "'");
+}
+
+void check_fp8_qdq_block_args(const at::Tensor& x, c10::string_view format, int64_t block_dim) {
+  check_fp8_qdq_args(x, format, 0.0);
+  FUSIBLE_CHECK_MIN_DIM("fp8_quantize_dequantize_block", "x", x, 1);
+  TORCH_CHECK_VALUE(block_dim == 1 || block_dim == 2,
+                    "fp8_quantize_dequantize_block: expected block_dim 1 (1x128 blocks) or 2 "
+                    "(128x128), got ",
+                    block_dim);
+}
+
+namespace {
+
+// The scale of a cast: fp8_max / amax * factor, `fallback` where amax is 0 or not finite, and the
+// largest float where the division overflows (a tiny amax), as TransformerEngine does: an infinite
+// scale would turn zeros into NaN.
+at::Tensor scale_for(const at::Tensor& amax, double max, double factor,
+                     const at::Tensor& fallback) {
+  const auto raw = (max / amax * factor).clamp_max(std::numeric_limits<float>::max());
+  return at::where(at::isfinite(amax) & (amax > 0), raw, fallback);
+}
+
+// Delayed scaling after a cast of xf: the history rolls by one, newest first, taking amax(xf); then
+// the scale for the next cast.
+void roll_history(const at::Tensor& xf, const at::Tensor& amax_history, const at::Tensor& scale,
+                  double max, double margin, c10::string_view amax_compute_algo) {
+  const auto amax =
+      xf.numel() > 0 ? xf.abs().amax().to(at::kFloat) : at::zeros({}, scale.options());
+  const auto len = amax_history.size(0);
+  if (len > 1) amax_history.slice(0, 1).copy_(amax_history.slice(0, 0, len - 1).clone());
+  amax_history.select(0, 0).copy_(amax);
+  const auto used = amax_compute_algo == "max" ? amax_history.amax() : amax_history.select(0, 0);
+  scale.copy_(scale_for(used, max, std::exp2(-margin), scale.reshape({})).reshape(scale.sizes()));
+}
+
+void check_delayed_state_sizes(const char* op, const at::Tensor& amax_history,
+                               const at::Tensor& scale) {
+  // Sizes here, not in the checks the Meta kernels share (symbolic sizes have no numel()).
+  TORCH_CHECK_VALUE(amax_history.numel() >= 1 && scale.numel() == 1, op,
+                    ": expected a non-empty amax_history and a one-element scale, got ",
+                    amax_history.numel(), " and ", scale.numel(), " elements");
+}
+
+// xf (fp32, or fp64) times scale (a 0-d tensor) as FP8 data, its [K, M] transpose if asked for,
+// and 1 / scale as [1] fp32.
+Fp8Cast cast_with(const at::Tensor& xf, const at::Tensor& scale, double max, at::ScalarType fp8,
+                  bool transpose) {
+  const auto data = (xf * scale).clamp(-max, max).to(fp8).contiguous();
+  const auto data_t = transpose ? data.reshape({-1, data.size(-1)}).t().contiguous()
+                                : at::empty({0}, data.options());
+  return {data, data_t, scale.reciprocal().to(at::kFloat).reshape({1})};
+}
+
+}  // namespace
+
+namespace reference {
+
+at::Tensor fp8_quantize_dequantize(const at::Tensor& x, c10::string_view format, double margin) {
+  check_fp8_qdq_args(x, format, margin);
+  if (x.numel() == 0) return x.clone();
+  const double max = fp8_max("fp8_quantize_dequantize", format);
+  const auto fp8 = fp8_dtype("fp8_quantize_dequantize", format);
+  // fp32 math (fp64 stays fp64), as the CUDA cast kernel does.
+  const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  const auto amax = xf.abs().amax();
+  const auto scale = scale_for(amax, max, std::exp2(-margin), at::ones_like(amax));
+  const auto q = (xf * scale).clamp(-max, max).to(fp8);
+  return (q.to(xf.scalar_type()) * scale.reciprocal()).to(x.scalar_type()).contiguous();
+}
+
+at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, c10::string_view format,
+                                           const at::Tensor& amax_history, const at::Tensor& scale,
+                                           double margin, c10::string_view amax_compute_algo) {
+  check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
+  check_delayed_state_sizes("fp8_quantize_dequantize_delayed", amax_history, scale);
+  const double max = fp8_max("fp8_quantize_dequantize_delayed", format);
+  const auto fp8 = fp8_dtype("fp8_quantize_dequantize_delayed", format);
+  const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  const auto s = scale.reshape({}).to(xf.scalar_type());
+  const auto y =
+      ((xf * s).clamp(-max, max).to(fp8).to(xf.scalar_type()) * s.reciprocal()).to(x.scalar_type());
+  roll_history(xf, amax_history, scale, max, margin, amax_compute_algo);
+  return y.contiguous();
+}
+
+at::Tensor block_scales(const at::Tensor& x2d, double max, int64_t block_dim, bool power_2_scale) {
+  constexpr int64_t kBlock = 128;
+  const int64_t rows = x2d.size(0), cols = x2d.size(1);
+  const auto up = [](int64_t n) { return (n + kBlock - 1) / kBlock * kBlock; };
+  const int64_t prows = block_dim == 2 ? up(rows) : rows, pcols = up(cols);
+  // Zero padding to whole blocks: it changes no block's amax.
+  const auto padded = at::constant_pad_nd(x2d, {0, pcols - cols, 0, prows - rows}, 0);
+  const auto amax =
+      block_dim == 2
+          ? padded.view({prows / kBlock, kBlock, pcols / kBlock, kBlock}).abs().amax({1, 3})
+          : padded.view({prows, pcols / kBlock, kBlock}).abs().amax({2});
+  auto scale = scale_for(amax, max, 1.0, at::ones_like(amax));
+  if (power_2_scale) {
+    // Rounded down to a power of two through the exponent (exact, as the CUDA kernel): scale =
+    // m * 2^e with m in [0.5, 1) -> 2^(e - 1); at most 2^127 (scale is at most FLT_MAX).
+    const auto exponent = std::get<1>(at::frexp(scale));
+    scale = at::ldexp(at::ones_like(scale), exponent - 1);
+  }
+  return scale;
+}
+
+at::Tensor expand_block_scales(const at::Tensor& scale, int64_t rows, int64_t cols,
+                               int64_t block_dim) {
+  constexpr int64_t kBlock = 128;
+  auto s = scale.repeat_interleave(kBlock, 1).slice(1, 0, cols);
+  if (block_dim == 2) s = s.repeat_interleave(kBlock, 0).slice(0, 0, rows);
+  return s;
+}
+
+at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, c10::string_view format,
+                                         int64_t block_dim, bool power_2_scale) {
+  check_fp8_qdq_block_args(x, format, block_dim);
+  if (x.numel() == 0) return x.clone();
+  const double max = fp8_max("fp8_quantize_dequantize_block", format);
+  const auto fp8 = fp8_dtype("fp8_quantize_dequantize_block", format);
+  const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  const auto x2d = xf.reshape({rows, cols});
+  const auto scale =
+      expand_block_scales(block_scales(x2d, max, block_dim, power_2_scale), rows, cols, block_dim);
+  const auto q = (x2d * scale).clamp(-max, max).to(fp8).to(xf.scalar_type()) * scale.reciprocal();
+  return q.reshape(x.sizes()).to(x.scalar_type()).contiguous();
+}
+
+Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose) {
+  check_fp8_cast_args("fp8_cast", x, format, margin);
+  const double max = fp8_max("fp8_cast", format);
+  const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  const auto amax = x.numel() > 0 ? xf.abs().amax() : at::zeros({}, xf.options());
+  const auto scale = scale_for(amax, max, std::exp2(-margin), at::ones_like(amax));
+  return cast_with(xf, scale.to(at::kFloat), max, fp8_dtype("fp8_cast", format), transpose);
+}
+
+Fp8Cast fp8_cast_delayed(const at::Tensor& x, c10::string_view format,
+                         const at::Tensor& amax_history, const at::Tensor& scale, double margin,
+                         c10::string_view amax_compute_algo, bool transpose) {
+  constexpr const char* op = "fp8_cast_delayed";
+  check_fp8_cast_args(op, x, format, margin);
+  check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
+  check_delayed_state_sizes(op, amax_history, scale);
+  const double max = fp8_max(op, format);
+  const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  auto out = cast_with(xf, scale.reshape({}).clone(), max, fp8_dtype(op, format), transpose);
+  roll_history(xf, amax_history, scale, max, margin, amax_compute_algo);
+  return out;
+}
+
+}  // namespace reference
+
+namespace {
+
+Fp8Cast fp8_cast_meta_outputs(const at::Tensor& x, c10::string_view format, bool transpose) {
+  const auto data = at::empty_like(x, x.options().dtype(fp8_dtype("fp8_cast", format)),
+                                   at::MemoryFormat::Contiguous);
+  const auto k = x.sym_size(-1);
+  const auto data_t = transpose ? at::empty_symint({k, x.sym_numel() / k}, data.options())
+                                : at::empty({0}, data.options());
+  return {data, data_t, at::empty({1}, x.options().dtype(at::kFloat))};
+}
+
+Fp8Cast fp8_cast_meta(const at::Tensor& x, c10::string_view format, double margin, bool transpose) {
+  check_fp8_cast_args("fp8_cast", x, format, margin);
+  return fp8_cast_meta_outputs(x, format, transpose);
+}
+
+Fp8Cast fp8_cast_delayed_meta(const at::Tensor& x, c10::string_view format,
+                              const at::Tensor& amax_history, const at::Tensor& scale,
+                              double margin, c10::string_view amax_compute_algo, bool transpose) {
+  check_fp8_cast_args("fp8_cast_delayed", x, format, margin);
+  check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
+  return fp8_cast_meta_outputs(x, format, transpose);
+}
+
+at::Tensor fp8_qdq_block_meta(const at::Tensor& x, c10::string_view format, int64_t block_dim,
+                              bool power_2_scale) {
+  check_fp8_qdq_block_args(x, format, block_dim);
+  return at::empty_like(x, at::MemoryFormat::Contiguous);
+}
+
+at::Tensor fp8_qdq_meta(const at::Tensor& x, c10::string_view format, double margin) {
+  check_fp8_qdq_args(x, format, margin);
+  return at::empty_like(x, at::MemoryFormat::Contiguous);
+}
+
+at::Tensor fp8_qdq_delayed_meta(const at::Tensor& x, c10::string_view format,
+                                const at::Tensor& amax_history, const at::Tensor& scale,
+                                double margin, c10::string_view amax_compute_algo) {
+  check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
+  return at::empty_like(x, at::MemoryFormat::Contiguous);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusible, CPU, m) {
+  m.impl("fp8_quantize_dequantize", &reference::fp8_quantize_dequantize);
+  m.impl("fp8_quantize_dequantize_delayed", &reference::fp8_quantize_dequantize_delayed);
+  m.impl("fp8_quantize_dequantize_block", &reference::fp8_quantize_dequantize_block);
+  m.impl("fp8_cast", &reference::fp8_cast);
+  m.impl("fp8_cast_delayed", &reference::fp8_cast_delayed);
+}
+
+// Block scaling on CUDA: the same ATen code until its kernel comes with the block-scaled GEMMs.
+TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
+  m.impl("fp8_quantize_dequantize_block", &reference::fp8_quantize_dequantize_block);
+}
+
+TORCH_LIBRARY_IMPL(fusible, Meta, m) {
+  m.impl("fp8_quantize_dequantize_block", &fp8_qdq_block_meta);
+  m.impl("fp8_quantize_dequantize", &fp8_qdq_meta);
+  m.impl("fp8_quantize_dequantize_delayed", &fp8_qdq_delayed_meta);
+  m.impl("fp8_cast", &fp8_cast_meta);
+  m.impl("fp8_cast_delayed", &fp8_cast_delayed_meta);
+}
+
+}  // namespace fusible::kernels

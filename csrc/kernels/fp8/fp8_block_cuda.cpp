@@ -1,0 +1,49 @@
+// fp8_cast_block on CUDA: one kernel (fp8_block_kernels.cu) for bf16 / fp16 tensors of whole
+// 128x128 tiles; other shapes and dtypes take the ATen version.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "kernels/common/cuda_dtype.h"
+#include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_block.h"
+#include "kernels/fp8/fp8_launchers.h"
+
+namespace fusible::kernels {
+namespace {
+
+Fp8BlockCast fp8_cast_block_cuda(const at::Tensor& x, c10::string_view format, int64_t block_dim,
+                                 bool rowwise, bool columnwise) {
+  check_fp8_cast_block_args(x, format, block_dim, rowwise, columnwise);
+  const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
+  const auto t = x.scalar_type();
+  if ((t != at::kBFloat16 && t != at::kHalf) || rows == 0 || rows % 128 != 0 || cols % 128 != 0) {
+    return reference::fp8_cast_block(x, format, block_dim, rowwise, columnwise);
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto xc = x.contiguous();
+  const auto fp8 = x.options().dtype(fp8_dtype("fp8_cast_block", format));
+  const auto f32 = x.options().dtype(at::kFloat);
+  auto data = rowwise ? at::empty(x.sizes(), fp8) : at::empty({0}, fp8);
+  auto data_t = columnwise ? at::empty({cols, rows}, fp8) : at::empty({0}, fp8);
+  // Zeros: the padding entries of the scale layouts.
+  auto scale_inv =
+      rowwise ? at::zeros(block_scale_shape(rows, cols, block_dim), f32) : at::empty({0}, f32);
+  auto scale_inv_t =
+      columnwise ? at::zeros(block_scale_shape(cols, rows, block_dim), f32) : at::empty({0}, f32);
+  launch_fp8_cast_block(xc.const_data_ptr(), rowwise ? data.mutable_data_ptr() : nullptr,
+                        rowwise ? scale_inv.mutable_data_ptr<float>() : nullptr,
+                        columnwise ? data_t.mutable_data_ptr() : nullptr,
+                        columnwise ? scale_inv_t.mutable_data_ptr<float>() : nullptr, rows, cols,
+                        block_dim, format == "e4m3", kernel_dtype("fp8_cast_block", x),
+                        c10::cuda::getCurrentCUDAStream());
+  return {data, scale_inv, data_t, scale_inv_t};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusible, CUDA, m) { m.impl("fp8_cast_block", &fp8_cast_block_cuda); }
+
+}  // namespace fusible::kernels

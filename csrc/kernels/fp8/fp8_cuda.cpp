@@ -1,0 +1,116 @@
+// fp8_quantize_dequantize(_delayed) and fp8_cast(_delayed) on CUDA: wrappers around
+// fp8_kernels.cu (two kernels for a cast, plus one for the delayed-scaling update).
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/common/cuda_device.h"
+#include "kernels/common/cuda_dtype.h"
+#include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_launchers.h"
+
+namespace fusible::kernels {
+namespace {
+
+at::Tensor qdq(const at::Tensor& x, c10::string_view format, double margin,
+               const at::Tensor* history, const at::Tensor* scale, bool use_max) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto xc = x.contiguous();
+  auto y = at::empty_like(xc);
+  auto amax = at::empty({1}, x.options().dtype(at::kFloat));
+  launch_fp8_qdq(xc.const_data_ptr(), y.mutable_data_ptr(), x.numel(), format == "e4m3", margin,
+                 amax.mutable_data_ptr<float>(), scale ? scale->mutable_data_ptr<float>() : nullptr,
+                 history ? history->mutable_data_ptr<float>() : nullptr,
+                 history ? history->size(0) : 0, use_max,
+                 kernel_dtype("fp8_quantize_dequantize", x), current_sm_count(),
+                 c10::cuda::getCurrentCUDAStream());
+  return y;
+}
+
+at::Tensor fp8_qdq_cuda(const at::Tensor& x, c10::string_view format, double margin) {
+  check_fp8_qdq_args(x, format, margin);
+  // The kernels keep amax and scale in fp32; fp64 (a reference, not a speed path) stays exact.
+  if (x.scalar_type() == at::kDouble) return reference::fp8_quantize_dequantize(x, format, margin);
+  return qdq(x, format, margin, nullptr, nullptr, false);
+}
+
+at::Tensor fp8_qdq_delayed_cuda(const at::Tensor& x, c10::string_view format,
+                                const at::Tensor& amax_history, const at::Tensor& scale,
+                                double margin, c10::string_view amax_compute_algo) {
+  check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
+  // fp64, or state the kernels cannot write through raw pointers: the ATen path.
+  if (x.scalar_type() == at::kDouble || amax_history.numel() < 1 || scale.numel() != 1 ||
+      !amax_history.is_contiguous()) {
+    return reference::fp8_quantize_dequantize_delayed(x, format, amax_history, scale, margin,
+                                                      amax_compute_algo);
+  }
+  return qdq(x, format, margin, &amax_history, &scale, amax_compute_algo == "max");
+}
+
+// The cast kernel's conditions: fp32 / bf16 / fp16, rows of whole 4-element vectors (and, for the
+// transpose, a row count that is a multiple of 4), 16-byte aligned.
+bool cast_kernel_runs(const at::Tensor& x, bool transpose) {
+  const auto t = x.scalar_type();
+  if (t != at::kFloat && t != at::kBFloat16 && t != at::kHalf) return false;
+  const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
+  return cols % 4 == 0 && (!transpose || rows % 4 == 0) &&
+         reinterpret_cast<std::uintptr_t>(x.const_data_ptr()) % 16 == 0;
+}
+
+// x: contiguous, and passing cast_kernel_runs.
+Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose,
+             const at::Tensor* history, const at::Tensor* scale, bool use_max) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
+  const auto fp8 = fp8_dtype("fp8_cast", format);
+  auto data = at::empty(x.sizes(), x.options().dtype(fp8));
+  const std::vector<int64_t> t_shape =
+      transpose ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{0};
+  auto data_t = at::empty(t_shape, data.options());
+  auto scale_inv = at::empty({1}, x.options().dtype(at::kFloat));
+  auto amax = at::empty({1}, x.options().dtype(at::kFloat));
+  launch_fp8_cast(
+      x.const_data_ptr(), data.mutable_data_ptr(), transpose ? data_t.mutable_data_ptr() : nullptr,
+      rows, cols, format == "e4m3", margin, amax.mutable_data_ptr<float>(),
+      scale ? scale->mutable_data_ptr<float>() : nullptr, scale_inv.mutable_data_ptr<float>(),
+      history ? history->mutable_data_ptr<float>() : nullptr, history ? history->size(0) : 0,
+      use_max, kernel_dtype("fp8_cast", x), current_sm_count(), c10::cuda::getCurrentCUDAStream());
+  return {data, data_t, scale_inv};
+}
+
+Fp8Cast fp8_cast_cuda(const at::Tensor& x, c10::string_view format, double margin, bool transpose) {
+  check_fp8_cast_args("fp8_cast", x, format, margin);
+  const auto xc = x.contiguous();
+  if (!cast_kernel_runs(xc, transpose)) return reference::fp8_cast(x, format, margin, transpose);
+  return cast(xc, format, margin, transpose, nullptr, nullptr, false);
+}
+
+Fp8Cast fp8_cast_delayed_cuda(const at::Tensor& x, c10::string_view format,
+                              const at::Tensor& amax_history, const at::Tensor& scale,
+                              double margin, c10::string_view amax_compute_algo, bool transpose) {
+  check_fp8_cast_args("fp8_cast_delayed", x, format, margin);
+  check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
+  const auto xc = x.contiguous();
+  if (!cast_kernel_runs(xc, transpose) || amax_history.numel() < 1 || scale.numel() != 1 ||
+      !amax_history.is_contiguous()) {
+    return reference::fp8_cast_delayed(x, format, amax_history, scale, margin, amax_compute_algo,
+                                       transpose);
+  }
+  return cast(xc, format, margin, transpose, &amax_history, &scale, amax_compute_algo == "max");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
+  m.impl("fp8_quantize_dequantize", &fp8_qdq_cuda);
+  m.impl("fp8_quantize_dequantize_delayed", &fp8_qdq_delayed_cuda);
+  m.impl("fp8_cast", &fp8_cast_cuda);
+  m.impl("fp8_cast_delayed", &fp8_cast_delayed_cuda);
+}
+
+}  // namespace fusible::kernels

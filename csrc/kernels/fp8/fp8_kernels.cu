@@ -1,0 +1,248 @@
+// FP8 casts: the tensor's amax in one pass (a block max, then an atomic max on the float's bits,
+// which order as ints for non-negative floats), then one pass that computes the scale on the
+// device and casts: to FP8 and back (the numerics of FP8 GEMM operands), or to FP8 data and its
+// transpose (the operands themselves). Delayed scaling casts with its held scale, takes the amax
+// in the same pass, then rolls its amax history and sets the next scale in one small kernel. No
+// host synchronization anywhere.
+#include <cuda_fp8.h>
+
+#include <cfloat>
+
+#include "kernels/common/cuda_common.cuh"
+#include "kernels/fp8/fp8_launchers.h"
+#include "kernels/fp8/fp8_math.cuh"
+
+namespace fusible::kernels {
+namespace {
+
+using cuda::amax_with;
+using cuda::fp8_bits;
+using cuda::fp8_max_of;
+
+constexpr int kThreads = 256;
+
+// The block's max of each thread's m into *amax (kThreads threads, all of them calling).
+__device__ __forceinline__ void block_amax_into(float m, float* amax) {
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ float warp_max[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
+  }
+}
+
+// amax over num_vecs vectors of VEC elements (16-byte loads where VEC > 1), kUnroll independent
+// loads in flight per thread: one per thread leaves Hopper's memory system short of requests.
+template <typename T, int VEC>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t num_vecs, float* __restrict__ amax) {
+  constexpr int kUnroll = 4;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  float m = 0.f;
+  for (; v + (kUnroll - 1) * stride < num_vecs; v += kUnroll * stride) {
+    cuda::Vec<T, VEC> xv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) xv[u] = cuda::load_vec<T, VEC>(x + (v + u * stride) * VEC);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv[u].v[j])));
+    }
+  }
+  for (; v < num_vecs; v += stride) {
+    const auto xv = cuda::load_vec<T, VEC>(x + v * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv.v[j])));
+  }
+  block_amax_into(m, amax);
+}
+
+template <typename T>
+void launch_amax(const T* x, int64_t n, float* amax, int num_sms, cudaStream_t stream) {
+  cuda::dispatch_vec<T>(n, {x}, [&](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    const int64_t vecs = n / V;
+    amax_kernel<T, V>
+        <<<cuda::grid_for(vecs, kThreads, num_sms), kThreads, 0, stream>>>(x, vecs, amax);
+  });
+  cuda::check_launch("amax_kernel");
+}
+
+// fmax / amax * 2^-margin, or `fallback` where amax is 0 or not finite; the largest float where
+// the division overflows (an infinite scale would turn zeros into NaN), as the ATen version.
+__device__ __forceinline__ float scale_from(float amax, float fmax, float margin_factor,
+                                            float fallback) {
+  return isfinite(amax) && amax > 0.f ? fminf(fmax / amax * margin_factor, FLT_MAX) : fallback;
+}
+
+__device__ __forceinline__ float fp8_round(float v, bool e4m3) {
+  const auto q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2);
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, e4m3 ? __NV_E4M3 : __NV_E5M2)));
+}
+
+// y = fp8(clamp(x * s)) / s with s from amax (current scaling) or held in *scale (delayed).
+template <typename T, int VEC>
+__global__ void qdq_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t num_vecs,
+                           const float* __restrict__ amax, const float* __restrict__ scale,
+                           float fmax, float margin_factor, bool e4m3) {
+  using A = cuda::acc_t<T>;
+  const float s = scale != nullptr ? *scale : scale_from(*amax, fmax, margin_factor, 1.f);
+  const A inv = A(1) / A(s);
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < num_vecs;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const auto xv = cuda::load_vec<T, VEC>(x + v * VEC);
+    cuda::Vec<T, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float v = static_cast<float>(cuda::to_acc(xv.v[j]) * A(s));
+      const float scaled = isnan(v) ? v : fminf(fmaxf(v, -fmax), fmax);  // NaN stays NaN
+      o.v[j] = cuda::from_acc<T>(A(fp8_round(scaled, e4m3)) * inv);
+    }
+    cuda::store_vec<T, VEC>(y + v * VEC, o);
+  }
+}
+
+// cast_transpose_kernel's tile: 128 rows x 64 columns, 256 threads. 128 rows make each row of the
+// transpose one 128-byte line; the shared tile's 65-byte pitch keeps the column reads free of bank
+// conflicts.
+constexpr int kTileRows = 128, kTileCols = 64, kTilePitch = kTileCols + 1;
+
+// x [rows, cols] (cols and, with data_t, rows multiples of V) to FP8 data [rows, cols] and, where
+// data_t is given, its transpose [cols, rows], one tile per block through shared memory; each
+// thread moves V-element vectors (V = 8: 16-byte bf16 loads, 8-byte FP8 stores).
+// The scale is *scale (delayed scaling; the tile's amax then goes into *amax) or comes from *amax
+// (current scaling); block 0 writes 1 / scale.
+template <typename T, int V>
+__global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restrict__ data,
+                                      uint8_t* __restrict__ data_t, int64_t rows, int64_t cols,
+                                      int64_t col_tiles, float* __restrict__ amax,
+                                      const float* __restrict__ scale,
+                                      float* __restrict__ scale_inv, float fmax,
+                                      float margin_factor, bool e4m3) {
+  constexpr int kLanes = kTileCols / V;            // threads per tile row
+  constexpr int kRowsPerPass = kThreads / kLanes;  // tile rows per pass
+  constexpr int kLanesT = kTileRows / V;           // threads per transposed row (a tile column)
+  constexpr int kColsPerPass = kThreads / kLanesT;
+  __shared__ uint8_t tile[kTileRows * kTilePitch];
+  const int64_t r0 = blockIdx.x / col_tiles * kTileRows, c0 = blockIdx.x % col_tiles * kTileCols;
+  const float s = scale != nullptr ? *scale : scale_from(*amax, fmax, margin_factor, 1.f);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.f / s;
+  const int lane = threadIdx.x % kLanes, row_in_pass = threadIdx.x / kLanes;
+  float m = 0.f;
+#pragma unroll
+  for (int pass = 0; pass < kTileRows / kRowsPerPass; ++pass) {
+    const int lr = row_in_pass + kRowsPerPass * pass;
+    const int64_t r = r0 + lr, c = c0 + lane * V;
+    if (r < rows && c < cols) {
+      const auto v = cuda::load_vec<T, V>(x + r * cols + c);
+      cuda::Vec<uint8_t, V> q;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float f = static_cast<float>(cuda::to_acc(v.v[j]));
+        m = amax_with(m, f);
+        q.v[j] = fp8_bits(f * s, fmax, e4m3);
+        tile[lr * kTilePitch + lane * V + j] = q.v[j];
+      }
+      cuda::store_vec<uint8_t, V>(data + r * cols + c, q);
+    }
+  }
+  if (data_t != nullptr) {
+    __syncthreads();
+    const int lane_t = threadIdx.x % kLanesT, col_in_pass = threadIdx.x / kLanesT;
+#pragma unroll
+    for (int pass = 0; pass < kTileCols / kColsPerPass; ++pass) {
+      const int lc = col_in_pass + kColsPerPass * pass;
+      const int64_t c = c0 + lc, r = r0 + lane_t * V;
+      if (c < cols && r < rows) {
+        cuda::Vec<uint8_t, V> q;
+#pragma unroll
+        for (int j = 0; j < V; ++j) q.v[j] = tile[(lane_t * V + j) * kTilePitch + lc];
+        cuda::store_vec<uint8_t, V>(data_t + c * rows + r, q);
+      }
+    }
+  }
+  if (scale != nullptr) block_amax_into(m, amax);
+}
+
+// history rolls by one (newest first) taking *amax_now; scale = fmax / (max or newest) * 2^-m,
+// kept where that amax is 0 or not finite. One thread: histories are short.
+__global__ void delayed_update_kernel(float* history, int64_t len, const float* amax_now,
+                                      float* scale, float fmax, float margin_factor, bool use_max) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  for (int64_t i = len - 1; i > 0; --i) history[i] = history[i - 1];
+  history[0] = *amax_now;
+  float a = history[0];
+  if (use_max) {
+    for (int64_t i = 1; i < len; ++i) a = fmaxf(a, history[i]);
+  }
+  *scale = scale_from(a, fmax, margin_factor, *scale);
+}
+
+}  // namespace
+
+void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int64_t cols, bool e4m3,
+                     double margin, float* amax, float* scale, float* scale_inv, float* history,
+                     int64_t history_len, bool use_max, KernelDType dtype, int num_sms,
+                     cudaStream_t stream) {
+  const float fmax = fp8_max_of(e4m3);
+  const float margin_factor = exp2f(-static_cast<float>(margin));
+  cudaMemsetAsync(amax, 0, sizeof(float), stream);
+  const int64_t n = rows * cols;
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* tx = static_cast<const T*>(x);
+    if (n > 0 && scale == nullptr) launch_amax(tx, n, amax, num_sms, stream);  // current: first
+    const int64_t col_tiles = cols > 0 ? (cols + kTileCols - 1) / kTileCols : 1;
+    const int64_t blocks = n > 0 ? (rows + kTileRows - 1) / kTileRows * col_tiles : 1;
+    // 16-bit inputs in 8-element vectors (16 bytes) where the rows (and, transposing, the row
+    // count) allow; else 4.
+    const bool wide = sizeof(T) <= 2 && cols % 8 == 0 && (data_t == nullptr || rows % 8 == 0);
+    const auto launch = [&](auto kernel) {
+      kernel<<<blocks, kThreads, 0, stream>>>(tx, static_cast<uint8_t*>(data),
+                                              static_cast<uint8_t*>(data_t), rows, cols, col_tiles,
+                                              amax, scale, scale_inv, fmax, margin_factor, e4m3);
+    };
+    if (wide) {
+      launch(cast_transpose_kernel<T, 8>);
+    } else {
+      launch(cast_transpose_kernel<T, 4>);
+    }
+    cuda::check_launch("cast_transpose_kernel");
+  });
+  if (history != nullptr) {
+    delayed_update_kernel<<<1, 32, 0, stream>>>(history, history_len, amax, scale, fmax,
+                                                margin_factor, use_max);
+    cuda::check_launch("delayed_update_kernel");
+  }
+}
+
+void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin, float* amax,
+                    float* scale, float* history, int64_t history_len, bool use_max,
+                    KernelDType dtype, int num_sms, cudaStream_t stream) {
+  const float fmax = fp8_max_of(e4m3);
+  const float margin_factor = exp2f(-static_cast<float>(margin));
+  cudaMemsetAsync(amax, 0, sizeof(float), stream);
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* tx = static_cast<const T*>(x);
+    if (n > 0) {
+      launch_amax(tx, n, amax, num_sms, stream);
+      cuda::dispatch_vec<T>(n, {x, y}, [&](auto vec) {
+        constexpr int V = decltype(vec)::value;
+        const int64_t vecs = n / V;
+        qdq_kernel<T, V><<<cuda::grid_for(vecs, kThreads, num_sms), kThreads, 0, stream>>>(
+            tx, static_cast<T*>(y), vecs, amax, scale, fmax, margin_factor, e4m3);
+      });
+      cuda::check_launch("qdq_kernel");
+    }
+  });
+  if (history != nullptr) {
+    delayed_update_kernel<<<1, 32, 0, stream>>>(history, history_len, amax, scale, fmax,
+                                                margin_factor, use_max);
+    cuda::check_launch("delayed_update_kernel");
+  }
+}
+
+}  // namespace fusible::kernels

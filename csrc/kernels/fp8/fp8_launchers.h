@@ -1,0 +1,36 @@
+// Host launchers of the fp8 family's raw kernels: per-tensor casts (fp8_kernels.cu) and
+// block-scaled casts (fp8_block_kernels.cu).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/launcher_types.h"
+
+namespace fusible::kernels {
+
+/// y = x cast to FP8 (e4m3, else e5m2) and back, n elements. amax: one float of scratch that
+/// receives amax(x) (zeroed here). Current scaling: scale is null and the cast's scale is
+/// fmax / amax / 2^margin (1 where amax is 0 or not finite). Delayed scaling: scale [1] is the
+/// cast's, and with history [history_len] the history then rolls (newest first) taking amax and
+/// scale becomes fmax / (the history's max, or its newest with !use_max) / 2^margin.
+void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin, float* amax,
+                    float* scale, float* history, int64_t history_len, bool use_max,
+                    KernelDType dtype, int num_sms, cudaStream_t stream);
+/// x [rows, cols] cast to FP8 data [rows, cols] and, where data_t is not null, its transpose
+/// [cols, rows] (cols, and with data_t rows, multiples of 4; x 16-byte aligned); *scale_inv = 1 /
+/// the scale used. Current scaling (scale null): scale from amax(x) as launch_fp8_qdq. Delayed
+/// (scale given): cast with *scale, amax(x) into *amax, then the history and scale update as there.
+void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int64_t cols, bool e4m3,
+                     double margin, float* amax, float* scale, float* scale_inv, float* history,
+                     int64_t history_len, bool use_max, KernelDType dtype, int num_sms,
+                     cudaStream_t stream);
+/// Block-scaled FP8 cast (fp8_block_kernels.cu) of x [rows, cols] (16-bit dtype, rows and cols
+/// multiples of 128) in 1x128 (block_dim 1) or 128x128 (2) blocks with power-of-two scales: where
+/// not null, data [rows, cols] with scale_inv in block_scale_shape(rows, cols) layout, and data_t
+/// [cols, rows] (x^T cast the same way) with scale_inv_t in block_scale_shape(cols, rows) layout
+/// (kernels/fp8/fp8_block.h; padding entries left as they are).
+void launch_fp8_cast_block(const void* x, void* data, float* scale_inv, void* data_t,
+                           float* scale_inv_t, int64_t rows, int64_t cols, int64_t block_dim,
+                           bool e4m3, KernelDType dtype, cudaStream_t stream);
+
+}  // namespace fusible::kernels

@@ -1,0 +1,188 @@
+// The linear family's checks and ATen references: linear_fwd / linear_dgrad / linear_wgrad (the
+// GEMMs of BasicLinear; CPU, the CUDA fallback, Meta via ATen's meta kernels) and the GEMMs with
+// fused epilogues, which compose the basic ops in the accumulation dtype and round each result
+// once, as the fused CUDA kernels do. CUDA: linear_cuda.cpp (cuBLASLt epilogues).
+#include "kernels/linear/linear.h"
+
+#include <ATen/ops/linear.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mm.h>
+#include <torch/library.h>
+
+#include "common/checks.h"
+#include "kernels/common/compute_dtype.h"
+#include "kernels/dispatch.h"
+
+namespace fusible::kernels {
+namespace reference {
+
+void check_linear_args(const char* op, const char* x_name, const at::Tensor& x,
+                       const at::Tensor& weight, int64_t x_dim_size, const char* expect) {
+  FUSIBLE_CHECK_FLOATING(op, x_name, x);
+  FUSIBLE_CHECK_MIN_DIM(op, x_name, x, 1);
+  FUSIBLE_CHECK_DIM(op, "weight", weight, 2);
+  FUSIBLE_CHECK_SAME_DEVICE(op, x_name, x, "weight", weight);
+  FUSIBLE_CHECK_SAME_DTYPE(op, x_name, x, "weight", weight);
+  TORCH_CHECK(x.size(-1) == x_dim_size, op, ": expected ", x_name, ".size(-1) == ", x_dim_size,
+              " (", expect, "), got ", x.size(-1), " (", x_name, " shape ", shape_str(x),
+              ", weight shape ", shape_str(weight), ")");
+}
+
+void check_wgrad_args(const at::Tensor& dy, const at::Tensor& x) {
+  FUSIBLE_CHECK_FLOATING("linear_wgrad", "dy", dy);
+  FUSIBLE_CHECK_FLOATING("linear_wgrad", "x", x);
+  FUSIBLE_CHECK_MIN_DIM("linear_wgrad", "dy", dy, 1);
+  FUSIBLE_CHECK_MIN_DIM("linear_wgrad", "x", x, 1);
+  FUSIBLE_CHECK_SAME_DTYPE("linear_wgrad", "dy", dy, "x", x);
+  FUSIBLE_CHECK_SAME_DEVICE("linear_wgrad", "dy", dy, "x", x);
+  const auto rows = [](const at::Tensor& t) { return t.reshape({-1, t.size(-1)}).sym_size(0); };
+  TORCH_CHECK(rows(dy) == rows(x), "linear_wgrad: expected dy and x with the same number of rows, ",
+              "got shapes ", dy.sym_sizes(), " and ", x.sym_sizes());
+}
+
+void check_fwd_args(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                    const std::optional<at::Tensor>& bias) {
+  check_linear_args(op, "x", x, weight, weight.size(1), "weight.size(1), in_features");
+  if (bias.has_value()) {
+    FUSIBLE_CHECK_DIM(op, "bias", *bias, 1);
+    FUSIBLE_CHECK_SIZE(op, "bias.size(0)", bias->size(0), weight.size(0));
+    FUSIBLE_CHECK_SAME_DTYPE(op, "x", x, "bias", *bias);
+    FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "bias", *bias);
+  }
+}
+
+at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias) {
+  check_fwd_args("linear_fwd", x, weight, bias);
+  return at::linear(x, weight, bias).contiguous();
+}
+
+at::Tensor linear_dgrad(const at::Tensor& dy, const at::Tensor& weight, double alpha) {
+  check_linear_args("linear_dgrad", "dy", dy, weight, weight.size(0),
+                    "weight.size(0), out_features");
+  if (alpha == 1.0) return at::matmul(dy, weight).contiguous();
+  // Scaled in the accumulation dtype: one rounding, as the CUDA epilogue's.
+  return at::matmul(upcast(dy), upcast(weight)).mul_(alpha).to(dy.scalar_type()).contiguous();
+}
+
+at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x, double alpha) {
+  check_wgrad_args(dy, x);
+  const auto dy2 = dy.reshape({-1, dy.size(-1)});
+  const auto x2 = x.reshape({-1, x.size(-1)});
+  if (alpha == 1.0) return at::mm(dy2.t(), x2);
+  return at::mm(upcast(dy2).t(), upcast(x2)).mul_(alpha).to(dy.scalar_type());
+}
+
+void check_epilogue_act(const char* op, c10::string_view act) {
+  TORCH_CHECK_VALUE(act == "gelu" || act == "relu", op, ": expected act in {gelu, relu}, got '",
+                    act, "'");
+}
+
+void check_other(const char* op, const char* name, const at::Tensor& other,
+                 const at::Tensor& result) {
+  TORCH_CHECK(other.sym_sizes().equals(result.sym_sizes()), op, ": expected ", name, " of shape ",
+              result.sym_sizes(), ", got ", other.sym_sizes());
+  FUSIBLE_CHECK_SAME_DTYPE(op, "the result", result, name, other);
+  FUSIBLE_CHECK_SAME_DEVICE(op, "the result", result, name, other);
+}
+
+namespace {
+
+// The fused references compute in the accumulation dtype (kernels/common/compute_dtype.h: fp32 for
+// fp16 and bf16, as the CUDA epilogues accumulate) and round each result once, at the end: the CPU
+// path is the reference, so it must be at least as exact as the fused CUDA kernels. The basic
+// references they compose return the accumulation dtype for inputs in it.
+std::optional<at::Tensor> upcast_optional(const std::optional<at::Tensor>& t) {
+  return t ? std::optional<at::Tensor>(kernels::upcast(*t)) : std::nullopt;
+}
+
+// alpha * x W^T + bias (+ other), in the accumulation dtype; x, weight and bias checked by the
+// caller, other against x's dtype here.
+at::Tensor scaled_linear_acc(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias, double alpha,
+                             const at::Tensor& other = {}) {
+  check_fwd_args(op, x, weight, bias);
+  auto y = linear_fwd(kernels::upcast(x), kernels::upcast(weight),
+                      alpha == 1.0 ? upcast_optional(bias) : std::nullopt);
+  if (alpha != 1.0) {
+    y.mul_(alpha);
+    if (bias) y.add_(kernels::upcast(*bias));
+  }
+  if (other.defined()) {
+    FUSIBLE_CHECK_SAME_DTYPE(op, "x", x, "other", other);
+    const auto other_acc = kernels::upcast(other);
+    check_other(op, "other", other_acc, y);
+    y.add_(other_acc);
+  }
+  return y;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,
+                                                       const at::Tensor& weight,
+                                                       const std::optional<at::Tensor>& bias,
+                                                       c10::string_view act) {
+  check_epilogue_act("linear_bias_act_fwd", act);
+  const auto pre = scaled_linear_acc("linear_bias_act_fwd", x, weight, bias, 1.0);
+  auto y = activation_fwd(pre, std::string(act));
+  return {y.to(x.scalar_type()), pre.to(x.scalar_type())};
+}
+
+at::Tensor linear_bias_act(const at::Tensor& x, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, c10::string_view act) {
+  check_epilogue_act("linear_bias_act", act);
+  const auto pre = scaled_linear_acc("linear_bias_act", x, weight, bias, 1.0);
+  return activation_fwd(pre, std::string(act)).to(x.scalar_type());
+}
+
+at::Tensor linear_add(const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias, const at::Tensor& other,
+                      double alpha) {
+  return scaled_linear_acc("linear_add", x, weight, bias, alpha, other).to(x.scalar_type());
+}
+
+void linear_add_(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                 const std::optional<at::Tensor>& bias, double alpha) {
+  out.copy_(scaled_linear_acc("linear_add_", x, weight, bias, alpha, out));
+}
+
+at::Tensor linear_dgrad_add(const at::Tensor& dy, const at::Tensor& weight, const at::Tensor& other,
+                            double alpha) {
+  check_linear_args("linear_dgrad_add", "dy", dy, weight, weight.size(0),
+                    "weight.size(0), out_features");
+  FUSIBLE_CHECK_SAME_DTYPE("linear_dgrad_add", "dy", dy, "other", other);
+  auto dx = linear_dgrad(kernels::upcast(dy), kernels::upcast(weight), alpha);
+  const auto other_acc = kernels::upcast(other);
+  check_other("linear_dgrad_add", "other", other_acc, dx);
+  return dx.add_(other_acc).to(dy.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias(const at::Tensor& dy,
+                                                         const at::Tensor& weight,
+                                                         const at::Tensor& pre,
+                                                         c10::string_view act) {
+  check_epilogue_act("linear_dgrad_act_bias", act);
+  check_linear_args("linear_dgrad_act_bias", "dy", dy, weight, weight.size(0),
+                    "weight.size(0), out_features");
+  FUSIBLE_CHECK_SAME_DTYPE("linear_dgrad_act_bias", "dy", dy, "pre", pre);
+  const auto dz = linear_dgrad(kernels::upcast(dy), kernels::upcast(weight), 1.0);
+  auto [dpre, dbias] = kernels::bias_act_bwd(dz, kernels::upcast(pre), std::string(act));
+  return {dpre.to(dy.scalar_type()), dbias.to(dy.scalar_type())};
+}
+
+}  // namespace reference
+
+TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
+  m.impl("linear_fwd", &reference::linear_fwd);
+  m.impl("linear_dgrad", &reference::linear_dgrad);
+  m.impl("linear_wgrad", &reference::linear_wgrad);
+  m.impl("linear_bias_act_fwd", &reference::linear_bias_act_fwd);
+  m.impl("linear_bias_act", &reference::linear_bias_act);
+  m.impl("linear_add", &reference::linear_add);
+  m.impl("linear_add_", &reference::linear_add_);
+  m.impl("linear_dgrad_add", &reference::linear_dgrad_add);
+  m.impl("linear_dgrad_act_bias", &reference::linear_dgrad_act_bias);
+}
+
+}  // namespace fusible::kernels

@@ -1,0 +1,176 @@
+// layernorm / rmsnorm / l2norm forward and backward through ATen, computed in fp32 (fp64 for fp64)
+// and rounded once. Statistics (mean, rstd) are returned per row for the backward.
+#include "kernels/norm/norm.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/rsqrt.h>
+#include <torch/library.h>
+
+#include "common/checks.h"
+#include "kernels/common/compute_dtype.h"
+#include "kernels/dispatch.h"
+
+namespace fusible::kernels {
+namespace reference {
+
+// Statistics are computed over the trailing dims and returned over the leading dims; only sym_*
+// sizes are used so the ops also trace with dynamic shapes.
+
+// x [..., *normalized_shape] with weight [*normalized_shape]: returns the normalized dims.
+std::vector<int64_t> check_norm_args(const char* op, const at::Tensor& x,
+                                     const at::Tensor& weight) {
+  FUSIBLE_CHECK_FLOATING(op, "x", x);
+  FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "weight", weight);
+  FUSIBLE_CHECK_SAME_DTYPE(op, "x", x, "weight", weight);
+  const auto nd = weight.dim();
+  TORCH_CHECK(x.dim() >= nd && x.sym_sizes().slice(x.dim() - nd).equals(weight.sym_sizes()), op,
+              ": expected x's trailing dims to be ", weight.sym_sizes(), ", got x shape ",
+              x.sym_sizes());
+  std::vector<int64_t> dims;
+  for (int64_t d = -nd; d < 0; ++d) dims.push_back(d);
+  return dims;
+}
+
+void check_norm_bias(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                     const at::Tensor& bias) {
+  TORCH_CHECK(bias.sym_sizes().equals(weight.sym_sizes()), op, ": expected bias of shape ",
+              weight.sym_sizes(), ", got ", bias.sym_sizes());
+  FUSIBLE_CHECK_SAME_DTYPE(op, "x", x, "bias", bias);
+  FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "bias", bias);
+}
+
+namespace {
+
+// Sum over the leading (batch) dims: the parameter gradients.
+at::Tensor sum_leading(const at::Tensor& t, int64_t nd) {
+  std::vector<int64_t> lead;
+  for (int64_t d = 0; d < t.dim() - nd; ++d) lead.push_back(d);
+  return lead.empty() ? t : t.sum(lead);
+}
+
+// Stats over the leading dims -> broadcastable against x again.
+at::Tensor expand_stat(const at::Tensor& stat, int64_t nd) {
+  auto out = stat;
+  for (int64_t i = 0; i < nd; ++i) out = out.unsqueeze(-1);
+  return out;
+}
+
+at::Tensor gamma(const at::Tensor& weight, bool zero_centered_gamma) {
+  const auto w = upcast(weight);
+  return zero_centered_gamma ? w + 1 : w;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd(const at::Tensor& x,
+                                                             const at::Tensor& weight,
+                                                             const at::Tensor& bias, double eps,
+                                                             bool zero_centered_gamma) {
+  const auto dims = check_norm_args("layernorm_fwd", x, weight);
+  check_norm_bias("layernorm_fwd", x, weight, bias);
+  const auto xf = upcast(x);
+  const auto mean = xf.mean(dims, /*keepdim=*/true);
+  const auto var = (xf - mean).pow(2).mean(dims, /*keepdim=*/true);
+  const auto rstd = at::rsqrt(var + eps);
+  const auto y = (xf - mean) * rstd * gamma(weight, zero_centered_gamma) + upcast(bias);
+  return {y.to(x.scalar_type()), mean.squeeze(dims), rstd.squeeze(dims)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma) {
+  const auto dims = check_norm_args("layernorm_bwd", x, weight);
+  FUSIBLE_CHECK_SHAPE_LIKE("layernorm_bwd", "dy", dy, x);
+  const auto nd = weight.dim();
+  const auto r = expand_stat(rstd, nd);
+  const auto xhat = (upcast(x) - expand_stat(mean, nd)) * r;
+  const auto dyf = upcast(dy);
+  const auto g = dyf * gamma(weight, zero_centered_gamma);
+  const auto dx = r * (g - g.mean(dims, true) - xhat * (g * xhat).mean(dims, true));
+  return {dx.to(x.scalar_type()), sum_leading(dyf * xhat, nd).to(weight.scalar_type()),
+          sum_leading(dyf, nd).to(weight.scalar_type())};
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                               double eps, bool zero_centered_gamma) {
+  const auto dims = check_norm_args("rmsnorm_fwd", x, weight);
+  const auto xf = upcast(x);
+  const auto rstd = at::rsqrt(xf.pow(2).mean(dims, /*keepdim=*/true) + eps);
+  const auto y = xf * rstd * gamma(weight, zero_centered_gamma);
+  return {y.to(x.scalar_type()), rstd.squeeze(dims)};
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                               const at::Tensor& rstd, const at::Tensor& weight,
+                                               bool zero_centered_gamma) {
+  const auto dims = check_norm_args("rmsnorm_bwd", x, weight);
+  FUSIBLE_CHECK_SHAPE_LIKE("rmsnorm_bwd", "dy", dy, x);
+  const auto nd = weight.dim();
+  const auto r = expand_stat(rstd, nd);
+  const auto xhat = upcast(x) * r;
+  const auto dyf = upcast(dy);
+  const auto g = dyf * gamma(weight, zero_centered_gamma);
+  const auto dx = r * (g - xhat * (g * xhat).mean(dims, true));
+  return {dx.to(x.scalar_type()), sum_leading(dyf * xhat, nd).to(weight.scalar_type())};
+}
+
+// The norm backward plus dextra: through the dispatched ops (each device's own norm backward and
+// add) in the accumulation dtype, rounded once.
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor& dy, const at::Tensor& x,
+                                                   const at::Tensor& rstd, const at::Tensor& weight,
+                                                   bool zero_centered_gamma,
+                                                   const at::Tensor& dextra) {
+  FUSIBLE_CHECK_SAME_DTYPE("rmsnorm_bwd_add", "dy", dy, "dextra", dextra);
+  auto [dx, dw] = kernels::rmsnorm_bwd(kernels::upcast(dy), kernels::upcast(x), rstd,
+                                       kernels::upcast(weight), zero_centered_gamma);
+  // add_fwd checks the shape; one rounding of dx + dextra.
+  return {kernels::add_fwd(dx, kernels::upcast(dextra)).to(x.scalar_type()),
+          dw.to(weight.scalar_type())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra) {
+  FUSIBLE_CHECK_SAME_DTYPE("layernorm_bwd_add", "dy", dy, "dextra", dextra);
+  auto [dx, dw, db] = kernels::layernorm_bwd(kernels::upcast(dy), kernels::upcast(x), mean, rstd,
+                                             kernels::upcast(weight), zero_centered_gamma);
+  return {kernels::add_fwd(dx, kernels::upcast(dextra)).to(x.scalar_type()),
+          dw.to(weight.scalar_type()), db.to(weight.scalar_type())};
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x, double eps) {
+  FUSIBLE_CHECK_FLOATING("l2norm_fwd", "x", x);
+  FUSIBLE_CHECK_MIN_DIM("l2norm_fwd", "x", x, 1);
+  const auto xf = upcast(x);
+  const auto rstd = at::rsqrt(xf.pow(2).sum(-1, /*keepdim=*/true) + eps);
+  return {(xf * rstd).to(x.scalar_type()), rstd.squeeze(-1)};
+}
+
+at::Tensor l2norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd) {
+  FUSIBLE_CHECK_FLOATING("l2norm_bwd", "x", x);
+  FUSIBLE_CHECK_MIN_DIM("l2norm_bwd", "x", x, 1);
+  FUSIBLE_CHECK_SHAPE_LIKE("l2norm_bwd", "dy", dy, x);
+  const auto r = rstd.unsqueeze(-1);
+  const auto y = upcast(x) * r;
+  const auto dyf = upcast(dy);
+  return (r * (dyf - y * (dyf * y).sum(-1, true))).to(x.scalar_type());
+}
+
+}  // namespace
+
+}  // namespace reference
+
+TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
+  m.impl("layernorm_fwd", &reference::layernorm_fwd);
+  m.impl("layernorm_bwd", &reference::layernorm_bwd);
+  m.impl("rmsnorm_fwd", &reference::rmsnorm_fwd);
+  m.impl("rmsnorm_bwd", &reference::rmsnorm_bwd);
+  m.impl("l2norm_fwd", &reference::l2norm_fwd);
+  m.impl("l2norm_bwd", &reference::l2norm_bwd);
+  m.impl("rmsnorm_bwd_add", &reference::rmsnorm_bwd_add);
+  m.impl("layernorm_bwd_add", &reference::layernorm_bwd_add);
+}
+
+}  // namespace fusible::kernels

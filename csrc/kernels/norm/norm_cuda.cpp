@@ -1,0 +1,209 @@
+// LayerNorm / RMSNorm on CUDA (and their backward with the residual gradient added): torch-facing
+// wrappers around norm_kernels.cu. A row too long for the kernels' shared memory, or statistics
+// not in the accumulation dtype, runs the ATen reference instead.
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <limits>
+
+#include "common/checks.h"
+#include "kernels/common/compute_dtype.h"
+#include "kernels/common/cuda_device.h"
+#include "kernels/common/cuda_dtype.h"
+#include "kernels/dispatch.h"
+#include "kernels/norm/norm.h"
+#include "kernels/norm/norm_launchers.h"
+
+namespace fusible::kernels {
+namespace {
+
+struct RowShape {
+  int64_t rows, cols;
+  std::vector<int64_t> stats;  // x's leading dims
+};
+
+RowShape row_shape(const at::Tensor& x, const at::Tensor& weight) {
+  const int64_t cols = weight.numel();
+  auto lead = x.sizes().slice(0, x.dim() - weight.dim()).vec();
+  return {cols == 0 ? 0 : x.numel() / cols, cols, std::move(lead)};
+}
+
+// Saved statistics as the kernels expect them: the accumulation dtype, one per row, on x's device.
+bool stats_ok(const at::Tensor& stat, const at::Tensor& x, const RowShape& s) {
+  return stat.scalar_type() == acc_dtype(x.scalar_type()) && stat.device() == x.device() &&
+         stat.is_contiguous() && stat.numel() == s.rows;
+}
+
+// Shapes the kernels take: a non-empty row (empty rows give NaN statistics, as the reference
+// does) and a row count a grid dimension holds (one block per row).
+bool kernel_shape(const RowShape& s) {
+  return s.cols > 0 && s.rows <= std::numeric_limits<int32_t>::max();
+}
+
+// norm_fwd and norm_bwd run under the wrapper's CUDAGuard, with s = row_shape(x, weight).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const char* op, const at::Tensor& x,
+                                                        const at::Tensor& weight,
+                                                        const at::Tensor* bias, double eps,
+                                                        bool zero_centered_gamma,
+                                                        const RowShape& s) {
+  const bool layernorm = bias != nullptr;
+  const auto xc = x.contiguous(), wc = weight.contiguous();
+  const auto bc = layernorm ? bias->contiguous() : at::Tensor();
+  auto y = at::empty(x.sizes(), x.options());
+  const auto stat_opts = x.options().dtype(acc_dtype(x.scalar_type()));
+  auto mean = layernorm ? at::empty(s.stats, stat_opts) : at::Tensor();
+  auto rstd = at::empty(s.stats, stat_opts);
+  launch_norm_fwd(xc.const_data_ptr(), wc.const_data_ptr(),
+                  layernorm ? bc.const_data_ptr() : nullptr, y.mutable_data_ptr(),
+                  layernorm ? mean.mutable_data_ptr() : nullptr, rstd.mutable_data_ptr(), s.rows,
+                  s.cols, eps, zero_centered_gamma, layernorm, kernel_dtype(op, x),
+                  c10::cuda::getCurrentCUDAStream());
+  return {y, mean, rstd};
+}
+
+// dx (+ dextra), dweight, dbias (LayerNorm: mean given).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
+    const char* op, const at::Tensor& dy, const at::Tensor& x, const at::Tensor* mean,
+    const at::Tensor& rstd, const at::Tensor& weight, bool zero_centered_gamma,
+    const at::Tensor* dextra, const RowShape& s) {
+  const bool layernorm = mean != nullptr;
+  const auto dtype = kernel_dtype(op, x);
+  const auto dyc = dy.contiguous(), xc = x.contiguous(), wc = weight.contiguous();
+  const auto ec = dextra ? dextra->contiguous() : at::Tensor();
+  auto dx = at::empty(x.sizes(), x.options());
+  auto dw = at::empty(weight.sizes(), weight.options());
+  auto db = layernorm ? at::empty(weight.sizes(), weight.options()) : at::Tensor();
+  const int64_t chunks = column_sum_chunks(s.rows, s.cols, current_sm_count());
+  const auto workspace = column_sum_workspace(chunks, 2 * s.cols, x);
+  launch_norm_bwd(
+      dyc.const_data_ptr(), xc.const_data_ptr(), layernorm ? mean->const_data_ptr() : nullptr,
+      rstd.const_data_ptr(), wc.const_data_ptr(), dextra ? ec.const_data_ptr() : nullptr,
+      dx.mutable_data_ptr(), dw.mutable_data_ptr(), layernorm ? db.mutable_data_ptr() : nullptr,
+      data_or_null(workspace), s.rows, s.cols, chunks, zero_centered_gamma, layernorm, dtype,
+      c10::cuda::getCurrentCUDAStream());
+  return {dx, dw, db};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_cuda(const at::Tensor& x,
+                                                                  const at::Tensor& weight,
+                                                                  const at::Tensor& bias,
+                                                                  double eps,
+                                                                  bool zero_centered_gamma) {
+  reference::check_norm_args("layernorm_fwd", x, weight);
+  reference::check_norm_bias("layernorm_fwd", x, weight, bias);
+  const c10::cuda::CUDAGuard guard(x.device());  // norm_fits reads this device's limits
+  const auto s = row_shape(x, weight);
+  if (!kernel_shape(s) ||
+      !norm_fits(s.cols, kernel_dtype("layernorm_fwd", x), false, current_max_smem())) {
+    return reference::layernorm_fwd(x, weight, bias, eps, zero_centered_gamma);
+  }
+  return norm_fwd("layernorm_fwd", x, weight, &bias, eps, zero_centered_gamma, s);
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cuda(const at::Tensor& x, const at::Tensor& weight,
+                                                    double eps, bool zero_centered_gamma) {
+  reference::check_norm_args("rmsnorm_fwd", x, weight);
+  const c10::cuda::CUDAGuard guard(x.device());  // norm_fits reads this device's limits
+  const auto s = row_shape(x, weight);
+  if (!kernel_shape(s) ||
+      !norm_fits(s.cols, kernel_dtype("rmsnorm_fwd", x), false, current_max_smem())) {
+    return reference::rmsnorm_fwd(x, weight, eps, zero_centered_gamma);
+  }
+  auto [y, mean, rstd] = norm_fwd("rmsnorm_fwd", x, weight, nullptr, eps, zero_centered_gamma, s);
+  return {y, rstd};
+}
+
+// The kernels run when the row fits and the statistics are the forward's own. Call under a
+// CUDAGuard on x's device (norm_fits reads its limits).
+bool bwd_runs(const char* op, const at::Tensor& x, const RowShape& s,
+              std::initializer_list<const at::Tensor*> stats) {
+  if (!kernel_shape(s)) return false;
+  for (const auto* st : stats) {
+    if (!stats_ok(*st, x, s)) return false;
+  }
+  return norm_fits(s.cols, kernel_dtype(op, x), true, current_max_smem());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_cuda(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma) {
+  reference::check_norm_args("layernorm_bwd", x, weight);
+  FUSIBLE_CHECK_SHAPE_LIKE("layernorm_bwd", "dy", dy, x);
+  FUSIBLE_CHECK_SAME_DEVICE("layernorm_bwd", "dy", dy, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto s = row_shape(x, weight);
+  if (dy.scalar_type() != x.scalar_type() || !bwd_runs("layernorm_bwd", x, s, {&mean, &rstd})) {
+    return reference::layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);
+  }
+  return norm_bwd("layernorm_bwd", dy, x, &mean, rstd, weight, zero_centered_gamma, nullptr, s);
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cuda(const at::Tensor& dy, const at::Tensor& x,
+                                                    const at::Tensor& rstd,
+                                                    const at::Tensor& weight,
+                                                    bool zero_centered_gamma) {
+  reference::check_norm_args("rmsnorm_bwd", x, weight);
+  FUSIBLE_CHECK_SHAPE_LIKE("rmsnorm_bwd", "dy", dy, x);
+  FUSIBLE_CHECK_SAME_DEVICE("rmsnorm_bwd", "dy", dy, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto s = row_shape(x, weight);
+  if (dy.scalar_type() != x.scalar_type() || !bwd_runs("rmsnorm_bwd", x, s, {&rstd})) {
+    return reference::rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
+  }
+  auto [dx, dw, db] =
+      norm_bwd("rmsnorm_bwd", dy, x, nullptr, rstd, weight, zero_centered_gamma, nullptr, s);
+  return {dx, dw};
+}
+
+// The fused residual-gradient twins: dextra added in the kernel's last pass when its dtype is x's.
+bool dextra_fuses(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& dextra) {
+  return dy.scalar_type() == x.scalar_type() && dextra.scalar_type() == x.scalar_type() &&
+         dextra.sizes().equals(x.sizes()) && dextra.device() == x.device();
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_cuda(const at::Tensor& dy, const at::Tensor& x,
+                                                        const at::Tensor& rstd,
+                                                        const at::Tensor& weight,
+                                                        bool zero_centered_gamma,
+                                                        const at::Tensor& dextra) {
+  reference::check_norm_args("rmsnorm_bwd_add", x, weight);
+  FUSIBLE_CHECK_SHAPE_LIKE("rmsnorm_bwd_add", "dy", dy, x);
+  FUSIBLE_CHECK_SAME_DEVICE("rmsnorm_bwd_add", "dy", dy, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto s = row_shape(x, weight);
+  if (!dextra_fuses(dy, x, dextra) || !bwd_runs("rmsnorm_bwd_add", x, s, {&rstd})) {
+    return reference::rmsnorm_bwd_add(dy, x, rstd, weight, zero_centered_gamma, dextra);
+  }
+  auto [dx, dw, db] =
+      norm_bwd("rmsnorm_bwd_add", dy, x, nullptr, rstd, weight, zero_centered_gamma, &dextra, s);
+  return {dx, dw};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add_cuda(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra) {
+  reference::check_norm_args("layernorm_bwd_add", x, weight);
+  FUSIBLE_CHECK_SHAPE_LIKE("layernorm_bwd_add", "dy", dy, x);
+  FUSIBLE_CHECK_SAME_DEVICE("layernorm_bwd_add", "dy", dy, "x", x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto s = row_shape(x, weight);
+  if (!dextra_fuses(dy, x, dextra) || !bwd_runs("layernorm_bwd_add", x, s, {&mean, &rstd})) {
+    return reference::layernorm_bwd_add(dy, x, mean, rstd, weight, zero_centered_gamma, dextra);
+  }
+  return norm_bwd("layernorm_bwd_add", dy, x, &mean, rstd, weight, zero_centered_gamma, &dextra, s);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
+  m.impl("layernorm_fwd", &layernorm_fwd_cuda);
+  m.impl("layernorm_bwd", &layernorm_bwd_cuda);
+  m.impl("rmsnorm_fwd", &rmsnorm_fwd_cuda);
+  m.impl("rmsnorm_bwd", &rmsnorm_bwd_cuda);
+  m.impl("rmsnorm_bwd_add", &rmsnorm_bwd_add_cuda);
+  m.impl("layernorm_bwd_add", &layernorm_bwd_add_cuda);
+}
+
+}  // namespace fusible::kernels

@@ -1,0 +1,303 @@
+// LayerNorm and RMSNorm, forward and backward, in fp32 registers (fp64 for fp64) from the storage
+// dtype. One block per row: the row is read from global memory once, kept in shared memory as
+// fp32 for the second pass, and written once. The backward's weight and bias gradients are a
+// separate column pass over dy and x, reduced deterministically: each block sums a fixed chunk of
+// rows into its own partial row, and a last kernel adds the partials in chunk order.
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "kernels/common/cuda_common.cuh"
+#include "kernels/norm/norm_launchers.h"
+
+namespace fusible::kernels {
+namespace {
+
+using cuda::acc_t;
+using cuda::from_acc;
+using cuda::load_vec;
+using cuda::store_vec;
+using cuda::to_acc;
+using cuda::Vec;
+
+constexpr int kMaxThreads = 1024;
+
+template <typename T, int VEC, bool kLayerNorm>
+__global__ void __launch_bounds__(kMaxThreads)
+    norm_fwd_kernel(const T* __restrict__ x,       // [rows, cols]
+                    const T* __restrict__ weight,  // [cols]
+                    const T* __restrict__ bias,    // [cols] (LayerNorm)
+                    T* __restrict__ y,             // [rows, cols]
+                    acc_t<T>* __restrict__ mean,   // [rows] (LayerNorm)
+                    acc_t<T>* __restrict__ rstd,   // [rows]
+                    int64_t cols, acc_t<T> eps, bool zero_centered_gamma) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  A* row = reinterpret_cast<A*>(smem);  // this thread's elements only: no barrier needed
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
+  A sum = 0;
+  for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+    const auto v = load_vec<T, VEC>(xr + i);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      row[i + j] = to_acc(v.v[j]);
+      sum += row[i + j];
+    }
+  }
+  const A mu = kLayerNorm ? cuda::block_sum(sum) / static_cast<A>(cols) : A(0);
+  A sq = 0;
+  for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const A d = row[i + j] - mu;
+      sq += d * d;
+    }
+  }
+  const A rs = A(1) / sqrt(cuda::block_sum(sq) / static_cast<A>(cols) + eps);
+  if (threadIdx.x == 0) {
+    if (kLayerNorm) mean[r] = mu;
+    rstd[r] = rs;
+  }
+  const A shift = zero_centered_gamma ? A(1) : A(0);
+  T* yr = y + r * cols;
+  for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+    const auto w = load_vec<T, VEC>(weight + i);
+    Vec<T, VEC> b;
+    if (kLayerNorm) b = load_vec<T, VEC>(bias + i);
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      A o = (row[i + j] - mu) * rs * (to_acc(w.v[j]) + shift);
+      if (kLayerNorm) o += to_acc(b.v[j]);
+      out.v[j] = from_acc<T>(o);
+    }
+    store_vec<T, VEC>(yr + i, out);
+  }
+}
+
+// dx for one row per block (plus dextra): xhat and g = dy * gamma kept in shared memory as fp32
+// between the reduction and the write.
+template <typename T, int VEC, bool kLayerNorm>
+__global__ void __launch_bounds__(kMaxThreads)
+    norm_bwd_dx_kernel(const T* __restrict__ dy,           // [rows, cols]
+                       const T* __restrict__ x,            // [rows, cols]
+                       const acc_t<T>* __restrict__ mean,  // [rows] (LayerNorm)
+                       const acc_t<T>* __restrict__ rstd,  // [rows]
+                       const T* __restrict__ weight,       // [cols]
+                       const T* __restrict__ dextra,       // [rows, cols] or null
+                       T* __restrict__ dx,                 // [rows, cols]
+                       int64_t cols, bool zero_centered_gamma) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  A* xhat = reinterpret_cast<A*>(smem);  // each thread touches only its own elements
+  A* g = xhat + cols;
+  const int64_t r = blockIdx.x;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
+  const A shift = zero_centered_gamma ? A(1) : A(0);
+  const A mu = kLayerNorm ? mean[r] : A(0);
+  const A rs = rstd[r];
+  A sum_g = 0, sum_gx = 0;
+  for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+    const auto xv = load_vec<T, VEC>(x + r * cols + i);
+    const auto dv = load_vec<T, VEC>(dy + r * cols + i);
+    const auto wv = load_vec<T, VEC>(weight + i);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const A xh = (to_acc(xv.v[j]) - mu) * rs;
+      const A gg = to_acc(dv.v[j]) * (to_acc(wv.v[j]) + shift);
+      xhat[i + j] = xh;
+      g[i + j] = gg;
+      sum_g += gg;
+      sum_gx += gg * xh;
+    }
+  }
+  const A inv = A(1) / static_cast<A>(cols);
+  const A c1 = kLayerNorm ? cuda::block_sum(sum_g) * inv : A(0);
+  const A c2 = cuda::block_sum(sum_gx) * inv;
+  for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
+    Vec<T, VEC> e;
+    if (dextra != nullptr) e = load_vec<T, VEC>(dextra + r * cols + i);
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      A o = rs * (g[i + j] - c1 - xhat[i + j] * c2);
+      if (dextra != nullptr) o += to_acc(e.v[j]);
+      out.v[j] = from_acc<T>(o);
+    }
+    store_vec<T, VEC>(dx + r * cols + i, out);
+  }
+}
+
+constexpr int kColThreads = 32;
+constexpr int kRowThreads = 8;
+
+// The weight (dy * xhat) and bias (dy) gradients' partial column sums: block (32 x 8 threads, VEC
+// adjacent columns each) sums one chunk of rows into partial[chunk] = [dweight | dbias], or, with
+// one chunk, straight into dweight and dbias (no second pass). Fixed assignment, so the final sums
+// are deterministic.
+template <typename T, int VEC, bool kLayerNorm>
+__global__ void norm_bwd_params_kernel(
+    const T* __restrict__ dy,           // [rows, cols]
+    const T* __restrict__ x,            // [rows, cols]
+    const acc_t<T>* __restrict__ mean,  // [rows] (LayerNorm)
+    const acc_t<T>* __restrict__ rstd,  // [rows]
+    acc_t<T>* __restrict__ partial,     // [chunks, 2 * cols] or null
+    T* __restrict__ dweight,            // [cols] when partial null
+    T* __restrict__ dbias,              // [cols] when partial null
+    int64_t rows, int64_t cols, int64_t rows_per_chunk) {
+  using A = acc_t<T>;
+  __shared__ A tile[kRowThreads][kColThreads * VEC];
+  const int64_t col = (blockIdx.x * static_cast<int64_t>(kColThreads) + threadIdx.x) * VEC;
+  const int64_t row_begin = blockIdx.y * rows_per_chunk;
+  const int64_t row_end = min(rows, row_begin + rows_per_chunk);
+  A dw[VEC] = {}, db[VEC] = {};
+  if (col < cols) {
+#pragma unroll 4
+    for (int64_t r = row_begin + threadIdx.y; r < row_end; r += kRowThreads) {
+      const A mu = kLayerNorm ? mean[r] : A(0);
+      const A rs = rstd[r];
+      const auto xv = load_vec<T, VEC>(x + r * cols + col);
+      const auto dv = load_vec<T, VEC>(dy + r * cols + col);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A d = to_acc(dv.v[j]);
+        dw[j] += d * (to_acc(xv.v[j]) - mu) * rs;
+        if (kLayerNorm) db[j] += d;
+      }
+    }
+  }
+  A* out = partial != nullptr ? partial + blockIdx.y * 2 * cols : nullptr;
+  // Two rounds through the tile: the weight gradient, then the bias gradient.
+  for (int round = 0; round < (kLayerNorm ? 2 : 1); ++round) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) tile[threadIdx.y][threadIdx.x * VEC + j] = round ? db[j] : dw[j];
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        A total = tile[0][threadIdx.x * VEC + j];
+        for (int i = 1; i < kRowThreads; ++i) total += tile[i][threadIdx.x * VEC + j];
+        if (out != nullptr) {
+          out[round * cols + col + j] = total;
+        } else {
+          (round ? dbias : dweight)[col + j] = from_acc<T>(total);
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+int threads_for(int64_t cols, int vec) {
+  const int64_t per_thread = (cols + vec - 1) / vec;
+  const int64_t warps = std::min<int64_t>((per_thread + 31) / 32, kMaxThreads / 32);
+  return static_cast<int>(std::max<int64_t>(warps, 1) * 32);
+}
+
+size_t smem_bytes(int64_t cols, KernelDType dtype, bool backward) {
+  const size_t acc = dtype == KernelDType::kFloat64 ? 8 : 4;
+  const size_t rows_kept = backward ? 2 : 1;  // bwd: xhat and dy * gamma; fwd: x
+  return rows_kept * static_cast<size_t>(cols) * acc;
+}
+
+// Static shared memory (block_sum's scratch) comes on top of the dynamic rows.
+constexpr size_t kStaticSmemMargin = 1024;
+
+// Raises the kernel's dynamic shared memory limit when, with the static part, it would pass the
+// default 48 KiB. The limit is per kernel and device and only grows, so the driver call is made
+// only when a launch needs more than was set before, not on every launch.
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes + kStaticSmemMargin <= 48 * 1024) return;
+  int device = 0;
+  cudaGetDevice(&device);
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, size_t> allowed;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto& set = allowed[{reinterpret_cast<const void*>(kernel), device}];
+  if (bytes > set && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)) == cudaSuccess) {
+    set = bytes;
+  }
+}
+
+}  // namespace
+
+bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem) {
+  return smem_bytes(cols, dtype, backward) + kStaticSmemMargin <= static_cast<size_t>(max_smem);
+}
+
+void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* y, void* mean,
+                     void* rstd, int64_t rows, int64_t cols, double eps, bool zero_centered_gamma,
+                     bool layernorm, KernelDType dtype, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    cuda::dispatch_vec<T>(cols, {x, weight, bias, y}, [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      const auto kernel = layernorm ? norm_fwd_kernel<T, V, true> : norm_fwd_kernel<T, V, false>;
+      const size_t smem = smem_bytes(cols, dtype, false);
+      allow_smem(kernel, smem);
+      kernel<<<rows, threads_for(cols, V), smem, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
+          static_cast<T*>(y), static_cast<A*>(mean), static_cast<A*>(rstd), cols,
+          static_cast<A>(eps), zero_centered_gamma);
+    });
+  });
+  cuda::check_launch("norm_fwd_kernel");
+}
+
+void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void* rstd,
+                     const void* weight, const void* dextra, void* dx, void* dweight, void* dbias,
+                     void* workspace, int64_t rows, int64_t cols, int64_t num_chunks,
+                     bool zero_centered_gamma, bool layernorm, KernelDType dtype,
+                     cudaStream_t stream) {
+  if (cols == 0) return;
+  const int64_t chunks = rows > 0 ? num_chunks : 0;  // no rows: the gradients are zeros
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const auto* tdy = static_cast<const T*>(dy);
+    const auto* tx = static_cast<const T*>(x);
+    const auto* tmean = static_cast<const A*>(mean);
+    const auto* trstd = static_cast<const A*>(rstd);
+    if (rows > 0) {
+      cuda::dispatch_vec<T>(cols, {dy, x, weight, dextra, dx}, [&](auto vec) {
+        constexpr int V = decltype(vec)::value;
+        const auto kernel =
+            layernorm ? norm_bwd_dx_kernel<T, V, true> : norm_bwd_dx_kernel<T, V, false>;
+        const size_t smem = smem_bytes(cols, dtype, true);
+        allow_smem(kernel, smem);
+        kernel<<<rows, threads_for(cols, V), smem, stream>>>(
+            tdy, tx, tmean, trstd, static_cast<const T*>(weight), static_cast<const T*>(dextra),
+            static_cast<T*>(dx), cols, zero_centered_gamma);
+      });
+      cuda::check_launch("norm_bwd_dx_kernel");
+      const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+      cuda::dispatch_vec<T>(cols, {dy, x}, [&](auto vec) {
+        constexpr int V = decltype(vec)::value;
+        const dim3 grid((cols + kColThreads * V - 1) / (kColThreads * V), chunks);
+        const dim3 block(kColThreads, kRowThreads);
+        const auto kernel =
+            layernorm ? norm_bwd_params_kernel<T, V, true> : norm_bwd_params_kernel<T, V, false>;
+        // One chunk: the block's sums are the totals.
+        kernel<<<grid, block, 0, stream>>>(
+            tdy, tx, tmean, trstd, chunks > 1 ? static_cast<A*>(workspace) : nullptr,
+            static_cast<T*>(dweight), static_cast<T*>(dbias), rows, cols, rows_per_chunk);
+      });
+      cuda::check_launch("norm_bwd_params_kernel");
+    }
+    if (chunks == 1) return;
+    cuda::launch_column_sum<T>(workspace, dweight, cols, chunks, 2 * cols, stream);
+    if (layernorm) {
+      cuda::launch_column_sum<T>(static_cast<const A*>(workspace) + cols, dbias, cols, chunks,
+                                 2 * cols, stream);
+    }
+  });
+}
+
+}  // namespace fusible::kernels

@@ -1,0 +1,40 @@
+// Host launchers of the norm family's raw kernels (norm_kernels.cu): LayerNorm (layernorm = true:
+// mean subtracted, bias added) and RMSNorm over rows of cols. Statistics and workspaces are in the
+// accumulation type: float, or double for kFloat64.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/launcher_types.h"
+
+namespace fusible::kernels {
+
+/// Whether a row of cols fits the kernels' shared memory, max_smem bytes per block (the device's
+/// opt-in limit); else the caller falls back.
+bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem);
+
+void launch_norm_fwd(const void* x,       // [rows, cols]
+                     const void* weight,  // [cols]
+                     const void* bias,    // [cols], LayerNorm only
+                     void* y,             // [rows, cols]
+                     void* mean,          // [rows], LayerNorm only
+                     void* rstd,          // [rows]
+                     int64_t rows, int64_t cols, double eps, bool zero_centered_gamma,
+                     bool layernorm, KernelDType dtype, cudaStream_t stream);
+
+/// dx (plus dextra when given), dweight and (LayerNorm) dbias.
+void launch_norm_bwd(const void* dy,      // [rows, cols]
+                     const void* x,       // [rows, cols]
+                     const void* mean,    // [rows], LayerNorm only
+                     const void* rstd,    // [rows]
+                     const void* weight,  // [cols]
+                     const void* dextra,  // [rows, cols] or null
+                     void* dx,            // [rows, cols]
+                     void* dweight,       // [cols]
+                     void* dbias,         // [cols], LayerNorm only
+                     void* workspace,     // [num_chunks, 2 * cols], accumulation type (chunks:
+                                          // column_sum_chunks); null allowed for one chunk
+                     int64_t rows, int64_t cols, int64_t num_chunks, bool zero_centered_gamma,
+                     bool layernorm, KernelDType dtype, cudaStream_t stream);
+
+}  // namespace fusible::kernels
