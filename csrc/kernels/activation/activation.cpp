@@ -13,6 +13,7 @@
 #include "common/checks.h"
 #include "kernels/activation/activation_launchers.h"
 #include "kernels/common/compute_dtype.h"
+#include "kernels/op_schema.h"
 
 namespace fusible::kernels {
 namespace reference {
@@ -78,7 +79,9 @@ void check_scales(const char* op, const at::Tensor& x, const at::Tensor& scales)
 
 }  // namespace reference
 
-namespace {
+// The implementations registered under CompositeExplicitAutograd (named: the entry points
+// below have the same names).
+namespace composite {
 
 using Act = ActKind;
 using reference::check_glu_grad;
@@ -303,24 +306,130 @@ std::tuple<at::Tensor, at::Tensor> scaled_clamped_swiglu_bwd(const at::Tensor& d
   });
 }
 
-}  // namespace
+}  // namespace composite
+
+// ---- Entry points for C++ callers (declared in activation.h).
+
+at::Tensor activation_fwd(const at::Tensor& x, const std::string& kind) {
+  FUSIBLE_DISPATCH(activation_fwd, x, kind);
+}
+at::Tensor activation_bwd(const at::Tensor& dy, const at::Tensor& x, const std::string& kind) {
+  FUSIBLE_DISPATCH(activation_bwd, dy, x, kind);
+}
+at::Tensor glu_fwd(const at::Tensor& x, const std::string& kind) {
+  FUSIBLE_DISPATCH(glu_fwd, x, kind);
+}
+at::Tensor glu_bwd(const at::Tensor& dy, const at::Tensor& x, const std::string& kind) {
+  FUSIBLE_DISPATCH(glu_bwd, dy, x, kind);
+}
+at::Tensor clamped_swiglu_fwd(const at::Tensor& x, double limit, double alpha, double offset) {
+  FUSIBLE_DISPATCH(clamped_swiglu_fwd, x, limit, alpha, offset);
+}
+at::Tensor clamped_swiglu_bwd(const at::Tensor& dy, const at::Tensor& x, double limit, double alpha,
+                              double offset) {
+  FUSIBLE_DISPATCH(clamped_swiglu_bwd, dy, x, limit, alpha, offset);
+}
+at::Tensor situglu_fwd(const at::Tensor& x, double beta1, double beta2) {
+  FUSIBLE_DISPATCH(situglu_fwd, x, beta1, beta2);
+}
+at::Tensor situglu_bwd(const at::Tensor& dy, const at::Tensor& x, double beta1, double beta2) {
+  FUSIBLE_DISPATCH(situglu_bwd, dy, x, beta1, beta2);
+}
+at::Tensor scaled_swiglu_fwd(const at::Tensor& x, const at::Tensor& scales) {
+  FUSIBLE_DISPATCH(scaled_swiglu_fwd, x, scales);
+}
+std::tuple<at::Tensor, at::Tensor> scaled_swiglu_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                                     const at::Tensor& scales) {
+  FUSIBLE_DISPATCH(scaled_swiglu_bwd, dy, x, scales);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> scaled_swiglu_bwd_fwd(const at::Tensor& dy,
+                                                                     const at::Tensor& x,
+                                                                     const at::Tensor& scales) {
+  FUSIBLE_DISPATCH(scaled_swiglu_bwd_fwd, dy, x, scales);
+}
+at::Tensor scaled_situglu_fwd(const at::Tensor& x, const at::Tensor& scales, double beta1,
+                              double beta2) {
+  FUSIBLE_DISPATCH(scaled_situglu_fwd, x, scales, beta1, beta2);
+}
+std::tuple<at::Tensor, at::Tensor> scaled_situglu_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                                      const at::Tensor& scales, double beta1,
+                                                      double beta2) {
+  FUSIBLE_DISPATCH(scaled_situglu_bwd, dy, x, scales, beta1, beta2);
+}
+at::Tensor scaled_clamped_swiglu_fwd(const at::Tensor& x, const at::Tensor& scales, double limit,
+                                     double alpha, double offset) {
+  FUSIBLE_DISPATCH(scaled_clamped_swiglu_fwd, x, scales, limit, alpha, offset);
+}
+std::tuple<at::Tensor, at::Tensor> scaled_clamped_swiglu_bwd(const at::Tensor& dy,
+                                                             const at::Tensor& x,
+                                                             const at::Tensor& scales, double limit,
+                                                             double alpha, double offset) {
+  FUSIBLE_DISPATCH(scaled_clamped_swiglu_bwd, dy, x, scales, limit, alpha, offset);
+}
+
+// The schemas of the ops this file implements (torch.ops.fusible.<name>).
+TORCH_LIBRARY_FRAGMENT(fusible, m) {
+  // Elementwise activation; kind in {gelu (tanh), qgelu, relu, srelu, silu}.
+  define(m, "activation_fwd(Tensor x, str kind) -> Tensor");
+  // Its backward: dx = dy * act'(x).
+  define(m, "activation_bwd(Tensor dy, Tensor x, str kind) -> Tensor");
+  // Gated activation: x = [a, b] on the last dim, y = act(a) * b; kind in {glu, geglu, qgeglu,
+  // reglu, sreglu, swiglu}. x: [..., 2H] -> [..., H].
+  define(m, "glu_fwd(Tensor x, str kind) -> Tensor");
+  // Its backward -> dx [..., 2H].
+  define(m, "glu_bwd(Tensor dy, Tensor x, str kind) -> Tensor");
+  // ClampedSwiGLU: a = min(a, limit), b = clamp(b, -limit, limit),
+  // y = a * sigmoid(alpha * a) * (b + offset).
+  define(m, "clamped_swiglu_fwd(Tensor x, float limit, float alpha, float offset=1.0) -> Tensor");
+  // Its backward -> dx.
+  define(m,
+         "clamped_swiglu_bwd(Tensor dy, Tensor x, float limit, float alpha, float offset=1.0) -> "
+         "Tensor");
+  // SiTUGLU: y = beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2) (beta1, beta2 > 0).
+  define(m, "situglu_fwd(Tensor x, float beta1=4.0, float beta2=25.0) -> Tensor");
+  // Its backward -> dx.
+  define(m, "situglu_bwd(Tensor dy, Tensor x, float beta1=4.0, float beta2=25.0) -> Tensor");
+  // ScaledSwiGLU: y = scales[..., None] * swiglu(x). scales: x's shape without the last dim.
+  define(m, "scaled_swiglu_fwd(Tensor x, Tensor scales) -> Tensor");
+  // Its backward -> (dx, dscales).
+  define(m, "scaled_swiglu_bwd(Tensor dy, Tensor x, Tensor scales) -> (Tensor, Tensor)");
+  // scaled_swiglu_bwd plus the forward's output y = scales * swiglu(x), recomputed in the same
+  // pass (a fused op that keeps x need not keep y) -> (dx, dscales, y).
+  define(m,
+         "scaled_swiglu_bwd_fwd(Tensor dy, Tensor x, Tensor scales) -> (Tensor, Tensor, Tensor)");
+  // ScaledSiTUGLU: y = scales[..., None] * situglu(x); backward -> (dx, dscales).
+  define(
+      m,
+      "scaled_situglu_fwd(Tensor x, Tensor scales, float beta1=4.0, float beta2=25.0) -> Tensor");
+  define(
+      m,
+      "scaled_situglu_bwd(Tensor dy, Tensor x, Tensor scales, float beta1=4.0, float beta2=25.0) "
+      "-> (Tensor, Tensor)");
+  // ScaledClampedQGeGLU: y = scales[..., None] * clamped_swiglu(x); backward -> (dx, dscales).
+  define(m,
+         "scaled_clamped_swiglu_fwd(Tensor x, Tensor scales, float limit=7.0, float alpha=1.702, "
+         "float offset=1.0) -> Tensor");
+  define(m,
+         "scaled_clamped_swiglu_bwd(Tensor dy, Tensor x, Tensor scales, float limit=7.0, "
+         "float alpha=1.702, float offset=1.0) -> (Tensor, Tensor)");
+}
 
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
-  m.impl("activation_fwd", &activation_fwd);
-  m.impl("activation_bwd", &activation_bwd);
-  m.impl("glu_fwd", &glu_fwd);
-  m.impl("glu_bwd", &glu_bwd);
-  m.impl("clamped_swiglu_fwd", &clamped_swiglu_fwd);
-  m.impl("clamped_swiglu_bwd", &clamped_swiglu_bwd);
-  m.impl("scaled_swiglu_fwd", &scaled_swiglu_fwd);
-  m.impl("scaled_swiglu_bwd", &scaled_swiglu_bwd);
-  m.impl("scaled_swiglu_bwd_fwd", &scaled_swiglu_bwd_fwd);
-  m.impl("situglu_fwd", &situglu_fwd);
-  m.impl("situglu_bwd", &situglu_bwd);
-  m.impl("scaled_situglu_fwd", &scaled_situglu_fwd);
-  m.impl("scaled_situglu_bwd", &scaled_situglu_bwd);
-  m.impl("scaled_clamped_swiglu_fwd", &scaled_clamped_swiglu_fwd);
-  m.impl("scaled_clamped_swiglu_bwd", &scaled_clamped_swiglu_bwd);
+  m.impl("activation_fwd", &composite::activation_fwd);
+  m.impl("activation_bwd", &composite::activation_bwd);
+  m.impl("glu_fwd", &composite::glu_fwd);
+  m.impl("glu_bwd", &composite::glu_bwd);
+  m.impl("clamped_swiglu_fwd", &composite::clamped_swiglu_fwd);
+  m.impl("clamped_swiglu_bwd", &composite::clamped_swiglu_bwd);
+  m.impl("scaled_swiglu_fwd", &composite::scaled_swiglu_fwd);
+  m.impl("scaled_swiglu_bwd", &composite::scaled_swiglu_bwd);
+  m.impl("scaled_swiglu_bwd_fwd", &composite::scaled_swiglu_bwd_fwd);
+  m.impl("situglu_fwd", &composite::situglu_fwd);
+  m.impl("situglu_bwd", &composite::situglu_bwd);
+  m.impl("scaled_situglu_fwd", &composite::scaled_situglu_fwd);
+  m.impl("scaled_situglu_bwd", &composite::scaled_situglu_bwd);
+  m.impl("scaled_clamped_swiglu_fwd", &composite::scaled_clamped_swiglu_fwd);
+  m.impl("scaled_clamped_swiglu_bwd", &composite::scaled_clamped_swiglu_bwd);
 }
 
 }  // namespace fusible::kernels

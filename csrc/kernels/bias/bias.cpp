@@ -14,6 +14,7 @@
 #include "kernels/common/compute_dtype.h"
 #include "kernels/dispatch.h"
 #include "kernels/linear/linear.h"
+#include "kernels/op_schema.h"
 
 namespace fusible::kernels {
 
@@ -72,6 +73,32 @@ at::Tensor bias_act_bwd__ref(const at::Tensor& dy, const at::Tensor& pre, c10::s
 }
 
 }  // namespace
+
+// ---- Entry points for C++ callers (declared in bias.h).
+
+at::Tensor bias_fwd(const at::Tensor& x, const at::Tensor& bias) {
+  FUSIBLE_DISPATCH(bias_fwd, x, bias);
+}
+at::Tensor bias_bwd(const at::Tensor& dy) { FUSIBLE_DISPATCH(bias_bwd, dy); }
+std::tuple<at::Tensor, at::Tensor> bias_act_bwd(const at::Tensor& dy, const at::Tensor& pre,
+                                                const std::string& act) {
+  FUSIBLE_DISPATCH(bias_act_bwd, dy, pre, act);
+}
+at::Tensor bias_act_bwd_(const at::Tensor& dy, const at::Tensor& pre, const std::string& act) {
+  FUSIBLE_DISPATCH(bias_act_bwd_, dy, pre, act);
+}
+
+// The schemas of the ops this file implements (torch.ops.fusible.<name>).
+TORCH_LIBRARY_FRAGMENT(fusible, m) {
+  // y = x + bias, bias broadcast over the last dim. x: [..., N], bias: [N].
+  define(m, "bias_fwd(Tensor x, Tensor bias) -> Tensor");
+  // Bias gradient: dy summed over every leading dim. dy: [..., N] -> [N].
+  define(m, "bias_bwd(Tensor dy) -> Tensor");
+  // Bias + activation backward: -> (dpre = act'(pre) * dy, dbias = sum of dpre).
+  define(m, "bias_act_bwd(Tensor dy, Tensor pre, str act) -> (Tensor, Tensor)");
+  // bias_act_bwd in place: dy becomes dpre (pre's shape and dtype); -> dbias.
+  define(m, "bias_act_bwd_(Tensor(a!) dy, Tensor pre, str act) -> Tensor");
+}
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {
   m.impl("bias_fwd", &bias_fwd_cpu);

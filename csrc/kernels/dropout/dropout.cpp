@@ -14,6 +14,7 @@
 
 #include "common/checks.h"
 #include "kernels/common/compute_dtype.h"
+#include "kernels/op_schema.h"
 
 namespace fusible::kernels {
 namespace reference {
@@ -35,7 +36,9 @@ void check_dropout_bwd_args(const at::Tensor& dy, const at::Tensor& mask) {
 
 }  // namespace reference
 
-namespace {
+// The implementations registered under CompositeExplicitAutograd (named: the entry points
+// below have the same names).
+namespace composite {
 
 // Element e's keep flag is bit e % 8 of byte e / 8 (the CUDA kernels' layout).
 at::Tensor pack_bits(const at::Tensor& keep) {
@@ -67,11 +70,30 @@ at::Tensor dropout_bwd(const at::Tensor& dy, const at::Tensor& mask, double p) {
   return (upcast(dy) * unpack_bits(mask, dy) * scale).to(dy.scalar_type());
 }
 
-}  // namespace
+}  // namespace composite
+
+// ---- Entry points for C++ callers (declared in dropout.h).
+
+std::tuple<at::Tensor, at::Tensor> dropout_fwd(const at::Tensor& x, double p) {
+  FUSIBLE_DISPATCH(dropout_fwd, x, p);
+}
+at::Tensor dropout_bwd(const at::Tensor& dy, const at::Tensor& mask, double p) {
+  FUSIBLE_DISPATCH(dropout_bwd, dy, mask, p);
+}
+
+// The schemas of the ops this file implements (torch.ops.fusible.<name>).
+TORCH_LIBRARY_FRAGMENT(fusible, m) {
+  // Dropout: -> (y, keep mask as bits [uint8, ceil(numel / 8)]: element e is bit e % 8 of byte
+  // e / 8); y = x * keep / (1 - p).
+  define(m, "dropout_fwd(Tensor x, float p) -> (Tensor, Tensor)",
+         {at::Tag::nondeterministic_seeded});
+  // Dropout backward from the saved mask.
+  define(m, "dropout_bwd(Tensor dy, Tensor mask, float p) -> Tensor");
+}
 
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
-  m.impl("dropout_fwd", &dropout_fwd);
-  m.impl("dropout_bwd", &dropout_bwd);
+  m.impl("dropout_fwd", &composite::dropout_fwd);
+  m.impl("dropout_bwd", &composite::dropout_bwd);
 }
 
 }  // namespace fusible::kernels

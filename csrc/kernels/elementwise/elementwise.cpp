@@ -7,6 +7,7 @@
 
 #include "common/checks.h"
 #include "kernels/common/compute_dtype.h"
+#include "kernels/op_schema.h"
 
 namespace fusible::kernels {
 namespace reference {
@@ -33,7 +34,9 @@ void add_(const at::Tensor& self, const at::Tensor& other) {
 
 }  // namespace reference
 
-namespace {
+// The implementations registered under CompositeExplicitAutograd (named: the entry points
+// below have the same names).
+namespace composite {
 
 using reference::add_;
 using reference::add_fwd;
@@ -43,12 +46,30 @@ at::Tensor scale_fwd(const at::Tensor& x, double scale) {
   return (upcast(x) * scale).to(x.scalar_type());
 }
 
-}  // namespace
+}  // namespace composite
+
+// ---- Entry points for C++ callers (declared in elementwise.h).
+
+at::Tensor scale_fwd(const at::Tensor& x, double scale) { FUSIBLE_DISPATCH(scale_fwd, x, scale); }
+at::Tensor add_fwd(const at::Tensor& x, const at::Tensor& other) {
+  FUSIBLE_DISPATCH(add_fwd, x, other);
+}
+void add_(const at::Tensor& self, const at::Tensor& other) { FUSIBLE_DISPATCH(add_, self, other); }
+
+// The schemas of the ops this file implements (torch.ops.fusible.<name>).
+TORCH_LIBRARY_FRAGMENT(fusible, m) {
+  // y = scale * x (also ConstantScale's backward).
+  define(m, "scale_fwd(Tensor x, float scale) -> Tensor");
+  // y = x + other, same shapes, in x's dtype.
+  define(m, "add_fwd(Tensor x, Tensor other) -> Tensor");
+  // self += other in place (AddExtraInput(in_place=True)).
+  define(m, "add_(Tensor(a!) self, Tensor other) -> ()");
+}
 
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
-  m.impl("scale_fwd", &scale_fwd);
-  m.impl("add_fwd", &add_fwd);
-  m.impl("add_", &add_);
+  m.impl("scale_fwd", &composite::scale_fwd);
+  m.impl("add_fwd", &composite::add_fwd);
+  m.impl("add_", &composite::add_);
 }
 
 }  // namespace fusible::kernels

@@ -22,6 +22,7 @@
 #include <limits>
 
 #include "common/checks.h"
+#include "kernels/op_schema.h"
 
 namespace fusible::kernels {
 
@@ -262,6 +263,61 @@ at::Tensor fp8_qdq_delayed_meta(const at::Tensor& x, c10::string_view format,
 }
 
 }  // namespace
+
+// ---- Entry points for C++ callers (declared in fp8.h).
+
+at::Tensor fp8_quantize_dequantize(const at::Tensor& x, const std::string& format, double margin) {
+  FUSIBLE_DISPATCH(fp8_quantize_dequantize, x, format, margin);
+}
+at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, const std::string& format,
+                                           const at::Tensor& amax_history, const at::Tensor& scale,
+                                           double margin, const std::string& amax_compute_algo) {
+  FUSIBLE_DISPATCH(fp8_quantize_dequantize_delayed, x, format, amax_history, scale, margin,
+                   amax_compute_algo);
+}
+at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, const std::string& format,
+                                         int64_t block_dim, bool power_2_scale) {
+  FUSIBLE_DISPATCH(fp8_quantize_dequantize_block, x, format, block_dim, power_2_scale);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast(const at::Tensor& x,
+                                                        const std::string& format, double margin,
+                                                        bool transpose) {
+  FUSIBLE_DISPATCH(fp8_cast, x, format, margin, transpose);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_delayed(
+    const at::Tensor& x, const std::string& format, const at::Tensor& amax_history,
+    const at::Tensor& scale, double margin, const std::string& amax_compute_algo, bool transpose) {
+  FUSIBLE_DISPATCH(fp8_cast_delayed, x, format, amax_history, scale, margin, amax_compute_algo,
+                   transpose);
+}
+
+// The schemas of the ops this file implements (torch.ops.fusible.<name>).
+TORCH_LIBRARY_FRAGMENT(fusible, m) {
+  // FP8 (current scaling): x cast to FP8 format 'e4m3' or 'e5m2' with scale = fp8_max / amax(x) /
+  // 2^margin, and back to x's dtype: the values an FP8 GEMM computes with (CPU emulation).
+  define(m, "fp8_quantize_dequantize(Tensor x, str format, float margin=0.0) -> Tensor");
+  // FP8 (delayed scaling): x cast with `scale` and back; then amax(x) enters amax_history
+  // (newest first) and scale becomes fp8_max / (its max, or newest, amax) / 2^margin.
+  define(m,
+         "fp8_quantize_dequantize_delayed(Tensor x, str format, Tensor(a!) amax_history, "
+         "Tensor(b!) scale, float margin, str amax_compute_algo) -> Tensor");
+  // FP8 (block scaling): x as [rows, last dim] in 1x128 (block_dim 1) or 128x128 (block_dim 2)
+  // blocks, each cast with its own scale (a power of two with power_2_scale) and back.
+  define(
+      m,
+      "fp8_quantize_dequantize_block(Tensor x, str format, int block_dim, bool power_2_scale=True)"
+      " -> Tensor");
+  // FP8 data for a GEMM (current scaling): -> (data in x's shape, data_t [K, M] for x as [M, K]
+  // rows (empty unless transpose), scale_inv [1] fp32); data = fp8(x * scale).
+  define(
+      m,
+      "fp8_cast(Tensor x, str format, float margin=0.0, bool transpose=False) -> (Tensor, Tensor, "
+      "Tensor)");
+  // The same with delayed scaling's scale, then its history and scale updated.
+  define(m,
+         "fp8_cast_delayed(Tensor x, str format, Tensor(a!) amax_history, Tensor(b!) scale, "
+         "float margin, str amax_compute_algo, bool transpose=False) -> (Tensor, Tensor, Tensor)");
+}
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {
   m.impl("fp8_quantize_dequantize", &reference::fp8_quantize_dequantize);

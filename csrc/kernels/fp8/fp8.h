@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 
+#include <optional>
+#include <string>
 #include <tuple>
 
 namespace fusible::kernels {
@@ -70,5 +72,31 @@ Fp8Cast fp8_cast_delayed(const at::Tensor& x, c10::string_view format,
                          const at::Tensor& amax_history, const at::Tensor& scale, double margin,
                          c10::string_view amax_compute_algo, bool transpose);
 }  // namespace reference
+
+}  // namespace fusible::kernels
+
+// ---- Entry points: torch.ops.fusible.<name> for C++ callers, through the dispatcher (the
+// same CPU / CUDA / Meta routing as from Python). Shapes and semantics: the schemas in
+// fp8.cpp.
+namespace fusible::kernels {
+
+/// x cast to FP8 ("e4m3" / "e5m2", current scaling with margin) and back to x's dtype.
+at::Tensor fp8_quantize_dequantize(const at::Tensor& x, const std::string& format,
+                                   double margin = 0.0);
+/// Delayed scaling: x cast with scale [1] and back; amax_history and scale updated in place.
+at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, const std::string& format,
+                                           const at::Tensor& amax_history, const at::Tensor& scale,
+                                           double margin, const std::string& amax_compute_algo);
+/// Block scaling: 1x128 (block_dim 1) or 128x128 (2) blocks, each with its own scale.
+at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, const std::string& format,
+                                         int64_t block_dim, bool power_2_scale = true);
+/// -> (FP8 data, its [K, M] transpose or empty, scale_inv [1]); current scaling.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast(const at::Tensor& x,
+                                                        const std::string& format, double margin,
+                                                        bool transpose);
+/// fp8_cast with delayed scaling's scale; amax_history and scale updated in place.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_delayed(
+    const at::Tensor& x, const std::string& format, const at::Tensor& amax_history,
+    const at::Tensor& scale, double margin, const std::string& amax_compute_algo, bool transpose);
 
 }  // namespace fusible::kernels

@@ -9,6 +9,7 @@
 
 #include "common/checks.h"
 #include "kernels/fp8/fp8.h"
+#include "kernels/op_schema.h"
 
 namespace fusible::kernels {
 namespace {
@@ -122,6 +123,27 @@ Fp8BlockCast fp8_cast_block_meta(const at::Tensor& x, c10::string_view format, i
 }
 
 }  // namespace
+
+// ---- Entry points for C++ callers (declared in fp8_block.h).
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_cast_block(const at::Tensor& x,
+                                                                          const std::string& format,
+                                                                          int64_t block_dim,
+                                                                          bool rowwise,
+                                                                          bool columnwise) {
+  FUSIBLE_DISPATCH(fp8_cast_block, x, format, block_dim, rowwise, columnwise);
+}
+
+// The schemas of the ops this file implements (torch.ops.fusible.<name>).
+TORCH_LIBRARY_FRAGMENT(fusible, m) {
+  // Block-scaled FP8 cast (Float8BlockScaling) as cuBLASLt's block-scaled GEMMs read it: x as
+  // [M, K] in 1x128 (block_dim 1) or 128x128 (2) blocks with power-of-two scales -> (data,
+  // scale_inv [ceil(K/128), M rounded up to 4] or [ceil(M/128), ceil(K/128) rounded up to 4],
+  // data_t [K, M] (columnwise: x^T cast the same way), its scale_inv); parts not asked for [0].
+  define(m,
+         "fp8_cast_block(Tensor x, str format, int block_dim, bool rowwise=True, bool "
+         "columnwise=False) -> (Tensor, Tensor, Tensor, Tensor)");
+}
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) { m.impl("fp8_cast_block", &reference::fp8_cast_block); }
 

@@ -6,6 +6,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 
+#include <optional>
+#include <string>
 #include <tuple>
 
 namespace fusible::kernels {
@@ -34,5 +36,19 @@ Fp8BlockCast fp8_cast_block(const at::Tensor& x, c10::string_view format, int64_
 /// a [M, K] as the FP8 GEMM sees it: data times its block scale_inv (layout above), in fp32.
 at::Tensor dequantize_block(const at::Tensor& data, const at::Tensor& scale_inv, int64_t block_dim);
 }  // namespace reference
+
+}  // namespace fusible::kernels
+
+// ---- Entry points: torch.ops.fusible.<name> for C++ callers, through the dispatcher (the
+// same CPU / CUDA / Meta routing as from Python). Shapes and semantics: the schemas in
+// fp8_block.cpp.
+namespace fusible::kernels {
+
+/// Block-scaled FP8 cast -> (data, scale_inv, data_t, scale_inv_t) (kernels/fp8/fp8_block.h).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_cast_block(const at::Tensor& x,
+                                                                          const std::string& format,
+                                                                          int64_t block_dim,
+                                                                          bool rowwise,
+                                                                          bool columnwise);
 
 }  // namespace fusible::kernels

@@ -10,6 +10,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/fp8/fp8_block.h"
 #include "kernels/linear/linear.h"
+#include "kernels/op_schema.h"
 
 namespace fusible::kernels {
 
@@ -148,6 +149,33 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
 }
 
 }  // namespace reference
+
+// ---- Entry points for C++ callers (declared in fp8_gemm.h).
+
+std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tensor& a_scale_inv,
+                                            const at::Tensor& b, const at::Tensor& b_scale_inv,
+                                            at::ScalarType out_dtype,
+                                            const std::optional<at::Tensor>& bias,
+                                            const std::optional<at::Tensor>& other, double alpha,
+                                            const std::string& act, bool save_pre, bool fast_accum,
+                                            int64_t a_block, int64_t b_block) {
+  FUSIBLE_DISPATCH(fp8_gemm, a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, alpha, act,
+                   save_pre, fast_accum, a_block, b_block);
+}
+
+// The schemas of the ops this file implements (torch.ops.fusible.<name>).
+TORCH_LIBRARY_FRAGMENT(fusible, m) {
+  // d = act(alpha * (a * a_scale_inv) @ (b * b_scale_inv)^T + bias + other) in out_dtype: a
+  // [..., K] and b [N, K] FP8 (not both e5m2), fp32 accumulation (fast_accum: cuBLASLt's faster,
+  // less exact one). act 'none', 'gelu' (tanh) or 'relu' (then no other). -> (d, the
+  // pre-activation when save_pre, else empty).
+  define(
+      m,
+      "fp8_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, ScalarType out_dtype, "
+      "Tensor? bias=None, Tensor? other=None, float alpha=1.0, str act='none', bool "
+      "save_pre=False, "
+      "bool fast_accum=False, int a_block=0, int b_block=0) -> (Tensor, Tensor)");
+}
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) { m.impl("fp8_gemm", &reference::fp8_gemm); }
 

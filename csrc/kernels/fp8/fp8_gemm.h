@@ -8,6 +8,7 @@
 #include <c10/util/string_view.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace fusible::kernels {
@@ -35,5 +36,21 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
                                             c10::string_view act, bool save_pre, bool fast_accum,
                                             int64_t a_block, int64_t b_block);
 }  // namespace reference
+
+}  // namespace fusible::kernels
+
+// ---- Entry points: torch.ops.fusible.<name> for C++ callers, through the dispatcher (the
+// same CPU / CUDA / Meta routing as from Python). Shapes and semantics: the schemas in
+// fp8_gemm.cpp.
+namespace fusible::kernels {
+
+/// act(alpha * deq(a) @ deq(b)^T + bias + other) in out_dtype -> (d, pre-activation or empty).
+std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tensor& a_scale_inv,
+                                            const at::Tensor& b, const at::Tensor& b_scale_inv,
+                                            at::ScalarType out_dtype,
+                                            const std::optional<at::Tensor>& bias,
+                                            const std::optional<at::Tensor>& other, double alpha,
+                                            const std::string& act, bool save_pre, bool fast_accum,
+                                            int64_t a_block = 0, int64_t b_block = 0);
 
 }  // namespace fusible::kernels

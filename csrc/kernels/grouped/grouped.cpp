@@ -14,6 +14,7 @@
 
 #include "common/checks.h"
 #include "kernels/common/compute_dtype.h"
+#include "kernels/op_schema.h"
 
 namespace fusible::kernels {
 
@@ -235,6 +236,51 @@ std::tuple<at::Tensor, at::Tensor> grouped_bias_bwd_meta(const at::Tensor& dy,
 }
 
 }  // namespace
+
+// ---- Entry points for C++ callers (declared in grouped.h).
+
+at::Tensor grouped_linear_fwd(const at::Tensor& x, const at::Tensor& weight,
+                              const at::Tensor& split_sizes, const std::optional<at::Tensor>& bias,
+                              const std::optional<at::Tensor>& scales) {
+  FUSIBLE_DISPATCH(grouped_linear_fwd, x, weight, split_sizes, bias, scales);
+}
+at::Tensor grouped_linear_dgrad(const at::Tensor& dy, const at::Tensor& weight,
+                                const at::Tensor& split_sizes) {
+  FUSIBLE_DISPATCH(grouped_linear_dgrad, dy, weight, split_sizes);
+}
+at::Tensor grouped_linear_wgrad(const at::Tensor& dy, const at::Tensor& x,
+                                const at::Tensor& split_sizes) {
+  FUSIBLE_DISPATCH(grouped_linear_wgrad, dy, x, split_sizes);
+}
+std::tuple<at::Tensor, at::Tensor> grouped_bias_bwd(const at::Tensor& dy,
+                                                    const at::Tensor& split_sizes,
+                                                    const std::optional<at::Tensor>& scales,
+                                                    const std::optional<at::Tensor>& bias) {
+  FUSIBLE_DISPATCH(grouped_bias_bwd, dy, split_sizes, scales, bias);
+}
+
+// The schemas of the ops this file implements (torch.ops.fusible.<name>).
+TORCH_LIBRARY_FRAGMENT(fusible, m) {
+  // GroupedLinear's grouped GEMMs: the rows of x [T, K] split into G consecutive groups by
+  // split_sizes (int32 / int64 [G] on x's device; non-negative, summing to T: checked on the host
+  // on CPU, by a device-side assert on CUDA, where the split never reaches the host).
+  // y_g = x_g W_g^T + b_g (times the row's scale when scales [T] is given). weight: [G, N, K],
+  // bias: [G, N] -> [T, N].
+  define(
+      m,
+      "grouped_linear_fwd(Tensor x, Tensor weight, Tensor split_sizes, Tensor? bias=None, Tensor? "
+      "scales=None) -> Tensor");
+  // dx_g = dy_g W_g. dy: [T, N], weight: [G, N, K] -> [T, K].
+  define(m, "grouped_linear_dgrad(Tensor dy, Tensor weight, Tensor split_sizes) -> Tensor");
+  // dW_g = dy_g^T x_g (zeros for an empty group). dy: [T, N], x: [T, K] -> [G, N, K].
+  define(m, "grouped_linear_wgrad(Tensor dy, Tensor x, Tensor split_sizes) -> Tensor");
+  // -> (dbias [G, N]: dy summed over each group's rows, times the scales when given; dscales [T]:
+  // dy_r . b_g in the scales' dtype when bias is given, else [0]).
+  define(
+      m,
+      "grouped_bias_bwd(Tensor dy, Tensor split_sizes, Tensor? scales=None, Tensor? bias=None) -> "
+      "(Tensor, Tensor)");
+}
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {
   m.impl("grouped_linear_fwd", &grouped_linear_fwd_cpu);

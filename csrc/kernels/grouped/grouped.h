@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
+#include <tuple>
 
 namespace fusible::kernels {
 
@@ -29,5 +31,27 @@ void check_grouped_wgrad(const char* op, const at::Tensor& dy, const at::Tensor&
 void check_grouped_bias_bwd(const char* op, const at::Tensor& dy, const at::Tensor& split_sizes,
                             const std::optional<at::Tensor>& scales,
                             const std::optional<at::Tensor>& bias);
+
+}  // namespace fusible::kernels
+
+// ---- Entry points: torch.ops.fusible.<name> for C++ callers, through the dispatcher (the
+// same CPU / CUDA / Meta routing as from Python). Shapes and semantics: the schemas in
+// grouped.cpp.
+namespace fusible::kernels {
+
+/// GroupedLinear's grouped GEMMs (library.cpp): x [T, K] split by split_sizes [G] (on x's device).
+at::Tensor grouped_linear_fwd(const at::Tensor& x, const at::Tensor& weight,
+                              const at::Tensor& split_sizes, const std::optional<at::Tensor>& bias,
+                              const std::optional<at::Tensor>& scales);
+at::Tensor grouped_linear_dgrad(const at::Tensor& dy, const at::Tensor& weight,
+                                const at::Tensor& split_sizes);
+/// -> [G, N, K].
+at::Tensor grouped_linear_wgrad(const at::Tensor& dy, const at::Tensor& x,
+                                const at::Tensor& split_sizes);
+/// -> (dbias [G, N], dscales [T] when bias is given, else [0]).
+std::tuple<at::Tensor, at::Tensor> grouped_bias_bwd(const at::Tensor& dy,
+                                                    const at::Tensor& split_sizes,
+                                                    const std::optional<at::Tensor>& scales,
+                                                    const std::optional<at::Tensor>& bias);
 
 }  // namespace fusible::kernels

@@ -12,6 +12,7 @@
 #include "common/checks.h"
 #include "kernels/common/compute_dtype.h"
 #include "kernels/dispatch.h"
+#include "kernels/op_schema.h"
 
 namespace fusible::kernels {
 namespace reference {
@@ -172,6 +173,77 @@ std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias(const at::Tensor& dy,
 }
 
 }  // namespace reference
+
+// ---- Entry points for C++ callers (declared in linear.h).
+
+at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias) {
+  FUSIBLE_DISPATCH(linear_fwd, x, weight, bias);
+}
+at::Tensor linear_dgrad(const at::Tensor& dy, const at::Tensor& weight, double alpha) {
+  FUSIBLE_DISPATCH(linear_dgrad, dy, weight, alpha);
+}
+at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x, double alpha) {
+  FUSIBLE_DISPATCH(linear_wgrad, dy, x, alpha);
+}
+std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,
+                                                       const at::Tensor& weight,
+                                                       const std::optional<at::Tensor>& bias,
+                                                       const std::string& act) {
+  FUSIBLE_DISPATCH(linear_bias_act_fwd, x, weight, bias, act);
+}
+at::Tensor linear_bias_act(const at::Tensor& x, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, const std::string& act) {
+  FUSIBLE_DISPATCH(linear_bias_act, x, weight, bias, act);
+}
+at::Tensor linear_add(const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias, const at::Tensor& other,
+                      double alpha) {
+  FUSIBLE_DISPATCH(linear_add, x, weight, bias, other, alpha);
+}
+void linear_add_(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                 const std::optional<at::Tensor>& bias, double alpha) {
+  FUSIBLE_DISPATCH(linear_add_, out, x, weight, bias, alpha);
+}
+at::Tensor linear_dgrad_add(const at::Tensor& dy, const at::Tensor& weight, const at::Tensor& other,
+                            double alpha) {
+  FUSIBLE_DISPATCH(linear_dgrad_add, dy, weight, other, alpha);
+}
+std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias(const at::Tensor& dy,
+                                                         const at::Tensor& weight,
+                                                         const at::Tensor& pre,
+                                                         const std::string& act) {
+  FUSIBLE_DISPATCH(linear_dgrad_act_bias, dy, weight, pre, act);
+}
+
+// The schemas of the ops this file implements (torch.ops.fusible.<name>).
+TORCH_LIBRARY_FRAGMENT(fusible, m) {
+  // y = x W^T (+ bias). x: [..., K], weight: [N, K], bias: [N] -> [..., N].
+  define(m, "linear_fwd(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  // dx = alpha * dy W. dy: [..., N], weight: [N, K] -> [..., K].
+  define(m, "linear_dgrad(Tensor dy, Tensor weight, float alpha=1.0) -> Tensor");
+  // dW = alpha * dy^T x over all leading dims. dy: [..., N], x: [..., K] -> [N, K].
+  define(m, "linear_wgrad(Tensor dy, Tensor x, float alpha=1.0) -> Tensor");
+  // GEMMs with fused epilogues (ForwardLinear*/BackwardLinear* fused ops):
+  // (y, pre) with pre = x W^T + bias and y = act(pre); act in {gelu (tanh), relu}.
+  define(m,
+         "linear_bias_act_fwd(Tensor x, Tensor weight, Tensor? bias, str act) -> (Tensor, Tensor)");
+  // relu(x W^T + bias) (ReLU's backward reads its output, so no pre-activation is kept).
+  define(m, "linear_bias_act(Tensor x, Tensor weight, Tensor? bias, str act) -> Tensor");
+  // alpha * x W^T + bias + other, into a new tensor (other: the output's shape and dtype).
+  define(m,
+         "linear_add(Tensor x, Tensor weight, Tensor? bias, Tensor other, float alpha) -> Tensor");
+  // out += alpha * x W^T + bias, in place.
+  define(m,
+         "linear_add_(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, float alpha) -> ()");
+  // alpha * dy W + other, into a new tensor (other: dx's shape and dtype).
+  define(m, "linear_dgrad_add(Tensor dy, Tensor weight, Tensor other, float alpha) -> Tensor");
+  // The dgrad of the linear after a bias + activation, with the activation's backward and the
+  // bias gradient in its epilogue: dz = dy W, -> (dpre = act'(pre) * dz, dbias = sum of dpre).
+  define(
+      m,
+      "linear_dgrad_act_bias(Tensor dy, Tensor weight, Tensor pre, str act) -> (Tensor, Tensor)");
+}
 
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("linear_fwd", &reference::linear_fwd);

@@ -7,6 +7,7 @@
 #include <c10/util/string_view.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace fusible::kernels::reference {
@@ -46,3 +47,42 @@ void check_other(const char* op, const char* name, const at::Tensor& other,
                  const at::Tensor& result);
 
 }  // namespace fusible::kernels::reference
+
+// ---- Entry points: torch.ops.fusible.<name> for C++ callers, through the dispatcher (the
+// same CPU / CUDA / Meta routing as from Python). Shapes and semantics: the schemas in
+// linear.cpp.
+namespace fusible::kernels {
+
+/// y = x W^T (+ bias). x: [..., K], weight: [N, K] -> [..., N].
+at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias);
+/// dx = alpha * dy W. dy: [..., N] -> [..., K].
+at::Tensor linear_dgrad(const at::Tensor& dy, const at::Tensor& weight, double alpha = 1.0);
+/// dW = alpha * dy^T x. -> [N, K].
+at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x, double alpha = 1.0);
+/// GEMMs with fused epilogues; act in {gelu, relu}.
+/// -> (act(pre), pre) with pre = x W^T + bias.
+std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,
+                                                       const at::Tensor& weight,
+                                                       const std::optional<at::Tensor>& bias,
+                                                       const std::string& act);
+/// act(x W^T + bias) alone, pre not kept: for ReLU (whose backward needs only the output) and
+/// for forwards that need no backward.
+at::Tensor linear_bias_act(const at::Tensor& x, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, const std::string& act);
+/// alpha * x W^T + bias + other (a new tensor).
+at::Tensor linear_add(const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias, const at::Tensor& other, double alpha);
+/// out += alpha * x W^T + bias.
+void linear_add_(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                 const std::optional<at::Tensor>& bias, double alpha);
+/// alpha * dy W + other (a new tensor).
+at::Tensor linear_dgrad_add(const at::Tensor& dy, const at::Tensor& weight, const at::Tensor& other,
+                            double alpha);
+/// -> (act'(pre) * (dy W), its sum over leading dims).
+std::tuple<at::Tensor, at::Tensor> linear_dgrad_act_bias(const at::Tensor& dy,
+                                                         const at::Tensor& weight,
+                                                         const at::Tensor& pre,
+                                                         const std::string& act);
+
+}  // namespace fusible::kernels

@@ -9,6 +9,7 @@
 #include "common/checks.h"
 #include "kernels/common/compute_dtype.h"
 #include "kernels/dispatch.h"
+#include "kernels/op_schema.h"
 
 namespace fusible::kernels {
 namespace reference {
@@ -161,6 +162,82 @@ at::Tensor l2norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
 }  // namespace
 
 }  // namespace reference
+
+// ---- Entry points for C++ callers (declared in norm.h).
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor& dy, const at::Tensor& x,
+                                                   const at::Tensor& rstd, const at::Tensor& weight,
+                                                   bool zero_centered_gamma,
+                                                   const at::Tensor& dextra) {
+  FUSIBLE_DISPATCH(rmsnorm_bwd_add, dy, x, rstd, weight, zero_centered_gamma, dextra);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra) {
+  FUSIBLE_DISPATCH(layernorm_bwd_add, dy, x, mean, rstd, weight, zero_centered_gamma, dextra);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd(const at::Tensor& x,
+                                                             const at::Tensor& weight,
+                                                             const at::Tensor& bias, double eps,
+                                                             bool zero_centered_gamma) {
+  FUSIBLE_DISPATCH(layernorm_fwd, x, weight, bias, eps, zero_centered_gamma);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma) {
+  FUSIBLE_DISPATCH(layernorm_bwd, dy, x, mean, rstd, weight, zero_centered_gamma);
+}
+std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                               double eps, bool zero_centered_gamma) {
+  FUSIBLE_DISPATCH(rmsnorm_fwd, x, weight, eps, zero_centered_gamma);
+}
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                               const at::Tensor& rstd, const at::Tensor& weight,
+                                               bool zero_centered_gamma) {
+  FUSIBLE_DISPATCH(rmsnorm_bwd, dy, x, rstd, weight, zero_centered_gamma);
+}
+std::tuple<at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x, double eps) {
+  FUSIBLE_DISPATCH(l2norm_fwd, x, eps);
+}
+at::Tensor l2norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd) {
+  FUSIBLE_DISPATCH(l2norm_bwd, dy, x, rstd);
+}
+
+// The schemas of the ops this file implements (torch.ops.fusible.<name>).
+TORCH_LIBRARY_FRAGMENT(fusible, m) {
+  // RMSNorm backward plus the residual's gradient: -> (rmsnorm dx + dextra, dweight).
+  define(
+      m,
+      "rmsnorm_bwd_add(Tensor dy, Tensor x, Tensor rstd, Tensor weight, bool zero_centered_gamma, "
+      "Tensor dextra) -> (Tensor, Tensor)");
+  // LayerNorm backward plus the residual's gradient: -> (layernorm dx + dextra, dweight, dbias).
+  define(m,
+         "layernorm_bwd_add(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor weight, bool "
+         "zero_centered_gamma, Tensor dextra) -> (Tensor, Tensor, Tensor)");
+  // LayerNorm over the trailing weight.shape dims -> (y, mean, rstd), stats over x's leading dims,
+  // stats in fp32/fp64.
+  define(
+      m,
+      "layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, bool zero_centered_gamma) -> "
+      "(Tensor, Tensor, Tensor)");
+  // LayerNorm backward from the saved stats -> (dx, dweight, dbias).
+  define(m,
+         "layernorm_bwd(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor weight, bool "
+         "zero_centered_gamma) -> (Tensor, Tensor, Tensor)");
+  // RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w -> (y, rstd over x's leading dims).
+  define(m,
+         "rmsnorm_fwd(Tensor x, Tensor weight, float eps, bool zero_centered_gamma) -> (Tensor, "
+         "Tensor)");
+  // RMSNorm backward -> (dx, dweight).
+  define(
+      m,
+      "rmsnorm_bwd(Tensor dy, Tensor x, Tensor rstd, Tensor weight, bool zero_centered_gamma) -> "
+      "(Tensor, Tensor)");
+  // L2 normalization over the last dim: y = x * rsqrt(sum(x^2) + eps) -> (y, rstd [...]).
+  define(m, "l2norm_fwd(Tensor x, float eps) -> (Tensor, Tensor)");
+  // L2 normalization backward -> dx.
+  define(m, "l2norm_bwd(Tensor dy, Tensor x, Tensor rstd) -> Tensor");
+}
 
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("layernorm_fwd", &reference::layernorm_fwd);

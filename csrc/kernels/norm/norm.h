@@ -4,6 +4,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -40,3 +42,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add(
     const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra);
 
 }  // namespace fusible::kernels::reference
+
+// ---- Entry points: torch.ops.fusible.<name> for C++ callers, through the dispatcher (the
+// same CPU / CUDA / Meta routing as from Python). Shapes and semantics: the schemas in
+// norm.cpp.
+namespace fusible::kernels {
+
+/// -> (rmsnorm_bwd's dx + dextra, dweight).
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor& dy, const at::Tensor& x,
+                                                   const at::Tensor& rstd, const at::Tensor& weight,
+                                                   bool zero_centered_gamma,
+                                                   const at::Tensor& dextra);
+/// -> (layernorm_bwd's dx + dextra, dweight, dbias).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra);
+/// -> (y, mean, rstd), stats over x's leading dims.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd(const at::Tensor& x,
+                                                             const at::Tensor& weight,
+                                                             const at::Tensor& bias, double eps,
+                                                             bool zero_centered_gamma);
+/// -> (dx, dweight, dbias).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, bool zero_centered_gamma);
+/// -> (y, rstd over x's leading dims).
+std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                               double eps, bool zero_centered_gamma);
+/// -> (dx, dweight).
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                               const at::Tensor& rstd, const at::Tensor& weight,
+                                               bool zero_centered_gamma);
+/// -> (y, rstd [...]).
+std::tuple<at::Tensor, at::Tensor> l2norm_fwd(const at::Tensor& x, double eps);
+at::Tensor l2norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd);
+
+}  // namespace fusible::kernels
