@@ -17,7 +17,7 @@ using namespace fusible::ops;
 namespace {
 
 // Wraps a Python fusion function for the C++ registry: f(C++ ops, *, recipe) -> [(C++ op, the
-// Python object it came from)] (fusible/ops/_fusions.py translates to and from the user's
+// Python object it came from)] (fusible/ops/fusion_registry.py translates to and from the user's
 // objects).
 FusionFunction python_fusion(py::function f) {
   auto fn = std::make_shared<py::function>(std::move(f));

@@ -75,7 +75,7 @@ at::Tensor call_python_forward(const py::object& self, bool fuser_level,
                                const std::string& name) {
   const AutogradKeysOn with_autograd;  // the fuser runs below autograd; user code does not
   // Through the Python base classes' _call_op_forward / _call_fuser_forward: they add te.ops'
-  // keywords and the call's op_kwargs (fusible/ops/_base.py).
+  // keywords and the call's op_kwargs (fusible/ops/_call.py).
   if (!fuser_level) {
     auto r = self.attr("_call_op_forward")(context_object(ctxs[0]), input);
     return tensor_or_undefined(r, name + ".op_forward");

@@ -1,4 +1,4 @@
-"""FP8 entry points: `autocast`, `quantized_model_init`, `fp8_available` (API.md "Quantization").
+"""FP8 entry points: `autocast`, `quantized_model_init`, `fp8_available`.
 
 The autocast state lives in C++, per thread (an op fixes the recipe at its forward; its backward
 uses that one, wherever it runs). Under an enabled autocast, BasicLinear's GEMMs (and every fusion
