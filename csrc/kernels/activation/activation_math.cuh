@@ -16,15 +16,9 @@ __device__ __forceinline__ A exp_(A x) {
     return exp(x);
   }
 }
-// kApprox: the SFU's tanh (relative error below 2^-10.9), for bf16 data, whose rounding (2^-9)
-// hides it; tanhf's software sequence makes the GELU backward compute-bound on Hopper.
-template <typename A, bool kApprox = false>
+template <typename A>
 __device__ __forceinline__ A tanh_(A x) {
-  if constexpr (std::is_same_v<A, float> && kApprox) {
-    float y;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-  } else if constexpr (std::is_same_v<A, float>) {
+  if constexpr (std::is_same_v<A, float>) {
     return tanhf(x);
   } else {
     return tanh(x);
@@ -33,6 +27,15 @@ __device__ __forceinline__ A tanh_(A x) {
 template <typename A>
 __device__ __forceinline__ A sigmoid(A x) {
   return A(1) / (A(1) + exp_(-x));
+}
+// kApprox: the SFU's exp and a fast division (relative error near 2^-21), for bf16 data.
+template <typename A, bool kApprox = false>
+__device__ __forceinline__ A sigmoid_(A x) {
+  if constexpr (std::is_same_v<A, float> && kApprox) {
+    return __fdividef(1.0f, 1.0f + __expf(-x));
+  } else {
+    return sigmoid(x);
+  }
 }
 
 template <typename A>
@@ -58,9 +61,11 @@ template <typename A, bool kApprox = false>
 __device__ __forceinline__ A act_derivative(ActKind k, A x) {
   switch (k) {
     case ActKind::kGelu: {
-      const A t = tanh_<A, kApprox>(A(kGeluC) * (x + A(kGeluA) * x * x * x));
-      return A(0.5) * (A(1) + t) +
-             A(0.5) * x * (A(1) - t * t) * A(kGeluC) * (A(1) + A(3 * kGeluA) * x * x);
+      // With s = sigmoid(2u) = (1 + tanh(u)) / 2: no cancellation where tanh(u) nears -1, the
+      // tail where the derivative is small and 1 + tanh(u) would lose its relative accuracy.
+      const A u = A(kGeluC) * (x + A(kGeluA) * x * x * x);
+      const A s = sigmoid_<A, kApprox>(A(2) * u);
+      return s + A(2) * x * s * (A(1) - s) * A(kGeluC) * (A(1) + A(3 * kGeluA) * x * x);
     }
     case ActKind::kQGelu: {
       const A s = sigmoid(A(kQGeluAlpha) * x);
