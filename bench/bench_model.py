@@ -1,0 +1,208 @@
+"""GPT training-step benchmark (examples/python/gpt.py, Llama style): ms per step (forward, backward
+and AdamW step), tokens/s and peak memory, side by side in one run for the same model and data:
+
+    eager           the model on torch.nn modules (examples/python/torch_ops.py), bf16 autocast
+    compile         torch.compile(fullgraph=True) of that model's loss
+    fusible         the model on fusible ops, bf16 autocast
+    fusible_compile torch.compile(fullgraph=True) of the fusible model's loss
+    fp8_<recipe>    fusible under fusible.autocast with Float8CurrentScaling / DelayedScaling /
+                    Float8BlockScaling (and bf16 autocast for everything else)
+
+Parameters are fp32 (AdamW fused); every variant starts from the same seed. Timing: CUDA events
+per step after warm-up, median of --reps. Memory: torch.cuda.max_memory_allocated over one
+steady-state step (parameters, optimizer state and activations). Batches come from the token files
+of gpt_data.py when --data-dir has them, else uniform random tokens (the time does not depend on
+the values). Writes model.json and merges its rows into latest.json in $BENCH_OUT (default
+build/bench).
+
+usage: python bench/bench_model.py [--sizes gpt_small,gpt_medium] [--reps N] [--variants ...]
+"""
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import pathlib
+import sys
+import time
+
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples" / "python"))
+import gpt  # noqa: E402
+import gpt_data  # noqa: E402
+import train_gpt  # noqa: E402
+from bench_mlp import median_ms  # noqa: E402
+
+VARIANTS = (
+    "eager",
+    "compile",
+    "fusible",
+    "fusible_compile",
+    "fp8_current",
+    "fp8_delayed",
+    "fp8_block",
+)
+# Batches that fill most of the H200's memory in eager bf16.
+BATCH = {"gpt_small": 64, "gpt_medium": 16}
+
+
+def settings(variant):
+    """(impl, compile, fp8) of a variant."""
+    if variant.startswith("fp8_"):
+        return "fusible", False, variant[4:]
+    return (
+        "eager" if variant in ("eager", "compile") else "fusible",
+        variant.endswith("compile"),
+        "none",
+    )
+
+
+def batches(config, batch, data_dir, count):
+    """`count` (tokens, targets) batches on the GPU, the same for every variant."""
+    if data_dir and (pathlib.Path(data_dir) / "train.bin").exists():
+        loader = gpt_data.loader(data_dir, "train", config.seq_len, batch, seed=0, steps=count)
+        return [(t.cuda(), y.cuda()) for t, y in loader]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    out = []
+    for _ in range(count):
+        w = torch.randint(
+            config.vocab_size, (batch, config.seq_len + 1), device="cuda", generator=g
+        )
+        out.append((w[:, :-1], w[:, 1:]))
+    return out
+
+
+def measure(size, variant, batch, data, reps, warmup):
+    impl, compiled, fp8 = settings(variant)
+    args = train_gpt.defaults(
+        train_gpt.parse_args(
+            [
+                "--config",
+                size,
+                "--impl",
+                impl,
+                "--fp8",
+                fp8,
+                "--batch-size",
+                str(batch),
+                "--device",
+                "cuda",
+                "--precision",
+                "bf16",
+                "--no-progress",
+            ]
+        )
+    )
+    config = dataclasses.replace(gpt.CONFIGS[size], style="llama")
+    torch.manual_seed(0)
+    model = train_gpt.build_model(config, impl, "cuda")
+    optimizer = train_gpt.make_optimizer(model, args)
+    loss_fn = torch.compile(model.loss, fullgraph=True) if compiled else model.loss
+    i = 0
+
+    def step():
+        nonlocal i
+        tokens, targets = data[i % len(data)]
+        i += 1
+        with train_gpt.precision_context(args):
+            loss = loss_fn(tokens, targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    try:
+        ms = median_ms(step, reps, warmup=warmup)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        mib = torch.cuda.max_memory_allocated() / 2**20
+        result = {"step_ms": ms, "tokens_per_s": batch * config.seq_len / ms * 1e3, "mem_mib": mib}
+    except torch.OutOfMemoryError:
+        result = {"step_ms": None, "tokens_per_s": None, "mem_mib": None, "oom": True}
+    result["parameters"] = gpt.parameter_count(model)
+    return result
+
+
+def release():
+    """Frees the last variant's model, optimizer state and compiled graphs."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch._dynamo.reset()
+
+
+def latest_rows(results):
+    """The issue's rows: eager / compile columns are bf16; fusible is the row's variant."""
+    rows = []
+
+    def row(size, name, key, variant, unit):
+        r = results[size]
+        rows.append(
+            {
+                "workload": f"{size}_{name}",
+                "unit": unit,
+                "fusible": r[variant][key],
+                "eager": r["eager"][key],
+                "compile": r["compile"][key],
+                **{v: r[v][key] for v in VARIANTS if v in r and v not in ("eager", "compile")},
+            }
+        )
+
+    for size in results:
+        row(size, "bf16_step_ms", "step_ms", "fusible", "ms")
+        row(size, "bf16_mem_mib", "mem_mib", "fusible", "MiB")
+        for recipe in ("current", "delayed", "block"):
+            if f"fp8_{recipe}" in results[size]:
+                row(size, f"fp8_{recipe}_step_ms", "step_ms", f"fp8_{recipe}", "ms")
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="gpt_small,gpt_medium", help="model sizes (gpt.CONFIGS)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="which variants to run")
+    p.add_argument("--reps", type=int, default=10, help="timed steps per variant")
+    p.add_argument("--warmup", type=int, default=4, help="untimed steps first (compiles)")
+    p.add_argument("--data-dir", default="", help="gpt_data.py token files (else random tokens)")
+    args = p.parse_args()
+    out_dir = pathlib.Path(os.environ.get("BENCH_OUT", "build/bench"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for size in args.sizes.split(","):
+        config = gpt.CONFIGS[size]
+        data = batches(config, BATCH[size], args.data_dir, 4)
+        results[size] = {}
+        for variant in args.variants.split(","):
+            start = time.perf_counter()
+            r = measure(size, variant, BATCH[size], data, args.reps, args.warmup)
+            release()
+            results[size][variant] = r
+            print(f"{size} {variant}: {r} ({time.perf_counter() - start:.0f} s)", flush=True)
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "batch": BATCH,
+    }
+    (out_dir / "model.json").write_text(json.dumps({**meta, "results": results}, indent=1))
+    latest_path = out_dir / "latest.json"
+    latest = json.loads(latest_path.read_text()) if latest_path.exists() else {**meta, "rows": []}
+    new = latest_rows(results)
+    names = {r["workload"] for r in new}
+    latest["rows"] = [r for r in latest["rows"] if r["workload"] not in names] + new
+    latest_path.write_text(json.dumps(latest, indent=1))
+    print(f"GPT training step on {meta['gpu']} (median ms; x: eager / this)")
+    for size, by_variant in results.items():
+        eager = by_variant.get("eager", {}).get("step_ms")
+        for variant, r in by_variant.items():
+            ms = r["step_ms"]
+            ratio = f"{eager / ms:.2f}x" if ms and eager else "-"
+            mem = f"{r['mem_mib']:.0f} MiB" if r["mem_mib"] else "OOM"
+            print(f"  {size:10s} {variant:16s} {ms or 0:9.2f} ms  {ratio:>6s}  {mem}")
+
+
+if __name__ == "__main__":
+    main()

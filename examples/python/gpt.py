@@ -1,0 +1,189 @@
+"""A decoder-only transformer whose norms, linears, activations and residual adds are fusible ops.
+
+Two styles: "llama" (RMSNorm, no biases, SwiGLU, rotary positions) and "gpt2" (LayerNorm, biases,
+tanh GELU, learned positions). Each layer is three fuser groups with attention between them:
+
+    qkv = attn_in(x)          # Sequential(norm, Linear(d, 3d))
+    a   = attention(qkv)      # torch's scaled_dot_product_attention, causal (flash on the GPU)
+    x   = attn_out(a, x)      # Sequential(Linear(d, d), AddExtraInput): + the residual x
+    x   = mlp(x, x)           # Sequential(norm, Linear, activation, Linear, AddExtraInput)
+
+The model takes its op library as an argument and uses only names and keywords that
+TransformerEngine's te.ops has, so `GPT(config, ops=transformer_engine.pytorch.ops)` builds the
+same model on te.ops, and `GPT(config, ops=torch_ops)` (torch_ops.py) on plain torch.nn modules.
+"""
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 8192
+    seq_len: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 256
+    style: str = "llama"  # "llama" or "gpt2"
+    d_ff: int = 0  # 0: 4 d_model (gpt2), or 8/3 d_model rounded up to 64 (llama, SwiGLU)
+    eps: float = 1e-5
+    rope_base: float = 10000.0
+
+    @property
+    def ffn(self):
+        if self.d_ff:
+            return self.d_ff
+        if self.style == "gpt2":
+            return 4 * self.d_model
+        return -(-8 * self.d_model // 3 // 64) * 64
+
+
+# Sizes named by the benchmark and the training script (vocab: the BPE's of gpt_data.py).
+CONFIGS = {
+    "tiny": GPTConfig(vocab_size=512, seq_len=64, n_layer=2, n_head=2, d_model=64),
+    "small": GPTConfig(vocab_size=16384, seq_len=256, n_layer=6, n_head=6, d_model=384),
+    "gpt_small": GPTConfig(vocab_size=16384, seq_len=1024, n_layer=12, n_head=12, d_model=768),
+    "gpt_medium": GPTConfig(vocab_size=16384, seq_len=2048, n_layer=20, n_head=16, d_model=2048),
+}
+
+
+def _norm(ops, config, device, dtype):
+    norm = ops.RMSNorm if config.style == "llama" else ops.LayerNorm
+    return norm(config.d_model, eps=config.eps, device=device, dtype=dtype)
+
+
+class Attention(torch.nn.Module):
+    """Causal self-attention over a packed [batch, seq, 3 d] projection; rotary positions for the
+    llama style. Not a fusible op: it runs between fuser groups."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.rotary = config.n_head, config.style == "llama"
+        self.head_dim, self.rope_base, self.seq_len = (
+            config.d_model // config.n_head,
+            config.rope_base,
+            config.seq_len,
+        )
+        # Not saved (recomputed on any device, identical everywhere); reset_buffers() fills them.
+        self.register_buffer("cos", torch.empty(self.seq_len, self.head_dim // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(self.seq_len, self.head_dim // 2), persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self):
+        """The rotary tables, on the buffers' device (after to_empty(), say)."""
+        if self.cos.is_meta:
+            return
+        half = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=self.cos.device)
+        inv_freq = self.rope_base ** (-half / self.head_dim)
+        positions = torch.arange(self.seq_len, dtype=torch.float64, device=self.cos.device)
+        angles = torch.outer(positions, inv_freq)
+        with torch.no_grad():
+            self.cos.copy_(angles.cos())
+            self.sin.copy_(angles.sin())
+
+    def _rotate(self, t):
+        seq = t.shape[-2]
+        cos, sin = self.cos[:seq].to(t.dtype), self.sin[:seq].to(t.dtype)
+        even, odd = t[..., 0::2], t[..., 1::2]
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), -1).flatten(-2)
+
+    def forward(self, qkv):
+        batch, seq, _ = qkv.shape
+        q, k, v = qkv.view(batch, seq, 3, self.n_head, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.rotary:
+            q, k = self._rotate(q), self._rotate(k)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return a.transpose(1, 2).reshape(batch, seq, -1)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, config, ops, device, dtype):
+        super().__init__()
+        d, bias = config.d_model, config.style == "gpt2"
+        kw = dict(device=device, dtype=dtype)
+        self.attn_in = ops.Sequential(
+            _norm(ops, config, device, dtype), ops.Linear(d, 3 * d, bias=bias, **kw)
+        )
+        self.attention = Attention(config)
+        self.attn_out = ops.Sequential(ops.Linear(d, d, bias=bias, **kw), ops.AddExtraInput())
+        if config.style == "llama":
+            up, act = ops.Linear(d, 2 * config.ffn, bias=False, **kw), ops.SwiGLU()
+        else:
+            up, act = ops.Linear(d, config.ffn, bias=True, **kw), ops.GELU()
+        self.mlp = ops.Sequential(
+            _norm(ops, config, device, dtype),
+            up,
+            act,
+            ops.Linear(config.ffn, d, bias=bias, **kw),
+            ops.AddExtraInput(),
+        )
+
+    def forward(self, x):
+        x = self.attn_out(self.attention(self.attn_in(x)), x)
+        return self.mlp(x, x)
+
+
+class GPT(torch.nn.Module):
+    """tokens [batch, seq] -> logits [batch, seq, vocab]."""
+
+    def __init__(self, config, ops, device=None, dtype=None):
+        super().__init__()
+        self.config = config
+        kw = dict(device=device, dtype=dtype)
+        self.embed = torch.nn.Embedding(config.vocab_size, config.d_model, **kw)
+        self.positions = (
+            torch.nn.Embedding(config.seq_len, config.d_model, **kw)
+            if config.style == "gpt2"
+            else None
+        )
+        self.blocks = torch.nn.ModuleList(
+            Block(config, ops, device, dtype) for _ in range(config.n_layer)
+        )
+        self.head = ops.Sequential(
+            _norm(ops, config, device, dtype),
+            ops.Linear(config.d_model, config.vocab_size, bias=False, **kw),
+        )
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        if self.positions is not None:
+            x = x + self.positions.weight[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def reset_parameters(self):
+        """GPT-2's initialization: normal(0, 0.02) for embeddings and linear weights (the
+        projections into the residual stream scaled by 1/sqrt(2 n_layer)), zero biases, unit norm
+        scales; and the rotary tables. Call it after materializing a model built on `meta`."""
+        std = 0.02
+        residual_std = std / math.sqrt(2 * self.config.n_layer)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if p.dim() == 1:
+                    p.fill_(1.0 if _is_norm_weight(self, name) else 0.0)
+                else:
+                    p.normal_(0.0, residual_std if _is_output_projection(name) else std)
+        for block in self.blocks:
+            block.attention.reset_buffers()
+
+    def loss(self, tokens, targets):
+        logits = self(tokens)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def _is_norm_weight(model, name):
+    module = model.get_submodule(name.rsplit(".", 1)[0])
+    return "norm" in type(module).__name__.lower() and name.endswith("weight")
+
+
+def _is_output_projection(name):
+    # attn_out.0 (attention's output linear) and the MLP's down projection (mlp.3).
+    return ".attn_out.0." in name or ".mlp.3." in name
+
+
+def parameter_count(model):
+    return sum(p.numel() for p in model.parameters())
