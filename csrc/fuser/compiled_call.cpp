@@ -4,6 +4,7 @@
 #include "fuser/compiled_call.h"
 
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -127,6 +128,45 @@ std::vector<ops::OpFp8State> fp8_states(Sequential& seq) {
   return out;
 }
 
+// While alive: torch.autocast on for `device`'s type with the dtype a call was traced under ("":
+// the thread's own state). A compiled graph runs its autocast regions as explicit casts, not as
+// the autocast state, so the op sets the state the eager call would have seen. Its cast cache
+// stays off: parameters change in place between calls.
+class TorchAutocastGuard {
+ public:
+  TorchAutocastGuard(c10::string_view dtype, const at::Device& device) {
+    if (dtype.empty()) return;
+    type_ = device.type();
+    was_enabled_ = at::autocast::is_autocast_enabled(type_);
+    was_dtype_ = at::autocast::get_autocast_dtype(type_);
+    was_caching_ = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_enabled(type_, true);
+    at::autocast::set_autocast_dtype(type_, parse(dtype));
+    at::autocast::set_autocast_cache_enabled(false);
+    active_ = true;
+  }
+  ~TorchAutocastGuard() {
+    if (!active_) return;
+    at::autocast::set_autocast_enabled(type_, was_enabled_);
+    at::autocast::set_autocast_dtype(type_, was_dtype_);
+    at::autocast::set_autocast_cache_enabled(was_caching_);
+  }
+  TorchAutocastGuard(const TorchAutocastGuard&) = delete;
+  TorchAutocastGuard& operator=(const TorchAutocastGuard&) = delete;
+
+ private:
+  static at::ScalarType parse(c10::string_view dtype) {
+    if (dtype == "bfloat16") return at::kBFloat16;
+    if (dtype == "float16") return at::kHalf;
+    if (dtype == "float32") return at::kFloat;
+    TORCH_CHECK(false, "fusible::sequential_call: autocast dtype '", dtype,
+                "' is not one of bfloat16, float16, float32");
+  }
+  bool active_ = false, was_enabled_ = false, was_caching_ = true;
+  at::DeviceType type_ = at::kCPU;
+  at::ScalarType was_dtype_ = at::kFloat;
+};
+
 // A call's tensors, [input, extras..., named..., params...] (one list the schema never leaves
 // empty: AOTInductor passes an empty tensor list as None), split.
 struct CallTensors {
@@ -152,9 +192,11 @@ at::Generator generator_of(const at::Device& device) {
 
 std::vector<at::Tensor> sequential_call(int64_t handle, at::TensorList tensors, int64_t num_extras,
                                         int64_t num_named, c10::string_view names,
-                                        c10::string_view fp8, bool replay_rng) {
+                                        c10::string_view fp8, bool replay_rng,
+                                        c10::string_view autocast) {
   auto seq = engine(handle);
   const CallTensors t(tensors, num_extras, num_named);
+  const TorchAutocastGuard amp(autocast, t.input.device());
   const auto recipe = compiled_recipe(fp8);
   // Delayed scaling: the scales this forward casts with, for the backward's recomputation.
   const auto scales = is_delayed(recipe)
@@ -202,15 +244,20 @@ std::vector<at::Tensor> sequential_call_backward(int64_t handle, at::TensorList 
                                                  c10::string_view names,
                                                  at::TensorList grad_outputs, c10::string_view fp8,
                                                  const std::optional<at::Tensor>& fp8_scales,
-                                                 const std::optional<at::Tensor>& rng_state) {
+                                                 const std::optional<at::Tensor>& rng_state,
+                                                 c10::string_view autocast) {
   auto seq = engine(handle);
   TORCH_CHECK(!tensors.empty(), "fusible::sequential_call_backward: no tensors");
+  // The recomputation runs under the forward's autocast; the differentiation after it does not
+  // (as an eager backward runs outside the autocast region).
+  std::optional<TorchAutocastGuard> amp;
+  amp.emplace(autocast, tensors[0].device());
   std::optional<RngReplay> rng;
   if (rng_state.has_value() && rng_state->defined()) rng.emplace(tensors[0].device(), *rng_state);
   // The forward's recipe, and under delayed scaling its scales: the recomputation casts as the
   // forward did, and only the backward's casts advance the histories.
   const auto recipe = ops::recipe_from_key(std::string(fp8));
-  const ops::Fp8AutocastGuard autocast(recipe != nullptr, recipe);
+  const ops::Fp8AutocastGuard fp8_autocast(recipe != nullptr, recipe);
   std::optional<ops::Fp8ReplayGuard> replay;
   if (is_delayed(recipe)) {
     TORCH_CHECK(fp8_scales.has_value() && fp8_scales->defined(),
@@ -226,6 +273,7 @@ std::vector<at::Tensor> sequential_call_backward(int64_t handle, at::TensorList 
     const at::AutoGradMode grad_mode(true);
     const auto outputs =
         seq->run(t.input, t.extras, named_inputs(names, t.named), t.params).outputs;
+    amp.reset();
     TORCH_CHECK(outputs.size() == grad_outputs.size(),
                 "fusible::sequential_call_backward: ", grad_outputs.size(),
                 " output gradients for ", outputs.size(), " outputs");
@@ -262,19 +310,20 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
                                                 int64_t handle, at::TensorList tensors,
                                                 int64_t num_extras, int64_t num_named,
                                                 c10::string_view names, c10::string_view fp8,
-                                                bool replay_rng) {
+                                                bool replay_rng, c10::string_view autocast) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("fusible::sequential_call", "")
                                .typed<decltype(sequential_call)>();
     ctx->saved_data["handle"] = handle;
     ctx->saved_data["names"] = std::string(names);
     ctx->saved_data["fp8"] = std::string(fp8);
+    ctx->saved_data["autocast"] = std::string(autocast);
     ctx->saved_data["extras"] = num_extras;
     ctx->saved_data["named"] = num_named;
     auto saved = tensors.vec();
     auto outputs = [&] {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;  // apply() only turns grad off
-      return op.call(handle, tensors, num_extras, num_named, names, fp8, replay_rng);
+      return op.call(handle, tensors, num_extras, num_named, names, fp8, replay_rng, autocast);
     }();
     // The forward's delayed scales and generator state (the last outputs): saved, and no gradient
     // flows through them.
@@ -307,11 +356,12 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
     auto grads =
         op.call(ctx->saved_data["handle"].toInt(), saved, ctx->saved_data["extras"].toInt(),
                 ctx->saved_data["named"].toInt(), ctx->saved_data["names"].toStringRef(),
-                grad_outputs, ctx->saved_data["fp8"].toStringRef(), scales, rng_state);
+                grad_outputs, ctx->saved_data["fp8"].toStringRef(), scales, rng_state,
+                ctx->saved_data["autocast"].toStringRef());
     // One slot per forward argument, a tensor list's flattened: none for the other arguments.
     torch::autograd::variable_list out{at::Tensor()};
     out.insert(out.end(), grads.begin(), grads.end());
-    out.resize(out.size() + 5);
+    out.resize(out.size() + 6);
     return out;
   }
 };
@@ -319,9 +369,9 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
 std::vector<at::Tensor> sequential_call_autograd(int64_t handle, at::TensorList tensors,
                                                  int64_t num_extras, int64_t num_named,
                                                  c10::string_view names, c10::string_view fp8,
-                                                 bool replay_rng) {
+                                                 bool replay_rng, c10::string_view autocast) {
   return SequentialCallAutograd::apply(handle, tensors, num_extras, num_named, names, fp8,
-                                       replay_rng);
+                                       replay_rng, autocast);
 }
 
 }  // namespace
@@ -355,15 +405,17 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
   // after the call's is the scales the forward cast with (its backward replays them).
   // replay_rng (a training-mode Dropout): the last output is the state of the input device's
   // generator before the call, from which the backward's recomputation draws the same masks.
+  // autocast: the torch.autocast dtype of the input's device type when it was traced ("" when
+  // off; bfloat16, float16 or float32), which the call runs under, as the eager call did.
   // Used by torch.compile and torch.export (its fake kernel comes from Python).
   m.def(
       "sequential_call(int handle, Tensor[] tensors, int num_extras, int num_named, str names, "
-      "str fp8=\"\", bool replay_rng=False) -> Tensor[]");
+      "str fp8=\"\", bool replay_rng=False, str autocast=\"\") -> Tensor[]");
   // Its backward by recomputation: a gradient for each of the call's tensors.
   m.def(
       "sequential_call_backward(int handle, Tensor[] tensors, int num_extras, int num_named, "
       "str names, Tensor[] grad_outputs, str fp8=\"\", Tensor? fp8_scales=None, "
-      "Tensor? rng_state=None) -> Tensor[]");
+      "Tensor? rng_state=None, str autocast=\"\") -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {

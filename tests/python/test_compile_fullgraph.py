@@ -255,3 +255,40 @@ def test_jit_trace_records_one_op_and_differentiates_it(single):
         ya.backward(g)
         yb.backward(g)
         torch.testing.assert_close(xa.grad, xb.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_call_runs_under_the_traced_torch_autocast(device):
+    """A compiled graph runs its autocast regions as explicit casts; the call must still compute
+    in the autocast dtype, as the eager call does: same outputs and the same training over 3 SGD
+    steps. Without autocast the same compiled model computes in float32 (another graph)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ops.Sequential(
+        ops.LayerNorm(32, device=device),
+        ops.Linear(32, 64, device=device),
+        ops.GELU(),
+        ops.Linear(64, 32, device=device),
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)  # biases and norm parameters not at their init
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(8, 32, device=device)
+    for _ in range(3):
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            y, y_ref = compiled(x), ref(x)
+        assert y.dtype == y_ref.dtype == torch.bfloat16
+        torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+        y.float().square().mean().backward()
+        y_ref.float().square().mean().backward()
+        with torch.no_grad():
+            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1.6e-2, atol=1e-5, msg=name)
+                p -= 0.1 * p.grad
+                q -= 0.1 * q.grad
+                p.grad = q.grad = None
+    y = compiled(x)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)

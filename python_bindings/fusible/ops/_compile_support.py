@@ -86,15 +86,27 @@ def _resolve(handle):
 _C._set_sequential_resolver(_resolve)
 
 
-def _run(seq, input, extras, names, named, params):
+def autocast_arg(device_type):
+    """The torch.autocast dtype in effect for device_type ("" when off), as sequential_call takes
+    it: read while tracing, where Dynamo guards on the autocast state (a compiled graph runs its
+    autocast regions as explicit casts, so the op is told the state the eager call would see)."""
+    if not torch.is_autocast_enabled(device_type):
+        return ""
+    return str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")
+
+
+def _run(seq, input, extras, names, named, params, autocast=""):
     cpp = seq._engine()
     _check_runnable(seq)
     pairs = list(zip(names.split(_SEP), named)) if named else []
     # Without FP8: a recipe changes no shape or dtype, and a delayed-scaling state must not be
     # made from fake tensors.
     prev = _C._exchange_fp8_autocast(False, None)
+    dtype = getattr(torch, autocast) if autocast else None
+    amp = torch.autocast(input.device.type, dtype=dtype, enabled=bool(autocast))
     try:
-        outputs, _ = cpp.run(input, list(extras), pairs, params, None)  # no hooked op: checked
+        with amp:
+            outputs, _ = cpp.run(input, list(extras), pairs, params, None)  # no hooked op
     finally:
         _C._exchange_fp8_autocast(*prev)
     return outputs
@@ -208,14 +220,17 @@ def _split(tensors, num_extras, num_named):
 
 
 @torch.library.register_fake("fusible::sequential_call")
-def _fake_call(handle, tensors, num_extras, num_named, names, fp8="", replay_rng=False):
+def _fake_call(
+    handle, tensors, num_extras, num_named, names, fp8="", replay_rng=False, autocast=""
+):
     # The C++ ops have Meta implementations: the call itself runs on the fake tensors.
     seq = _sequential(handle)
     input, extras, named, params = _split(tensors, num_extras, num_named)
 
     def run(input, extras, named, params):
         with torch.no_grad():
-            return [t.clone() for t in _run(seq, input, extras, names, named, params)]
+            outputs = _run(seq, input, extras, names, named, params, autocast)
+            return [t.clone() for t in outputs]
 
     if _symbols([input, *extras, *named]):
         outputs = _symbolic_outputs(run, input, extras, named, params)
@@ -254,6 +269,7 @@ def _(
     fp8="",
     fp8_scales=None,
     rng_state=None,
+    autocast="",
 ):
     return [torch.empty_like(t) for t in tensors]
 
@@ -323,6 +339,7 @@ def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
         _SEP.join(names),
         fp8,
         rng,
+        autocast_arg(input.device.type),
     )
     # The forward's delayed scales and generator state are for the backward only.
     outputs = outputs[: len(outputs) - fp8.startswith("delayed;") - rng]

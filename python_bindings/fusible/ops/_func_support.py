@@ -76,7 +76,9 @@ class _Call(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         handle, num_extras, num_named, names, rng, *tensors = inputs
         ctx.save_for_backward(*tensors)
-        ctx.call = (handle, num_extras, num_named, names, rng.state if rng is not None else None)
+        rng_state = rng.state if rng is not None else None
+        amp = _compile_support.autocast_arg(tensors[0].device.type)  # the backward recomputes
+        ctx.call = (handle, num_extras, num_named, names, rng_state, amp)
         ctx.outputs = [(t.shape, t.dtype, t.device) for t in output]
         ctx.floating = [t.is_floating_point() for t in tensors]
 
@@ -105,12 +107,14 @@ class _CallBackward(torch.autograd.Function):
     tensors, then the output gradients -> one gradient per tensor."""
 
     @staticmethod
-    def forward(handle, num_extras, num_named, names, rng_state, num_tensors, *tensors_and_grads):
+    def forward(
+        handle, num_extras, num_named, names, rng_state, autocast, num_tensors, *tensors_and_grads
+    ):
         tensors = list(tensors_and_grads[:num_tensors])
         grads = list(tensors_and_grads[num_tensors:])
         return tuple(
             torch.ops.fusible.sequential_call_backward(
-                handle, tensors, num_extras, num_named, names, grads, "", None, rng_state
+                handle, tensors, num_extras, num_named, names, grads, "", None, rng_state, autocast
             )
         )
 
