@@ -46,7 +46,8 @@ VARIANTS = (
     "fp8_block",
 )
 # Batches that fill most of the H200's memory in eager bf16.
-BATCH = {"gpt_small": 64, "gpt_medium": 16}
+BATCH = {"gpt_small": 160, "gpt_medium": 24}  # eager gpt_small: 41 GiB at 64
+GEMM_NAMES = ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "wgmma")
 
 
 def settings(variant):
@@ -75,7 +76,28 @@ def batches(config, batch, data_dir, count):
     return out
 
 
-def measure(size, variant, batch, data, reps, warmup):
+def gpu_time_split(step, top=12):
+    """One profiled step: GPU ms in GEMM kernels and in the rest, and the top kernels by time."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    totals = {}
+    for e in kernels:
+        us = getattr(e, "device_time_total", None) or e.cuda_time_total
+        totals[e.name] = totals.get(e.name, 0.0) + us
+    gemm = sum(t for n, t in totals.items() if any(g in n.lower() for g in GEMM_NAMES))
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "gemm_ms": gemm / 1e3,
+        "other_ms": (sum(totals.values()) - gemm) / 1e3,
+        "kernels": len(kernels),
+        "top": [(name[:90], us / 1e3) for name, us in ranked],
+    }
+
+
+def measure(size, variant, batch, data, reps, warmup, profile=False):
     impl, compiled, fp8 = settings(variant)
     args = train_gpt.defaults(
         train_gpt.parse_args(
@@ -121,6 +143,8 @@ def measure(size, variant, batch, data, reps, warmup):
         torch.cuda.synchronize()
         mib = torch.cuda.max_memory_allocated() / 2**20
         result = {"step_ms": ms, "tokens_per_s": batch * config.seq_len / ms * 1e3, "mem_mib": mib}
+        if profile:
+            result["profile"] = gpu_time_split(step)
     except torch.OutOfMemoryError:
         result = {"step_ms": None, "tokens_per_s": None, "mem_mib": None, "oom": True}
     result["parameters"] = gpt.parameter_count(model)
@@ -167,25 +191,41 @@ def main():
     p.add_argument("--reps", type=int, default=10, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps first (compiles)")
     p.add_argument("--data-dir", default="", help="gpt_data.py token files (else random tokens)")
+    p.add_argument("--batch", type=int, default=0, help="sequences per step (default: BATCH)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one step per variant: GEMM vs other GPU time, top kernels",
+    )
     args = p.parse_args()
     out_dir = pathlib.Path(os.environ.get("BENCH_OUT", "build/bench"))
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {}
     for size in args.sizes.split(","):
         config = gpt.CONFIGS[size]
-        data = batches(config, BATCH[size], args.data_dir, 4)
+        batch = args.batch or BATCH[size]
+        data = batches(config, batch, args.data_dir, 4)
         results[size] = {}
         for variant in args.variants.split(","):
             start = time.perf_counter()
-            r = measure(size, variant, BATCH[size], data, args.reps, args.warmup)
+            r = measure(size, variant, batch, data, args.reps, args.warmup, args.profile)
             release()
             results[size][variant] = r
-            print(f"{size} {variant}: {r} ({time.perf_counter() - start:.0f} s)", flush=True)
+            summary = {k: v for k, v in r.items() if k != "profile"}
+            print(f"{size} {variant}: {summary} ({time.perf_counter() - start:.0f} s)", flush=True)
+            if "profile" in r:
+                prof = r["profile"]
+                print(
+                    f"  GPU: GEMMs {prof['gemm_ms']:.1f} ms, other {prof['other_ms']:.1f} ms, "
+                    f"{prof['kernels']} kernels; top:"
+                )
+                for name, ms in prof["top"]:
+                    print(f"    {ms:8.2f} ms  {name}")
     meta = {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
-        "batch": BATCH,
+        "batch": {s: args.batch or BATCH[s] for s in results},
     }
     (out_dir / "model.json").write_text(json.dumps({**meta, "results": results}, indent=1))
     latest_path = out_dir / "latest.json"

@@ -106,6 +106,9 @@ def parse_args(argv=None):
         "--out", default="runs/gpt", help="folder of the checkpoint, history.json and loss.png"
     )
     p.add_argument(
+        "--no-save", action="store_true", help="write no checkpoint (history and PNG only)"
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="continue from the checkpoint in --out (same settings)",
@@ -331,14 +334,16 @@ def train(args):
             history["eval"].append((step, val))
             line = f"step {step}: eval loss {val:.4f}, perplexity {math.exp(val):.2f}"
             (bar.write if bar is not None else print)(line)
-        if (args.save_every and step % args.save_every == 0) or step == stop:
+        due = (args.save_every and step % args.save_every == 0) or step == stop
+        if due and not args.no_save:
             save(ckpt, model, optimizer, step, history, args)
     if bar is not None:
         bar.close()
     (out / "history.json").write_text(json.dumps(history))
     plot(history, out / "loss.png", f"{args.impl} {config.style} {args.config}, fp8 {args.fp8}")
     first, last = history["train"][0][1], history["train"][-1][1]
-    print(f"train_gpt: loss {first:.4f} -> {last:.4f}; wrote {ckpt}, {out / 'loss.png'}")
+    wrote = ", ".join(([] if args.no_save else [str(ckpt)]) + [str(out / "loss.png")])
+    print(f"train_gpt: loss {first:.4f} -> {last:.4f}; wrote {wrote}")
     return model, history
 
 
