@@ -193,7 +193,7 @@ at::Generator generator_of(const at::Device& device) {
 std::vector<at::Tensor> sequential_call(int64_t handle, at::TensorList tensors, int64_t num_extras,
                                         int64_t num_named, c10::string_view names,
                                         c10::string_view fp8, bool replay_rng,
-                                        c10::string_view autocast) {
+                                        c10::string_view autocast, int64_t /*call_id*/) {
   auto seq = engine(handle);
   const CallTensors t(tensors, num_extras, num_named);
   const TorchAutocastGuard amp(autocast, t.input.device());
@@ -245,7 +245,7 @@ std::vector<at::Tensor> sequential_call_backward(int64_t handle, at::TensorList 
                                                  at::TensorList grad_outputs, c10::string_view fp8,
                                                  const std::optional<at::Tensor>& fp8_scales,
                                                  const std::optional<at::Tensor>& rng_state,
-                                                 c10::string_view autocast) {
+                                                 c10::string_view autocast, int64_t /*call_id*/) {
   auto seq = engine(handle);
   TORCH_CHECK(!tensors.empty(), "fusible::sequential_call_backward: no tensors");
   // The recomputation runs under the forward's autocast; the differentiation after it does not
@@ -310,7 +310,8 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
                                                 int64_t handle, at::TensorList tensors,
                                                 int64_t num_extras, int64_t num_named,
                                                 c10::string_view names, c10::string_view fp8,
-                                                bool replay_rng, c10::string_view autocast) {
+                                                bool replay_rng, c10::string_view autocast,
+                                                int64_t call_id) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("fusible::sequential_call", "")
                                .typed<decltype(sequential_call)>();
@@ -318,12 +319,14 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
     ctx->saved_data["names"] = std::string(names);
     ctx->saved_data["fp8"] = std::string(fp8);
     ctx->saved_data["autocast"] = std::string(autocast);
+    ctx->saved_data["call_id"] = call_id;
     ctx->saved_data["extras"] = num_extras;
     ctx->saved_data["named"] = num_named;
     auto saved = tensors.vec();
     auto outputs = [&] {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;  // apply() only turns grad off
-      return op.call(handle, tensors, num_extras, num_named, names, fp8, replay_rng, autocast);
+      return op.call(handle, tensors, num_extras, num_named, names, fp8, replay_rng, autocast,
+                     call_id);
     }();
     // The forward's delayed scales and generator state (the last outputs): saved, and no gradient
     // flows through them.
@@ -357,11 +360,11 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
         op.call(ctx->saved_data["handle"].toInt(), saved, ctx->saved_data["extras"].toInt(),
                 ctx->saved_data["named"].toInt(), ctx->saved_data["names"].toStringRef(),
                 grad_outputs, ctx->saved_data["fp8"].toStringRef(), scales, rng_state,
-                ctx->saved_data["autocast"].toStringRef());
+                ctx->saved_data["autocast"].toStringRef(), ctx->saved_data["call_id"].toInt());
     // One slot per forward argument, a tensor list's flattened: none for the other arguments.
     torch::autograd::variable_list out{at::Tensor()};
     out.insert(out.end(), grads.begin(), grads.end());
-    out.resize(out.size() + 6);
+    out.resize(out.size() + 7);
     return out;
   }
 };
@@ -369,9 +372,10 @@ struct SequentialCallAutograd : public torch::autograd::Function<SequentialCallA
 std::vector<at::Tensor> sequential_call_autograd(int64_t handle, at::TensorList tensors,
                                                  int64_t num_extras, int64_t num_named,
                                                  c10::string_view names, c10::string_view fp8,
-                                                 bool replay_rng, c10::string_view autocast) {
+                                                 bool replay_rng, c10::string_view autocast,
+                                                 int64_t call_id) {
   return SequentialCallAutograd::apply(handle, tensors, num_extras, num_named, names, fp8,
-                                       replay_rng, autocast);
+                                       replay_rng, autocast, call_id);
 }
 
 }  // namespace
@@ -408,14 +412,17 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
   // autocast: the torch.autocast dtype of the input's device type when it was traced ("" when
   // off; bfloat16, float16 or float32), which the call runs under, as the eager call did.
   // Used by torch.compile and torch.export (its fake kernel comes from Python).
+  // call_id: distinct for each call in a traced graph (unused here): two calls on the same tensors
+  // may differ (a Dropout's masks, a delayed-scaling history that advances per call), and the
+  // distinct argument keeps a graph pass (AOTAutograd's CSE) from merging them.
   m.def(
       "sequential_call(int handle, Tensor[] tensors, int num_extras, int num_named, str names, "
-      "str fp8=\"\", bool replay_rng=False, str autocast=\"\") -> Tensor[]");
+      "str fp8=\"\", bool replay_rng=False, str autocast=\"\", int call_id=0) -> Tensor[]");
   // Its backward by recomputation: a gradient for each of the call's tensors.
   m.def(
       "sequential_call_backward(int handle, Tensor[] tensors, int num_extras, int num_named, "
       "str names, Tensor[] grad_outputs, str fp8=\"\", Tensor? fp8_scales=None, "
-      "Tensor? rng_state=None, str autocast=\"\") -> Tensor[]");
+      "Tensor? rng_state=None, str autocast=\"\", int call_id=0) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {

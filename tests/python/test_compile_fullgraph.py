@@ -292,3 +292,31 @@ def test_compiled_call_runs_under_the_traced_torch_autocast(device):
     y = compiled(x)
     assert y.dtype == torch.float32
     torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_two_calls_on_the_same_input_are_not_merged(device, backend):
+    """R-Drop's pattern: one Sequential called twice on the same tensor inside a compiled function.
+    The calls draw different Dropout masks, as in eager (a graph pass merging the two identical
+    calls would return one result twice); outputs and gradients equal eager's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ops.Sequential(ops.Linear(8, 8, dtype=D, device=device), ops.Dropout(0.5))
+
+    def twice(x):
+        return model(x), model(x)
+
+    compiled = torch.compile(twice, backend=backend, fullgraph=True)
+    x = torch.randn(16, 8, dtype=D, device=device)
+    results = []
+    for f in (twice, compiled):
+        xi = x.clone().requires_grad_()
+        torch.manual_seed(7)
+        a, b = f(xi)
+        (a.square().sum() + 2 * b.sum()).backward()
+        results.append([a, b, xi.grad, *(p.grad.clone() for p in model.parameters())])
+        model.zero_grad(set_to_none=True)
+    assert not torch.equal(results[1][0], results[1][1])
+    for u, v in zip(*results, strict=True):
+        torch.testing.assert_close(u, v, rtol=0, atol=0)

@@ -17,6 +17,7 @@ asked once per handle and again after the engine was rebuilt. Their fake kernels
 tracing) are here.
 """
 
+import itertools
 import math
 import weakref
 
@@ -221,7 +222,7 @@ def _split(tensors, num_extras, num_named):
 
 @torch.library.register_fake("fusible::sequential_call")
 def _fake_call(
-    handle, tensors, num_extras, num_named, names, fp8="", replay_rng=False, autocast=""
+    handle, tensors, num_extras, num_named, names, fp8="", replay_rng=False, autocast="", call_id=0
 ):
     # The C++ ops have Meta implementations: the call itself runs on the fake tensors.
     seq = _sequential(handle)
@@ -270,8 +271,20 @@ def _(
     fp8_scales=None,
     rng_state=None,
     autocast="",
+    call_id=0,
 ):
     return [torch.empty_like(t) for t in tensors]
+
+
+_call_ids = itertools.count(1)
+
+
+@torch.compiler.assume_constant_result
+def _call_id():
+    """A number of its own for each call in a traced graph (evaluated while tracing, a constant
+    of the graph): two calls of a Sequential on the same tensors may differ (Dropout, delayed
+    scaling), and distinct arguments keep AOTAutograd's CSE from merging them."""
+    return next(_call_ids)
 
 
 @torch.compiler.assume_constant_result
@@ -340,6 +353,7 @@ def compiled_forward(seq, input, extra_inputs, channel_inputs, return_dict):
         fp8,
         rng,
         autocast_arg(input.device.type),
+        _call_id() if torch.compiler.is_compiling() else 0,  # jit.trace: compares two traces
     )
     # The forward's delayed scales and generator state are for the backward only.
     outputs = outputs[: len(outputs) - fp8.startswith("delayed;") - rng]
