@@ -13,3 +13,4 @@
 #include "kernels/grouped/grouped.h"
 #include "kernels/linear/linear.h"
 #include "kernels/norm/norm.h"
+#include "kernels/rotary/rotary.h"

@@ -57,10 +57,13 @@ def _norm(ops, config, device, dtype):
 
 class Attention(torch.nn.Module):
     """Causal self-attention over a packed [batch, seq, 3 d] projection; rotary positions for the
-    llama style. Not a fusible op: it runs between fuser groups."""
+    llama style. Not a fusible op: it runs between fuser groups. `split_qkv_rotary` (qkv,
+    num_heads, cos, sin) -> (q, k, v) splits the projection and rotates q and k; the default is
+    torch_split_qkv_rotary below."""
 
-    def __init__(self, config):
+    def __init__(self, config, split_qkv_rotary=None):
         super().__init__()
+        self.split_qkv_rotary = split_qkv_rotary or torch_split_qkv_rotary
         self.n_head, self.rotary = config.n_head, config.style == "llama"
         self.head_dim, self.rope_base, self.seq_len = (
             config.d_model // config.n_head,
@@ -84,30 +87,45 @@ class Attention(torch.nn.Module):
             self.cos.copy_(angles.cos())
             self.sin.copy_(angles.sin())
 
-    def _rotate(self, t):
-        seq = t.shape[-2]
-        cos, sin = self.cos[:seq].to(t.dtype), self.sin[:seq].to(t.dtype)
+    def forward(self, qkv):
+        if self.rotary:
+            q, k, v = self.split_qkv_rotary(qkv, self.n_head, self.cos, self.sin)
+        else:
+            q, k, v = split_heads(qkv, self.n_head)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return a.transpose(1, 2).reshape(qkv.shape[0], qkv.shape[1], -1)
+
+
+def split_heads(qkv, num_heads):
+    """[batch, seq, 3 heads head_dim] -> q, k, v [batch, heads, seq, head_dim] (views)."""
+    batch, seq, _ = qkv.shape
+    return qkv.view(batch, seq, 3, num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def torch_split_qkv_rotary(qkv, num_heads, cos, sin):
+    """split_heads, then q and k rotated: pair (2i, 2i + 1) of a head at position s by the angle
+    with cosine cos[s, i] and sine sin[s, i], in PyTorch ops (fusible.split_qkv_rotary is the
+    same math in one kernel each way)."""
+    q, k, v = split_heads(qkv, num_heads)
+    seq = qkv.shape[1]
+    cos, sin = cos[:seq].to(qkv.dtype), sin[:seq].to(qkv.dtype)
+
+    def rotate(t):
         even, odd = t[..., 0::2], t[..., 1::2]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), -1).flatten(-2)
 
-    def forward(self, qkv):
-        batch, seq, _ = qkv.shape
-        q, k, v = qkv.view(batch, seq, 3, self.n_head, -1).permute(2, 0, 3, 1, 4).unbind(0)
-        if self.rotary:
-            q, k = self._rotate(q), self._rotate(k)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return a.transpose(1, 2).reshape(batch, seq, -1)
+    return rotate(q), rotate(k), v
 
 
 class Block(torch.nn.Module):
-    def __init__(self, config, ops, device, dtype):
+    def __init__(self, config, ops, device, dtype, split_qkv_rotary=None):
         super().__init__()
         d, bias = config.d_model, config.style == "gpt2"
         kw = dict(device=device, dtype=dtype)
         self.attn_in = ops.Sequential(
             _norm(ops, config, device, dtype), ops.Linear(d, 3 * d, bias=bias, **kw)
         )
-        self.attention = Attention(config)
+        self.attention = Attention(config, split_qkv_rotary)
         self.attn_out = ops.Sequential(ops.Linear(d, d, bias=bias, **kw), ops.AddExtraInput())
         if config.style == "llama":
             up, act = ops.Linear(d, 2 * config.ffn, bias=False, **kw), ops.SwiGLU()
@@ -127,9 +145,10 @@ class Block(torch.nn.Module):
 
 
 class GPT(torch.nn.Module):
-    """tokens [batch, seq] -> logits [batch, seq, vocab]."""
+    """tokens [batch, seq] -> logits [batch, seq, vocab]. `split_qkv_rotary`: see Attention (e.g.
+    fusible.split_qkv_rotary, one kernel each way; default: PyTorch ops)."""
 
-    def __init__(self, config, ops, device=None, dtype=None):
+    def __init__(self, config, ops, device=None, dtype=None, split_qkv_rotary=None):
         super().__init__()
         self.config = config
         kw = dict(device=device, dtype=dtype)
@@ -140,7 +159,7 @@ class GPT(torch.nn.Module):
             else None
         )
         self.blocks = torch.nn.ModuleList(
-            Block(config, ops, device, dtype) for _ in range(config.n_layer)
+            Block(config, ops, device, dtype, split_qkv_rotary) for _ in range(config.n_layer)
         )
         self.head = ops.Sequential(
             _norm(ops, config, device, dtype),

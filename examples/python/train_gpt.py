@@ -171,7 +171,14 @@ def op_library(impl):
 
 def build_model(config, impl, device):
     """Built on the meta device, then materialized on `device` and initialized."""
-    model = gpt.GPT(config, op_library(impl), device="meta")
+    # fusible's rotary kernel where fusible is the op library (the eager model: the same math in
+    # PyTorch ops, gpt.torch_split_qkv_rotary).
+    rotary = None
+    if impl == "fusible":
+        import fusible
+
+        rotary = fusible.split_qkv_rotary
+    model = gpt.GPT(config, op_library(impl), device="meta", split_qkv_rotary=rotary)
     model.to_empty(device=device)
     model.reset_parameters()
     return model

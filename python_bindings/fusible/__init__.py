@@ -14,8 +14,17 @@ import torch  # noqa: F401  (libtorch must be loaded before libfusible)
 ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
 
 from . import _C, ops, recipe  # noqa: E402  (after the libstdc++ line above)
+from .attention import split_qkv_rotary  # noqa: E402
 from .quantization import autocast, fp8_available, quantized_model_init  # noqa: E402
 
 cuda_built: bool = _C.cuda_built
 
-__all__ = ["autocast", "cuda_built", "fp8_available", "ops", "quantized_model_init", "recipe"]
+__all__ = [
+    "autocast",
+    "cuda_built",
+    "fp8_available",
+    "ops",
+    "quantized_model_init",
+    "recipe",
+    "split_qkv_rotary",
+]

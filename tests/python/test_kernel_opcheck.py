@@ -85,6 +85,16 @@ def _cases(device):
         ],
         (F.fp8_cast_block, (r(130, 200), "e5m2", 1, False, True)),
         *_grouped_cases(device, r),
+        *_rotary_cases(r),
+    ]
+
+
+def _rotary_cases(r):
+    cos, sin = r(7, 4), r(7, 4)
+    grads = [r(2, 3, 5, 8).transpose(1, 2) for _ in range(3)]  # SDPA-like strides
+    return [
+        (F.qkv_rotary_fwd, (r(2, 5, 3 * 3 * 8), cos, sin, 3)),
+        (F.qkv_rotary_bwd, (*grads, cos, sin)),
     ]
 
 

@@ -1,0 +1,156 @@
+// Rotary position embedding over a packed q/k/v projection: one elementwise pass each way. A
+// thread takes VEC consecutive elements of one head (16 bytes when head_dim and the layouts allow,
+// else one (even, odd) pair), so each access is one vector load or store.
+#include "kernels/common/cuda_common.cuh"
+#include "kernels/rotary/rotary_launchers.h"
+
+namespace fusible::kernels {
+namespace {
+
+using cuda::acc_t;
+using cuda::from_acc;
+using cuda::to_acc;
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load(const T* p, T (&x)[VEC]) {
+  if constexpr (VEC == cuda::kVec16<T>) {
+    const auto v = cuda::load_vec<T, VEC>(p);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) x[e] = v.v[e];
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) x[e] = p[e];
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store(T* p, const T (&y)[VEC]) {
+  if constexpr (VEC == cuda::kVec16<T>) {
+    cuda::Vec<T, VEC> v;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) v.v[e] = y[e];
+    cuda::store_vec<T, VEC>(p, v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) p[e] = y[e];
+  }
+}
+
+// Pairs (x[2p], x[2p + 1]) rotated by +angle (sign 1) or -angle (sign -1, the backward).
+template <typename T, int VEC>
+__device__ __forceinline__ void rotate(const T (&x)[VEC], T (&y)[VEC], const acc_t<T>* cos,
+                                       const acc_t<T>* sin, acc_t<T> sign) {
+#pragma unroll
+  for (int p = 0; p < VEC / 2; ++p) {
+    const acc_t<T> c = cos[p], s = sign * sin[p];
+    const acc_t<T> even = to_acc(x[2 * p]), odd = to_acc(x[2 * p + 1]);
+    y[2 * p] = from_acc<T>(even * c - odd * s);
+    y[2 * p + 1] = from_acc<T>(even * s + odd * c);
+  }
+}
+
+template <typename T, int VEC>
+__global__ void qkv_rotary_fwd_kernel(const T* __restrict__ qkv, const acc_t<T>* __restrict__ cos,
+                                      const acc_t<T>* __restrict__ sin, T* __restrict__ out,
+                                      QkvShape shape) {
+  const int64_t qk_width = 2 * shape.heads * shape.head_dim, half = shape.head_dim / 2;
+  const int64_t chunks = shape.batch * shape.seq * qk_width / VEC;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = i * VEC, row = o / qk_width, j = o - row * qk_width;
+    const int64_t pos = row % shape.seq, pair = (j % shape.head_dim) / 2;
+    T x[VEC], y[VEC];
+    load<T, VEC>(qkv + row * (qk_width + qk_width / 2) + j, x);
+    rotate<T, VEC>(x, y, cos + pos * half + pair, sin + pos * half + pair, acc_t<T>(1));
+    store<T, VEC>(out + o, y);
+  }
+}
+
+template <typename T, int VEC>
+__global__ void qkv_rotary_bwd_kernel(QkvGrads grads, const acc_t<T>* __restrict__ cos,
+                                      const acc_t<T>* __restrict__ sin, T* __restrict__ dqkv,
+                                      QkvShape shape) {
+  const int64_t head_width = shape.heads * shape.head_dim, width = 3 * head_width;
+  const int64_t half = shape.head_dim / 2;
+  const int64_t chunks = shape.batch * shape.seq * width / VEC;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = i * VEC, row = o / width, j = o - row * width;
+    const int which = static_cast<int>(j / head_width);
+    const int64_t in_part = j - which * head_width, head = in_part / shape.head_dim;
+    const int64_t e = in_part - head * shape.head_dim;
+    const int64_t b = row / shape.seq, pos = row - b * shape.seq;
+    const T* src = static_cast<const T*>(grads.data[which]) + b * grads.batch_stride[which] +
+                   head * grads.head_stride[which] + pos * grads.seq_stride[which] + e;
+    T x[VEC], y[VEC];
+    load<T, VEC>(src, x);
+    if (which == 2) {
+      store<T, VEC>(dqkv + o, x);
+    } else {
+      rotate<T, VEC>(x, y, cos + pos * half + e / 2, sin + pos * half + e / 2, acc_t<T>(-1));
+      store<T, VEC>(dqkv + o, y);
+    }
+  }
+}
+
+constexpr int kThreads = 256;
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// f(std::integral_constant<int, VEC>): 16-byte vectors when head_dim, the strides and the pointers
+// allow, else one pair.
+template <typename T, typename F>
+void dispatch_width(bool vectorizable, F&& f) {
+  if (vectorizable) {
+    f(std::integral_constant<int, cuda::kVec16<T>>{});
+  } else {
+    f(std::integral_constant<int, 2>{});
+  }
+}
+
+}  // namespace
+
+void launch_qkv_rotary_fwd(const void* qkv, const void* cos, const void* sin, void* out,
+                           const QkvShape& shape, KernelDType dtype, int num_sms,
+                           cudaStream_t stream) {
+  const int64_t n = shape.batch * shape.seq * 2 * shape.heads * shape.head_dim;
+  if (n == 0) return;
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = shape.head_dim % cuda::kVec16<T> == 0 && aligned16(qkv) && aligned16(out);
+    dispatch_width<T>(vec, [&](auto width) {
+      constexpr int VEC = decltype(width)::value;
+      qkv_rotary_fwd_kernel<T, VEC>
+          <<<cuda::grid_for(n / VEC, kThreads, num_sms), kThreads, 0, stream>>>(
+              static_cast<const T*>(qkv), static_cast<const acc_t<T>*>(cos),
+              static_cast<const acc_t<T>*>(sin), static_cast<T*>(out), shape);
+    });
+  });
+  cuda::check_launch("qkv_rotary_fwd_kernel");
+}
+
+void launch_qkv_rotary_bwd(const QkvGrads& grads, const void* cos, const void* sin, void* dqkv,
+                           const QkvShape& shape, KernelDType dtype, int num_sms,
+                           cudaStream_t stream) {
+  const int64_t n = shape.batch * shape.seq * 3 * shape.heads * shape.head_dim;
+  if (n == 0) return;
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = cuda::kVec16<T>;
+    bool vec = shape.head_dim % kVec == 0 && aligned16(dqkv);
+    for (int g = 0; g < 3; ++g) {
+      vec = vec && aligned16(grads.data[g]) && grads.batch_stride[g] % kVec == 0 &&
+            grads.head_stride[g] % kVec == 0 && grads.seq_stride[g] % kVec == 0;
+    }
+    dispatch_width<T>(vec, [&](auto width) {
+      constexpr int VEC = decltype(width)::value;
+      qkv_rotary_bwd_kernel<T, VEC>
+          <<<cuda::grid_for(n / VEC, kThreads, num_sms), kThreads, 0, stream>>>(
+              grads, static_cast<const acc_t<T>*>(cos), static_cast<const acc_t<T>*>(sin),
+              static_cast<T*>(dqkv), shape);
+    });
+  });
+  cuda::check_launch("qkv_rotary_bwd_kernel");
+}
+
+}  // namespace fusible::kernels
