@@ -12,5 +12,6 @@
 #include "kernels/fp8/fp8_gemm.h"
 #include "kernels/grouped/grouped.h"
 #include "kernels/linear/linear.h"
+#include "kernels/loss/loss.h"
 #include "kernels/norm/norm.h"
 #include "kernels/rotary/rotary.h"

@@ -15,6 +15,7 @@ same model on te.ops, and `GPT(config, ops=torch_ops)` (torch_ops.py) on plain t
 
 import dataclasses
 import math
+import types
 
 import torch
 import torch.nn.functional as F
@@ -58,12 +59,11 @@ def _norm(ops, config, device, dtype):
 class Attention(torch.nn.Module):
     """Causal self-attention over a packed [batch, seq, 3 d] projection; rotary positions for the
     llama style. Not a fusible op: it runs between fuser groups. `split_qkv_rotary` (qkv,
-    num_heads, cos, sin) -> (q, k, v) splits the projection and rotates q and k; the default is
-    torch_split_qkv_rotary below."""
+    num_heads, cos, sin) -> (q, k, v) splits the projection and rotates q and k."""
 
-    def __init__(self, config, split_qkv_rotary=None):
+    def __init__(self, config, split_qkv_rotary):
         super().__init__()
-        self.split_qkv_rotary = split_qkv_rotary or torch_split_qkv_rotary
+        self.split_qkv_rotary = split_qkv_rotary
         self.n_head, self.rotary = config.n_head, config.style == "llama"
         self.head_dim, self.rope_base, self.seq_len = (
             config.d_model // config.n_head,
@@ -104,8 +104,8 @@ def split_heads(qkv, num_heads):
 
 def torch_split_qkv_rotary(qkv, num_heads, cos, sin):
     """split_heads, then q and k rotated: pair (2i, 2i + 1) of a head at position s by the angle
-    with cosine cos[s, i] and sine sin[s, i], in PyTorch ops (fusible.split_qkv_rotary is the
-    same math in one kernel each way)."""
+    with cosine cos[s, i] and sine sin[s, i], in PyTorch ops (fusible.functional.split_qkv_rotary
+    is the same math in one kernel each way)."""
     q, k, v = split_heads(qkv, num_heads)
     seq = qkv.shape[1]
     cos, sin = cos[:seq].to(qkv.dtype), sin[:seq].to(qkv.dtype)
@@ -117,15 +117,28 @@ def torch_split_qkv_rotary(qkv, num_heads, cos, sin):
     return rotate(q), rotate(k), v
 
 
+def torch_cross_entropy(logits, targets):
+    """The mean cross-entropy of logits [batch, seq, vocab] in float32, as PyTorch users write it
+    (fusible.functional.cross_entropy: the same without the float32 copy of the logits)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+# The functions between fuser groups in PyTorch ops; GPT(functional=...) replaces them (e.g. with
+# fusible.functional, which has the same names).
+torch_functional = types.SimpleNamespace(
+    split_qkv_rotary=torch_split_qkv_rotary, cross_entropy=torch_cross_entropy
+)
+
+
 class Block(torch.nn.Module):
-    def __init__(self, config, ops, device, dtype, split_qkv_rotary=None):
+    def __init__(self, config, ops, device, dtype, functional):
         super().__init__()
         d, bias = config.d_model, config.style == "gpt2"
         kw = dict(device=device, dtype=dtype)
         self.attn_in = ops.Sequential(
             _norm(ops, config, device, dtype), ops.Linear(d, 3 * d, bias=bias, **kw)
         )
-        self.attention = Attention(config, split_qkv_rotary)
+        self.attention = Attention(config, functional.split_qkv_rotary)
         self.attn_out = ops.Sequential(ops.Linear(d, d, bias=bias, **kw), ops.AddExtraInput())
         if config.style == "llama":
             up, act = ops.Linear(d, 2 * config.ffn, bias=False, **kw), ops.SwiGLU()
@@ -145,12 +158,15 @@ class Block(torch.nn.Module):
 
 
 class GPT(torch.nn.Module):
-    """tokens [batch, seq] -> logits [batch, seq, vocab]. `split_qkv_rotary`: see Attention (e.g.
-    fusible.split_qkv_rotary, one kernel each way; default: PyTorch ops)."""
+    """tokens [batch, seq] -> logits [batch, seq, vocab]. `functional`: the functions between
+    fuser groups, split_qkv_rotary and cross_entropy (default torch_functional, PyTorch ops;
+    fusible.functional has fused ones of the same names and math)."""
 
-    def __init__(self, config, ops, device=None, dtype=None, split_qkv_rotary=None):
+    def __init__(self, config, ops, device=None, dtype=None, functional=None):
         super().__init__()
         self.config = config
+        functional = functional or torch_functional
+        self.cross_entropy = functional.cross_entropy
         kw = dict(device=device, dtype=dtype)
         self.embed = torch.nn.Embedding(config.vocab_size, config.d_model, **kw)
         self.positions = (
@@ -159,7 +175,7 @@ class GPT(torch.nn.Module):
             else None
         )
         self.blocks = torch.nn.ModuleList(
-            Block(config, ops, device, dtype, split_qkv_rotary) for _ in range(config.n_layer)
+            Block(config, ops, device, dtype, functional) for _ in range(config.n_layer)
         )
         self.head = ops.Sequential(
             _norm(ops, config, device, dtype),
@@ -190,8 +206,7 @@ class GPT(torch.nn.Module):
             block.attention.reset_buffers()
 
     def loss(self, tokens, targets):
-        logits = self(tokens)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return self.cross_entropy(self(tokens), targets)
 
 
 def _is_norm_weight(model, name):

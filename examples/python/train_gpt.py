@@ -171,14 +171,14 @@ def op_library(impl):
 
 def build_model(config, impl, device):
     """Built on the meta device, then materialized on `device` and initialized."""
-    # fusible's rotary kernel where fusible is the op library (the eager model: the same math in
-    # PyTorch ops, gpt.torch_split_qkv_rotary).
-    rotary = None
+    # With fusible ops, fusible's fused rotary embedding and cross-entropy too (the eager model:
+    # the same math in PyTorch ops, gpt.torch_functional).
+    functional = None
     if impl == "fusible":
         import fusible
 
-        rotary = fusible.split_qkv_rotary
-    model = gpt.GPT(config, op_library(impl), device="meta", split_qkv_rotary=rotary)
+        functional = fusible.functional
+    model = gpt.GPT(config, op_library(impl), device="meta", functional=functional)
     model.to_empty(device=device)
     model.reset_parameters()
     return model

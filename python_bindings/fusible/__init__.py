@@ -13,8 +13,7 @@ import torch  # noqa: F401  (libtorch must be loaded before libfusible)
 # (every error message) crashes. Making libstdc++ global first binds them to the one runtime copy.
 ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
 
-from . import _C, ops, recipe  # noqa: E402  (after the libstdc++ line above)
-from .attention import split_qkv_rotary  # noqa: E402
+from . import _C, functional, ops, recipe  # noqa: E402  (after the libstdc++ line above)
 from .quantization import autocast, fp8_available, quantized_model_init  # noqa: E402
 
 cuda_built: bool = _C.cuda_built
@@ -23,8 +22,8 @@ __all__ = [
     "autocast",
     "cuda_built",
     "fp8_available",
+    "functional",
     "ops",
     "quantized_model_init",
     "recipe",
-    "split_qkv_rotary",
 ]

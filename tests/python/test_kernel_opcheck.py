@@ -86,6 +86,17 @@ def _cases(device):
         (F.fp8_cast_block, (r(130, 200), "e5m2", 1, False, True)),
         *_grouped_cases(device, r),
         *_rotary_cases(r),
+        *_cross_entropy_cases(device, r),
+    ]
+
+
+def _cross_entropy_cases(device, r):
+    logits, targets = r(6, 16), torch.tensor([0, 15, -100, 3, 3, 7], device=device)
+    _, stats = F.cross_entropy_fwd(logits, targets)
+    return [
+        (F.cross_entropy_fwd, (logits, targets)),
+        (F.cross_entropy_fwd, (logits.to(torch.bfloat16), targets.clamp(min=3), 3)),
+        (F.cross_entropy_bwd, (r(6), logits, targets, stats)),
     ]
 
 

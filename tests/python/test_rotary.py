@@ -8,7 +8,7 @@ import fusible
 import pytest
 import torch
 from conftest import DEVICES, HAS_CUDA, assert_close_to_ref
-from fusible import split_qkv_rotary
+from fusible.functional import split_qkv_rotary
 
 F = torch.ops.fusible
 
