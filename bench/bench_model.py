@@ -201,6 +201,12 @@ def main():
     out_dir = pathlib.Path(os.environ.get("BENCH_OUT", "build/bench"))
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {}
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "batch": {s: args.batch or BATCH[s] for s in args.sizes.split(",")},
+    }
     for size in args.sizes.split(","):
         config = gpt.CONFIGS[size]
         batch = args.batch or BATCH[size]
@@ -211,6 +217,8 @@ def main():
             r = measure(size, variant, batch, data, args.reps, args.warmup, args.profile)
             release()
             results[size][variant] = r
+            # After every variant: a run cut short by a time limit keeps what it measured.
+            (out_dir / "model.json").write_text(json.dumps({**meta, "results": results}, indent=1))
             summary = {k: v for k, v in r.items() if k != "profile"}
             print(f"{size} {variant}: {summary} ({time.perf_counter() - start:.0f} s)", flush=True)
             if "profile" in r:
@@ -221,13 +229,6 @@ def main():
                 )
                 for name, ms in prof["top"]:
                     print(f"    {ms:8.2f} ms  {name}")
-    meta = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-        "batch": {s: args.batch or BATCH[s] for s in results},
-    }
-    (out_dir / "model.json").write_text(json.dumps({**meta, "results": results}, indent=1))
     latest_path = out_dir / "latest.json"
     latest = json.loads(latest_path.read_text()) if latest_path.exists() else {**meta, "rows": []}
     new = latest_rows(results)
