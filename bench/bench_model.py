@@ -168,10 +168,16 @@ def latest_rows(results):
             {
                 "workload": f"{size}_{name}",
                 "unit": unit,
+                # The other variants first: "fusible" is this row's variant (fusible bf16 is
+                # also "fusible_bf16").
+                **{
+                    ("fusible_bf16" if v == "fusible" else v): r[v][key]
+                    for v in VARIANTS
+                    if v in r and v not in ("eager", "compile")
+                },
                 "fusible": r[variant][key],
                 "eager": r["eager"][key],
                 "compile": r["compile"][key],
-                **{v: r[v][key] for v in VARIANTS if v in r and v not in ("eager", "compile")},
             }
         )
 
