@@ -132,15 +132,6 @@ __global__ void cross_entropy_bwd_kernel(const acc_t<T>* __restrict__ dloss,
 
 constexpr int kThreads = 256;
 
-template <typename T, typename F>
-void dispatch_width(int64_t classes, std::initializer_list<const void*> ptrs, F&& f) {
-  if (cuda::can_vectorize(classes, cuda::kVec16<T>, ptrs)) {
-    f(std::integral_constant<int, cuda::kVec16<T>>{});
-  } else {
-    f(std::integral_constant<int, 1>{});
-  }
-}
-
 }  // namespace
 
 void launch_cross_entropy_fwd(const void* logits, const int64_t* targets, void* loss, void* stats,
@@ -150,7 +141,7 @@ void launch_cross_entropy_fwd(const void* logits, const int64_t* targets, void* 
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    dispatch_width<T>(classes, {logits}, [&](auto width) {
+    cuda::dispatch_vec<T>(classes, {logits}, [&](auto width) {
       constexpr int VEC = decltype(width)::value;
       cross_entropy_fwd_kernel<T, VEC><<<rows, kThreads, 0, stream>>>(
           static_cast<const T*>(logits), targets, static_cast<A*>(loss), static_cast<A*>(stats),
@@ -167,7 +158,7 @@ void launch_cross_entropy_bwd(const void* dloss, const void* logits, const int64
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    dispatch_width<T>(classes, {logits, dlogits}, [&](auto width) {
+    cuda::dispatch_vec<T>(classes, {logits, dlogits}, [&](auto width) {
       constexpr int VEC = decltype(width)::value;
       cross_entropy_bwd_kernel<T, VEC><<<rows, kThreads, 0, stream>>>(
           static_cast<const A*>(dloss), static_cast<const T*>(logits), targets,
