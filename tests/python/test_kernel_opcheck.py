@@ -189,3 +189,18 @@ class TestOpcheck:
         checked |= {"sequential_call", "sequential_call_backward"}
         assert "bias_fwd" in registered and "linear_fwd" in registered
         assert registered == checked, registered ^ checked
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ops_ignore_torch_autocast(device):
+    """The ops compute in the dtypes they are given: torch.autocast casts neither their inputs nor
+    the ATen calls inside the CPU references (those once returned bf16 under CPU autocast)."""
+    torch.manual_seed(0)
+    for op, args in _cases(device):
+        want = op(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+        with torch.autocast(device, dtype=torch.bfloat16):
+            got = op(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+        for w, g in zip(*(x if isinstance(x, (tuple, list)) else (x,) for x in (want, got))):
+            if isinstance(w, torch.Tensor):
+                assert g.dtype == w.dtype, op
+                torch.testing.assert_close(g, w, msg=str(op))
