@@ -126,3 +126,38 @@ def test_model_uses_only_te_ops_names_and_keywords():
     # Every name exists in both op libraries the example runs on.
     for name in TE_OPS:
         assert hasattr(ops, name) and hasattr(torch_ops, name), name
+
+
+@pytest.mark.parametrize("style", ["llama", "gpt2"])
+def test_randomized_models_agree_after_optimizer_steps(data_dir, style):
+    """Every parameter randomized (norm scales and biases too, which the initialization sets to 1
+    and 0) and copied into both models; after 3 SGD-with-momentum steps on the same batches, fp32 on
+    CPU, the losses and every parameter of the fusible model equal the torch.nn model's. (Not Adam:
+    it scales a gradient that is zero up to rounding, such as the key bias's, to a full step, so
+    rounding alone would move the two models apart.)"""
+    import dataclasses
+
+    config = dataclasses.replace(gpt.CONFIGS["tiny"], style=style)
+    models = {impl: train_gpt.build_model(config, impl, "cpu") for impl in ("fusible", "eager")}
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in models["eager"].parameters():
+            p.copy_(torch.randn_like(p) * 0.1 + (1.0 if p.dim() == 1 else 0.0))
+    models["fusible"].load_state_dict(models["eager"].state_dict())
+    batches = list(gpt_data.loader(data_dir, "train", config.seq_len, 4, seed=5, steps=3))
+    losses = {}
+    for impl, model in models.items():
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        losses[impl] = []
+        for tokens, targets in batches:
+            loss = model.loss(tokens, targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses[impl].append(loss.item())
+    torch.testing.assert_close(losses["fusible"], losses["eager"], rtol=1e-5, atol=1e-5)
+    assert losses["eager"][-1] != losses["eager"][0]  # the steps moved the model
+    eager = models["eager"].state_dict()
+    for key, value in models["fusible"].state_dict().items():
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(value, eager[key], rtol=1e-4, atol=1e-6, msg=key)
