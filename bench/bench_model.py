@@ -136,6 +136,12 @@ def measure(size, variant, batch, data, reps, warmup, profile=False):
         optimizer.zero_grad(set_to_none=True)
 
     try:
+        first_s = None
+        if compiled:  # the first step compiles: timed on its own
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            first_s = time.perf_counter() - t0
         ms = median_ms(step, reps, warmup=warmup)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -143,6 +149,8 @@ def measure(size, variant, batch, data, reps, warmup, profile=False):
         torch.cuda.synchronize()
         mib = torch.cuda.max_memory_allocated() / 2**20
         result = {"step_ms": ms, "tokens_per_s": batch * config.seq_len / ms * 1e3, "mem_mib": mib}
+        if first_s is not None:
+            result["first_step_s"] = first_s
         if profile:
             result["profile"] = gpu_time_split(step)
     except torch.OutOfMemoryError:

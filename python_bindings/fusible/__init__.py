@@ -13,10 +13,11 @@ import torch  # noqa: F401  (libtorch must be loaded before libfusible)
 # (every error message) crashes. Making libstdc++ global first binds them to the one runtime copy.
 ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
 
-from . import _C, functional, ops, recipe  # noqa: E402  (after the libstdc++ line above)
+from . import _C, _inductor_fallbacks, functional, ops, recipe  # noqa: E402  (after the above)
 from .quantization import autocast, fp8_available, quantized_model_init  # noqa: E402
 
 cuda_built: bool = _C.cuda_built
+_inductor_fallbacks.install()
 
 __all__ = [
     "autocast",

@@ -320,3 +320,78 @@ def test_two_calls_on_the_same_input_are_not_merged(device, backend):
     assert not torch.equal(results[1][0], results[1][1])
     for u, v in zip(*results, strict=True):
         torch.testing.assert_close(u, v, rtol=0, atol=0)
+
+
+_FALLBACKS_CHECK = """
+import sys, torch
+{first}
+import torch._inductor.lowering as L
+from fusible import _inductor_fallbacks
+ops = _inductor_fallbacks.fusible_overloads()
+assert len(ops) > 20, len(ops)
+missing = [str(op) for op in ops if op not in L.lowerings]
+assert not missing, missing
+# The layout constraint Inductor's implicit fallback gives a custom op (its default tag's).
+op = torch.ops.fusible.cross_entropy_fwd.default
+implicit = L.tag_to_layout_constraint(L.get_layout_constraint_tag(op, with_default=True))
+assert implicit is not None and L.maybe_layout_constraints(op) is implicit, implicit
+print("ok", len(ops))
+"""
+
+
+@pytest.mark.parametrize("order", ["fusible_first", "inductor_first"])
+def test_every_fusible_op_is_an_inductor_fallback_once_inductor_loads(order):
+    # In a fresh process: fusible imported before Inductor's lowering module (the finder
+    # registers the ops when it loads) and after it (registered at fusible's import).
+    import subprocess
+    import sys
+
+    first = (
+        "import fusible\nassert 'torch._inductor.lowering' not in sys.modules"
+        if order == "fusible_first"
+        else "import torch._inductor.lowering\nimport fusible"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", _FALLBACKS_CHECK.format(first=first)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("ok"), run.stdout
+
+
+def test_inductor_never_takes_its_implicit_fallback_path_for_fusible_ops(monkeypatch):
+    # That path formats each argument's whole IR (exponential in the depth of a chain of
+    # fallback kernels: a loss after many layers took minutes); fusible's ops skip it.
+    import fusible
+    from torch._inductor import exc
+
+    seen = []
+    original = exc.OperatorIssue.operator_str
+
+    def record(target, args, kwargs):
+        seen.append(str(target))
+        return original(target, args, kwargs)
+
+    monkeypatch.setattr(exc.OperatorIssue, "operator_str", staticmethod(record))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    blocks = [ops.Sequential(ops.RMSNorm(16), ops.Linear(16, 16), ops.GELU()) for _ in range(3)]
+
+    def loss(x, targets):
+        for block in blocks:
+            x = block(x) + x
+        return fusible.functional.cross_entropy(x, targets)
+
+    x = torch.randn(8, 16, requires_grad=True)
+    targets = torch.randint(16, (8,))
+    compiled = torch.compile(loss, backend="inductor", fullgraph=True)
+    out = compiled(x, targets)
+    out.backward()
+    x_ref = x.detach().clone().requires_grad_()
+    ref = loss(x_ref, targets)
+    ref.backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    assert not [t for t in seen if "fusible" in t], seen
