@@ -1386,7 +1386,16 @@ class TestFp8BlockGemms:
     @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize("block_dim", [1, 2])
     @pytest.mark.parametrize(
-        "shape, dt", [((256, 384), torch.bfloat16), ((130, 200), torch.float32)]
+        "shape, dt",
+        [
+            ((256, 384), torch.bfloat16),
+            ((130, 200), torch.float32),
+            # Partial 128x128 tiles, on the CUDA kernel: a few tokens (the small MLP's), ragged
+            # rows and columns.
+            ((16, 1024), torch.bfloat16),
+            ((200, 136), torch.float16),
+            ((136, 264), torch.bfloat16),
+        ],
     )
     @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
     def test_cast_block_equals_blockwise_reference(self, device, block_dim, shape, dt, fmt):

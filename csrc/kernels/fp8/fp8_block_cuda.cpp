@@ -1,10 +1,13 @@
-// fp8_cast_block on CUDA: one kernel (fp8_block_kernels.cu) for bf16 / fp16 tensors of whole
-// 128x128 tiles; other shapes and dtypes take the ATen version.
+// fp8_cast_block on CUDA: one kernel (fp8_block_kernels.cu) for bf16 / fp16 tensors whose rows
+// are whole 16-byte vectors (partial 128x128 tiles included); other shapes and dtypes take the ATen
+// version.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
+
+#include <cstdint>
 
 #include "kernels/common/cuda_dtype.h"
 #include "kernels/fp8/fp8.h"
@@ -19,11 +22,13 @@ Fp8BlockCast fp8_cast_block_cuda(const at::Tensor& x, c10::string_view format, i
   check_fp8_cast_block_args(x, format, block_dim, rowwise, columnwise);
   const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
   const auto t = x.scalar_type();
-  if ((t != at::kBFloat16 && t != at::kHalf) || rows == 0 || rows % 128 != 0 || cols % 128 != 0) {
+  const auto xc = x.contiguous();
+  const bool aligned = reinterpret_cast<std::uintptr_t>(xc.const_data_ptr()) % 16 == 0;
+  if ((t != at::kBFloat16 && t != at::kHalf) || rows == 0 || cols % 8 != 0 ||
+      (columnwise && rows % 8 != 0) || !aligned) {
     return reference::fp8_cast_block(x, format, block_dim, rowwise, columnwise);
   }
   const c10::cuda::CUDAGuard guard(x.device());
-  const auto xc = x.contiguous();
   const auto fp8 = x.options().dtype(fp8_dtype("fp8_cast_block", format));
   const auto f32 = x.options().dtype(at::kFloat);
   auto data = rowwise ? at::empty(x.sizes(), fp8) : at::empty({0}, fp8);

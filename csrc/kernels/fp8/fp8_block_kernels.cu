@@ -18,7 +18,16 @@ using cuda::fp8_bits;
 using cuda::fp8_max_of;
 
 constexpr int kTile = 128, kThreads = 256, kVec = 8;  // 8 x 16-bit: 16-byte loads
-constexpr int kPitch = kTile + kVec;                  // shared row pitch, 16-byte aligned rows
+constexpr int kVecsPerRow = kTile / kVec;             // 16
+
+// The shared tile holds 128 rows of 16 vectors with no padding; vector vi of row r sits in slot
+// vi ^ ((r / 8) % 8) of its row. The transpose reads two columns of 8 consecutive rows per thread,
+// 16 row groups per warp: unswizzled, every group would hit the same banks (a 16-way conflict);
+// swizzled, a warp's 32 word reads fall on 16 banks. Whole vectors move, so 16-byte accesses stay
+// aligned.
+__device__ __forceinline__ int tile_slot(int r, int vi) {
+  return r * kVecsPerRow + (vi ^ ((r >> 3) & 7));
+}
 
 // fmax / amax rounded down to a power of two (frexp: exact), 1 where amax is 0 or not finite,
 // at most 2^127 (as the ATen reference).
@@ -40,26 +49,35 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
                                   float* __restrict__ scale_inv, uint8_t* __restrict__ data_t,
                                   float* __restrict__ scale_inv_t, int64_t rows, int64_t cols,
                                   bool two_d, bool e4m3) {
-  __shared__ alignas(16) T tile[kTile * kPitch];
+  using V = cuda::Vec<T, kVec>;
+  __shared__ V tile[kTile * kVecsPerRow];
   __shared__ float row_scale[kTile], col_scale[kTile], warp_max[kThreads / 32];
   __shared__ float col_part[kThreads / 32][kTile];  // per warp: its rows' column maxima
-  const int64_t col_tiles = cols / kTile;
+  const int64_t col_tiles = (cols + kTile - 1) / kTile, row_tiles = (rows + kTile - 1) / kTile;
   const int64_t rb = blockIdx.x / col_tiles, cb = blockIdx.x % col_tiles;
   const int64_t r0 = rb * kTile, c0 = cb * kTile;
   const float fmax = fp8_max_of(e4m3);
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-  constexpr int kVecsPerRow = kTile / kVec;  // 16: a row is held by 16 consecutive threads
+  constexpr int kPasses = kTile * kTile / kVec / kThreads;  // 8
 
-  // Load: thread t holds columns (t % 16) * 8.. of rows t / 16 + 16 i. The amaxes in registers
-  // on the way: each row's by shuffles over its 16 threads, each column's per thread, then over
-  // the two half-warps and, in shared memory, over the warps.
+  // Load: thread t holds vector t % 16 (columns (t % 16) * 8..) of rows t / 16 + 16 i; a tile
+  // past the matrix's last row or column is zero there (no effect on any amax). The amaxes in
+  // registers on the way: each row's by shuffles over its 16 threads, each column's per thread,
+  // then over the two half-warps and, in shared memory, over the warps.
   float m = 0.f, cmax[kVec] = {};
-  const int cl = t % kVecsPerRow * kVec;  // this thread's first column
+  const int vi = t % kVecsPerRow, cl = vi * kVec;
+  const bool col_in = c0 + cl < cols;  // cols is a multiple of 8: a vector is all in or all out
 #pragma unroll
-  for (int i = 0; i < kTile * kTile / kVec / kThreads; ++i) {
+  for (int i = 0; i < kPasses; ++i) {
     const int r = t / kVecsPerRow + kThreads / kVecsPerRow * i;
-    const auto xv = cuda::load_vec<T, kVec>(x + (r0 + r) * cols + c0 + cl);
-    *reinterpret_cast<cuda::Vec<T, kVec>*>(&tile[r * kPitch + cl]) = xv;
+    V xv;
+    if (col_in && r0 + r < rows) {
+      xv = cuda::load_vec<T, kVec>(x + (r0 + r) * cols + c0 + cl);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) xv.v[j] = cuda::from_acc<T>(0.f);
+    }
+    tile[tile_slot(r, vi)] = xv;
     float rm = 0.f;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -72,7 +90,7 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
       for (int o = kVecsPerRow / 2; o > 0; o /= 2) {
         rm = fmaxf(rm, __shfl_xor_sync(0xffffffffu, rm, o));
       }
-      if (t % kVecsPerRow == 0) row_scale[r] = rm;  // the row's amax, for now
+      if (vi == 0) row_scale[r] = rm;  // the row's amax, for now
     }
   }
   if (two_d) {
@@ -93,7 +111,7 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
       const float s = pow2_scale(a, fmax);
       row_scale[0] = s;
       if (scale_inv) scale_inv[rb * round4(col_tiles) + cb] = 1.f / s;
-      if (scale_inv_t) scale_inv_t[cb * round4(rows / kTile) + rb] = 1.f / s;
+      if (scale_inv_t) scale_inv_t[cb * round4(row_tiles) + rb] = 1.f / s;
     }
   } else if (t < kTile) {  // thread t: row t's and column t's scales
     float mc = col_part[0][t];
@@ -101,37 +119,48 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
     const float sr = pow2_scale(row_scale[t], fmax), sc = pow2_scale(mc, fmax);
     row_scale[t] = sr;
     col_scale[t] = sc;
-    if (scale_inv) scale_inv[cb * round4(rows) + r0 + t] = 1.f / sr;
-    if (scale_inv_t) scale_inv_t[rb * round4(cols) + c0 + t] = 1.f / sc;
+    if (scale_inv && r0 + t < rows) scale_inv[cb * round4(rows) + r0 + t] = 1.f / sr;
+    if (scale_inv_t && c0 + t < cols) scale_inv_t[rb * round4(cols) + c0 + t] = 1.f / sc;
   }
   __syncthreads();
 
-  if (data != nullptr) {  // rows: 8-byte stores
+  if (data != nullptr) {  // rows: 16 threads per 128-byte row, 8-byte stores
 #pragma unroll
-    for (int i = 0; i < kTile * kTile / kVec / kThreads; ++i) {
-      const int v = t + kThreads * i, r = v / (kTile / kVec), c = v % (kTile / kVec) * kVec;
+    for (int i = 0; i < kPasses; ++i) {
+      const int r = t / kVecsPerRow + kThreads / kVecsPerRow * i;
+      if (!col_in || r0 + r >= rows) continue;
       const float s = two_d ? row_scale[0] : row_scale[r];
-      const auto xv = *reinterpret_cast<const cuda::Vec<T, kVec>*>(&tile[r * kPitch + c]);
+      const V xv = tile[tile_slot(r, vi)];
       cuda::Vec<uint8_t, kVec> q;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         q.v[j] = fp8_bits(static_cast<float>(cuda::to_acc(xv.v[j])) * s, fmax, e4m3);
       }
-      cuda::store_vec<uint8_t, kVec>(data + (r0 + r) * cols + c0 + c, q);
+      cuda::store_vec<uint8_t, kVec>(data + (r0 + r) * cols + c0 + cl, q);
     }
   }
-  if (data_t != nullptr) {  // the transpose: each thread 8 rows of one column, 8-byte stores
+  if (data_t != nullptr) {
+    // The transpose: a task is columns 2p and 2p + 1 over rows 8g..8g + 7 (p < 64, g < 16), read
+    // as 8 two-element words; a warp's 32 tasks are 16 row groups of two pairs, so each of its
+    // stores writes whole 128-byte rows of data_t.
 #pragma unroll
-    for (int i = 0; i < kTile * kTile / kVec / kThreads; ++i) {
-      const int v = t + kThreads * i, c = v % kTile, r = v / kTile * kVec;
-      const float s = two_d ? row_scale[0] : col_scale[c];
-      cuda::Vec<uint8_t, kVec> q;
+    for (int i = 0; i < kPasses / 2; ++i) {
+      const int task = t + kThreads * i, g = task % 16, p = task / 16;
+      const int c = 2 * p, pvi = c / kVec, pj = c % kVec;
+      // rows is a multiple of 8 with a transpose: a row group is all in or all out.
+      if (c0 + c >= cols || r0 + 8 * g >= rows) continue;
+      const float s0 = two_d ? row_scale[0] : col_scale[c];
+      const float s1 = two_d ? row_scale[0] : col_scale[c + 1];
+      cuda::Vec<uint8_t, kVec> q0, q1;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        q.v[j] =
-            fp8_bits(static_cast<float>(cuda::to_acc(tile[(r + j) * kPitch + c])) * s, fmax, e4m3);
+        const int r = 8 * g + j;
+        const T* e = tile[tile_slot(r, pvi)].v + pj;
+        q0.v[j] = fp8_bits(static_cast<float>(cuda::to_acc(e[0])) * s0, fmax, e4m3);
+        q1.v[j] = fp8_bits(static_cast<float>(cuda::to_acc(e[1])) * s1, fmax, e4m3);
       }
-      cuda::store_vec<uint8_t, kVec>(data_t + (c0 + c) * rows + r0 + r, q);
+      cuda::store_vec<uint8_t, kVec>(data_t + (c0 + c) * rows + r0 + 8 * g, q0);
+      cuda::store_vec<uint8_t, kVec>(data_t + (c0 + c + 1) * rows + r0 + 8 * g, q1);
     }
   }
 }
@@ -141,7 +170,7 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
 void launch_fp8_cast_block(const void* x, void* data, float* scale_inv, void* data_t,
                            float* scale_inv_t, int64_t rows, int64_t cols, int64_t block_dim,
                            bool e4m3, KernelDType dtype, cudaStream_t stream) {
-  const int64_t blocks = rows / kTile * (cols / kTile);
+  const int64_t blocks = (rows + kTile - 1) / kTile * ((cols + kTile - 1) / kTile);
   if (blocks == 0) return;
   const auto launch = [&](auto tag) {
     using T = decltype(tag);

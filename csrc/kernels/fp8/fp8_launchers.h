@@ -24,11 +24,12 @@ void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int6
                      double margin, float* amax, float* scale, float* scale_inv, float* history,
                      int64_t history_len, bool use_max, KernelDType dtype, int num_sms,
                      cudaStream_t stream);
-/// Block-scaled FP8 cast (fp8_block_kernels.cu) of x [rows, cols] (16-bit dtype, rows and cols
-/// multiples of 128) in 1x128 (block_dim 1) or 128x128 (2) blocks with power-of-two scales: where
-/// not null, data [rows, cols] with scale_inv in block_scale_shape(rows, cols) layout, and data_t
-/// [cols, rows] (x^T cast the same way) with scale_inv_t in block_scale_shape(cols, rows) layout
-/// (kernels/fp8/fp8_block.h; padding entries left as they are).
+/// Block-scaled FP8 cast (fp8_block_kernels.cu) of x [rows, cols] (16-bit dtype, 16-byte aligned,
+/// cols a multiple of 8, and rows too where data_t is given; the last blocks may be partial) in
+/// 1x128 (block_dim 1) or 128x128 (2) blocks with power-of-two scales: where not null, data [rows,
+/// cols] with scale_inv in block_scale_shape(rows, cols) layout, and data_t [cols, rows] (x^T cast
+/// the same way) with scale_inv_t in block_scale_shape(cols, rows) layout (kernels/fp8/fp8_block.h;
+/// padding entries left as they are).
 void launch_fp8_cast_block(const void* x, void* data, float* scale_inv, void* data_t,
                            float* scale_inv_t, int64_t rows, int64_t cols, int64_t block_dim,
                            bool e4m3, KernelDType dtype, cudaStream_t stream);
