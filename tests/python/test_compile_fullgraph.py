@@ -377,7 +377,10 @@ def test_inductor_never_takes_its_implicit_fallback_path_for_fusible_ops(monkeyp
     monkeypatch.setattr(exc.OperatorIssue, "operator_str", staticmethod(record))
     torch._dynamo.reset()
     torch.manual_seed(0)
-    blocks = [ops.Sequential(ops.RMSNorm(16), ops.Linear(16, 16), ops.GELU()) for _ in range(3)]
+    blocks = [
+        ops.Sequential(ops.RMSNorm(16, device="cpu"), ops.Linear(16, 16, device="cpu"), ops.GELU())
+        for _ in range(3)
+    ]
 
     def loss(x, targets):
         for block in blocks:
