@@ -14,8 +14,8 @@ namespace fusible::kernels {
 namespace {
 
 using cuda::amax_with;
-using cuda::fp8_bits;
 using cuda::fp8_max_of;
+using cuda::fp8_pack;
 
 constexpr int kTile = 128, kThreads = 256, kVec = 8;  // 8 x 16-bit: 16-byte loads
 constexpr int kVecsPerRow = kTile / kVec;             // 16
@@ -131,11 +131,11 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
       if (!col_in || r0 + r >= rows) continue;
       const float s = two_d ? row_scale[0] : row_scale[r];
       const V xv = tile[tile_slot(r, vi)];
-      cuda::Vec<uint8_t, kVec> q;
+      float f[kVec];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        q.v[j] = fp8_bits(static_cast<float>(cuda::to_acc(xv.v[j])) * s, fmax, e4m3);
-      }
+      for (int j = 0; j < kVec; ++j) f[j] = static_cast<float>(cuda::to_acc(xv.v[j])) * s;
+      cuda::Vec<uint8_t, kVec> q;
+      fp8_pack(f, q.v, e4m3);
       cuda::store_vec<uint8_t, kVec>(data + (r0 + r) * cols + c0 + cl, q);
     }
   }
@@ -151,14 +151,16 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
       if (c0 + c >= cols || r0 + 8 * g >= rows) continue;
       const float s0 = two_d ? row_scale[0] : col_scale[c];
       const float s1 = two_d ? row_scale[0] : col_scale[c + 1];
-      cuda::Vec<uint8_t, kVec> q0, q1;
+      float f0[kVec], f1[kVec];
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const int r = 8 * g + j;
-        const T* e = tile[tile_slot(r, pvi)].v + pj;
-        q0.v[j] = fp8_bits(static_cast<float>(cuda::to_acc(e[0])) * s0, fmax, e4m3);
-        q1.v[j] = fp8_bits(static_cast<float>(cuda::to_acc(e[1])) * s1, fmax, e4m3);
+        const T* e = tile[tile_slot(8 * g + j, pvi)].v + pj;
+        f0[j] = static_cast<float>(cuda::to_acc(e[0])) * s0;
+        f1[j] = static_cast<float>(cuda::to_acc(e[1])) * s1;
       }
+      cuda::Vec<uint8_t, kVec> q0, q1;
+      fp8_pack(f0, q0.v, e4m3);
+      fp8_pack(f1, q1.v, e4m3);
       cuda::store_vec<uint8_t, kVec>(data_t + (c0 + c) * rows + r0 + 8 * g, q0);
       cuda::store_vec<uint8_t, kVec>(data_t + (c0 + c + 1) * rows + r0 + 8 * g, q1);
     }

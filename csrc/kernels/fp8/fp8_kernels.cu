@@ -16,8 +16,8 @@ namespace fusible::kernels {
 namespace {
 
 using cuda::amax_with;
-using cuda::fp8_bits;
 using cuda::fp8_max_of;
+using cuda::fp8_pack;
 
 constexpr int kThreads = 256;
 
@@ -137,14 +137,17 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restri
     const int64_t r = r0 + lr, c = c0 + lane * V;
     if (r < rows && c < cols) {
       const auto v = cuda::load_vec<T, V>(x + r * cols + c);
-      cuda::Vec<uint8_t, V> q;
+      float f[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float f = static_cast<float>(cuda::to_acc(v.v[j]));
-        m = amax_with(m, f);
-        q.v[j] = fp8_bits(f * s, fmax, e4m3);
-        tile[lr * kTilePitch + lane * V + j] = q.v[j];
+        f[j] = static_cast<float>(cuda::to_acc(v.v[j]));
+        m = amax_with(m, f[j]);
+        f[j] *= s;
       }
+      cuda::Vec<uint8_t, V> q;
+      fp8_pack(f, q.v, e4m3);
+#pragma unroll
+      for (int j = 0; j < V; ++j) tile[lr * kTilePitch + lane * V + j] = q.v[j];
       cuda::store_vec<uint8_t, V>(data + r * cols + c, q);
     }
   }

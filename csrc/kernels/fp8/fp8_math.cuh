@@ -16,10 +16,26 @@ __device__ __forceinline__ float amax_with(float m, float v) {
   return isnan(a) ? INFINITY : fmaxf(m, a);
 }
 
-/// v (already scaled) as FP8 bits, clamped to the format's range; NaN stays NaN.
-__device__ __forceinline__ uint8_t fp8_bits(float v, float fmax, bool e4m3) {
-  const float c = isnan(v) ? v : fminf(fmaxf(v, -fmax), fmax);
-  return __nv_cvt_float_to_fp8(c, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2);
+/// v (already scaled) as FP8 bits: cvt's satfinite clamps to the format's finite range (infinities
+/// included) and keeps NaN a NaN.
+__device__ __forceinline__ uint8_t fp8_bits(float v, bool e4m3) {
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+/// Two values as fp8_bits in one conversion (Hopper converts pairs): a in the low byte.
+__device__ __forceinline__ uint16_t fp8x2_bits(float a, float b, bool e4m3) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+/// V scaled values as FP8 bytes, converted in pairs (V even).
+template <int V>
+__device__ __forceinline__ void fp8_pack(const float (&v)[V], uint8_t (&out)[V], bool e4m3) {
+#pragma unroll
+  for (int j = 0; j < V; j += 2) {
+    const uint16_t q = fp8x2_bits(v[j], v[j + 1], e4m3);
+    out[j] = static_cast<uint8_t>(q & 0xffu);
+    out[j + 1] = static_cast<uint8_t>(q >> 8);
+  }
 }
 
 }  // namespace fusible::kernels::cuda
