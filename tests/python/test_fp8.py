@@ -1379,6 +1379,32 @@ def qdq_scale(x, scale):
     return (x.double() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).double().cpu() / scale
 
 
+@cuda_only
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_cast_kernels_saturate_and_keep_nan_as_the_reference(fmt):
+    # Values far past the format's range, infinities and a NaN: the CUDA kernels' bytes (scaled,
+    # saturated by the conversion itself) are the CPU reference's.
+    torch.manual_seed(5)
+    x = torch.randn(256, 384) * 2e4
+    x[3, 5], x[70, 200], x[130, 7], x[200, 300] = float("inf"), float("-inf"), float("nan"), 1e9
+    x = x.to(torch.bfloat16)
+    hist = torch.zeros(4)
+    casts = [
+        lambda t: torch.ops.fusible.fp8_cast(t, fmt, 0.0, True),
+        lambda t: torch.ops.fusible.fp8_cast_delayed(
+            t, fmt, hist.to(t.device), torch.full((1,), 4.0, device=t.device), 0.0, "max", True
+        ),
+        lambda t: torch.ops.fusible.fp8_cast_block(t, fmt, 1, True, True),
+        lambda t: torch.ops.fusible.fp8_cast_block(t, fmt, 2, True, True),
+    ]
+    for cast in casts:
+        for got, want in zip(cast(x.cuda()), cast(x), strict=True):
+            got = got.cpu()
+            if got.dtype != torch.float32:
+                got, want = got.view(torch.uint8), want.view(torch.uint8)
+            assert torch.equal(got, want)
+
+
 class TestFp8BlockGemms:
     """Float8BlockScaling on FP8 data: fp8_cast_block (rows and transpose, each in its own
     blocks, scales in cuBLASLt's layout) and block-scaled fp8_gemm (cuBLASLt on CUDA)."""
