@@ -224,13 +224,17 @@ def latest_rows(results, parts):
             for impl in ("fusible", "eager", "compile"):
                 row[impl] = results[part][impl][key]
             rows.append(row)
-    if "large" in parts:  # fusible FP8 (current, block scaling) against eager and compiled bf16
+    # fusible FP8 (current, block scaling) against eager and compiled bf16, and fusible bf16 (the
+    # small MLP's FP8 target is relative to it)
+    for part in parts:
+        fp8_fields = fields + fields_large[:1] if part == "large" else fields[1:]
         for name, impl_key in (("fp8", "fusible_fp8"), ("fp8_block", "fusible_fp8_block")):
-            for suffix, key, unit in fields + fields_large[:1]:
-                row = {"workload": f"mlp_large_{name}_{suffix}", "unit": unit}
-                row["fusible"] = results["large"][impl_key][key]
+            for suffix, key, unit in fp8_fields:
+                row = {"workload": f"mlp_{part}_{name}_{suffix}", "unit": unit}
+                row["fusible"] = results[part][impl_key][key]
                 for impl in ("eager", "compile"):
-                    row[impl] = results["large"][impl][key]
+                    row[impl] = results[part][impl][key]
+                row["fusible_bf16"] = results[part]["fusible"][key]
                 rows.append(row)
     return rows
 
