@@ -8,10 +8,10 @@ scales; the amax pass of current scaling reads the input a second time (counted)
 """
 
 import argparse
-import statistics
 
 import fusible  # noqa: F401  (registers torch.ops.fusible)
 import torch
+from bench_mlp import median_ms
 
 SHAPES = {  # [tokens, features] of a gpt_small and a gpt_medium activation
     "gpt_small_x": (163840, 768),
@@ -19,21 +19,6 @@ SHAPES = {  # [tokens, features] of a gpt_small and a gpt_medium activation
     "gpt_medium_x": (49152, 2048),
 }
 HBM_TBS = 4.8  # H200
-
-
-def median_ms(fn, reps):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
 
 
 def main():
