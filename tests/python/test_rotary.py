@@ -158,14 +158,18 @@ def test_tables_that_require_grad_are_refused():
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this machine")
-@pytest.mark.parametrize("offset", [0, 2])
-def test_cuda_matches_cpu_on_unaligned_and_aligned_views(offset):
-    # An offset of 2 elements breaks 16-byte alignment: the one-pair path runs.
+@pytest.mark.parametrize(
+    "dtype, offset", [(torch.bfloat16, 0), (torch.bfloat16, 2), (torch.float64, 1)]
+)
+def test_cuda_matches_cpu_on_unaligned_and_aligned_views(dtype, offset):
+    # An offset breaks 16-byte alignment: the one-pair path runs, element by element (one pair of
+    # doubles is 16 bytes too, but only 8-byte aligned here).
     heads, head_dim = 4, 64
-    base = torch.randn(2 * 9 * 3 * heads * head_dim + offset, device="cuda").to(torch.bfloat16)
+    base = torch.randn(2 * 9 * 3 * heads * head_dim + offset, device="cuda").to(dtype)
     qkv = base[offset:].view(2, 9, 3 * heads * head_dim)
-    cos, sin = _tables(9, head_dim, device="cuda")
+    table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    cos, sin = _tables(9, head_dim, table_dtype, device="cuda")
     got = F.qkv_rotary_fwd(qkv, cos, sin, heads)
     want = F.qkv_rotary_fwd(qkv.cpu(), cos.cpu(), sin.cpu(), heads)
-    assert_close_to_ref(got, want.double(), torch.bfloat16)
+    assert_close_to_ref(got, want.double(), dtype)
     assert fusible.cuda_built

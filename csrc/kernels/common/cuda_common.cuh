@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/common/launcher_types.h"
 
@@ -81,14 +82,54 @@ inline bool can_vectorize(int64_t n, int vec, std::initializer_list<const void*>
   return true;
 }
 
-/// f(std::integral_constant<int, VEC>) with VEC the 16-byte width of T when n and every pointer
-/// allow it (can_vectorize), else 1.
+/// An access width for a kernel's template: VEC elements per step, moved as one 16-byte access
+/// where `wide`, else one element at a time (a narrow width may equal T's 16-byte one: two
+/// doubles).
+template <int VEC, bool WIDE>
+struct Width : std::integral_constant<int, VEC> {
+  static constexpr bool wide = WIDE;
+};
+
+/// f(Width<16-byte width of T, true>) where `wide`, else f(Width<kNarrow, false>).
+template <typename T, int kNarrow = 1, typename F>
+void dispatch_width(bool wide, F&& f) {
+  if (wide) {
+    f(Width<kVec16<T>, true>{});
+  } else {
+    f(Width<kNarrow, false>{});
+  }
+}
+
+/// dispatch_width on whether n and every pointer allow 16-byte accesses (can_vectorize).
 template <typename T, typename F>
 void dispatch_vec(int64_t n, std::initializer_list<const void*> ptrs, F&& f) {
-  if (can_vectorize(n, kVec16<T>, ptrs)) {
-    f(std::integral_constant<int, kVec16<T>>{});
+  dispatch_width<T>(can_vectorize(n, kVec16<T>, ptrs), std::forward<F>(f));
+}
+
+/// x = the VEC elements at p: one 16-byte access where WIDE (p aligned to it), else one by one.
+template <bool WIDE, typename T, int VEC>
+__device__ __forceinline__ void load_elements(const T* p, T (&x)[VEC]) {
+  if constexpr (WIDE) {
+    const auto v = load_vec<T, VEC>(p);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) x[e] = v.v[e];
   } else {
-    f(std::integral_constant<int, 1>{});
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) x[e] = p[e];
+  }
+}
+
+/// The VEC elements at p = y, as load_elements reads them.
+template <bool WIDE, typename T, int VEC>
+__device__ __forceinline__ void store_elements(T* p, const T (&y)[VEC]) {
+  if constexpr (WIDE) {
+    Vec<T, VEC> v;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) v.v[e] = y[e];
+    store_vec<T, VEC>(p, v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) p[e] = y[e];
   }
 }
 

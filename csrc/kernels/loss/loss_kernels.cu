@@ -50,17 +50,6 @@ __device__ __forceinline__ void block_merge(A& m, A& s) {
 }
 
 template <typename T, int VEC>
-__device__ __forceinline__ void load(const T* p, T (&x)[VEC]) {
-  if constexpr (VEC > 1) {
-    const auto v = cuda::load_vec<T, VEC>(p);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) x[e] = v.v[e];
-  } else {
-    x[0] = *p;
-  }
-}
-
-template <typename T, int VEC>
 __global__ void cross_entropy_fwd_kernel(const T* __restrict__ logits,
                                          const int64_t* __restrict__ targets,
                                          acc_t<T>* __restrict__ loss, acc_t<T>* __restrict__ stats,
@@ -72,7 +61,7 @@ __global__ void cross_entropy_fwd_kernel(const T* __restrict__ logits,
   for (int64_t c = threadIdx.x * static_cast<int64_t>(VEC); c < classes;
        c += static_cast<int64_t>(blockDim.x) * VEC) {
     T v[VEC];
-    load<T, VEC>(x + c, v);
+    cuda::load_elements<(VEC > 1)>(x + c, v);
     A chunk_max = to_acc(v[0]);
 #pragma unroll
     for (int e = 1; e < VEC; ++e) chunk_max = fmax(chunk_max, to_acc(v[e]));
@@ -115,7 +104,7 @@ __global__ void cross_entropy_bwd_kernel(const acc_t<T>* __restrict__ dloss,
   for (int64_t c = threadIdx.x * static_cast<int64_t>(VEC); c < classes;
        c += static_cast<int64_t>(blockDim.x) * VEC) {
     T v[VEC];
-    load<T, VEC>(x + c, v);
+    cuda::load_elements<(VEC > 1)>(x + c, v);
     cuda::Vec<T, VEC> out;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {

@@ -1,6 +1,7 @@
 // Rotary position embedding over a packed q/k/v projection: one elementwise pass each way. A
 // thread takes VEC consecutive elements of one head (16 bytes when head_dim and the layouts allow,
-// else one (even, odd) pair), so each access is one vector load or store.
+// else one (even, odd) pair, read element by element), so a wide access is one vector load or
+// store.
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/rotary/rotary_launchers.h"
 
@@ -10,31 +11,6 @@ namespace {
 using cuda::acc_t;
 using cuda::from_acc;
 using cuda::to_acc;
-
-template <typename T, int VEC>
-__device__ __forceinline__ void load(const T* p, T (&x)[VEC]) {
-  if constexpr (VEC == cuda::kVec16<T>) {
-    const auto v = cuda::load_vec<T, VEC>(p);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) x[e] = v.v[e];
-  } else {
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) x[e] = p[e];
-  }
-}
-
-template <typename T, int VEC>
-__device__ __forceinline__ void store(T* p, const T (&y)[VEC]) {
-  if constexpr (VEC == cuda::kVec16<T>) {
-    cuda::Vec<T, VEC> v;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) v.v[e] = y[e];
-    cuda::store_vec<T, VEC>(p, v);
-  } else {
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) p[e] = y[e];
-  }
-}
 
 // Pairs (x[2p], x[2p + 1]) rotated by +angle (sign 1) or -angle (sign -1, the backward).
 template <typename T, int VEC>
@@ -49,7 +25,7 @@ __device__ __forceinline__ void rotate(const T (&x)[VEC], T (&y)[VEC], const acc
   }
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, bool WIDE>
 __global__ void qkv_rotary_fwd_kernel(const T* __restrict__ qkv, const acc_t<T>* __restrict__ cos,
                                       const acc_t<T>* __restrict__ sin, T* __restrict__ out,
                                       QkvShape shape) {
@@ -60,13 +36,13 @@ __global__ void qkv_rotary_fwd_kernel(const T* __restrict__ qkv, const acc_t<T>*
     const int64_t o = i * VEC, row = o / qk_width, j = o - row * qk_width;
     const int64_t pos = row % shape.seq, pair = (j % shape.head_dim) / 2;
     T x[VEC], y[VEC];
-    load<T, VEC>(qkv + row * (qk_width + qk_width / 2) + j, x);
+    cuda::load_elements<WIDE>(qkv + row * (qk_width + qk_width / 2) + j, x);
     rotate<T, VEC>(x, y, cos + pos * half + pair, sin + pos * half + pair, acc_t<T>(1));
-    store<T, VEC>(out + o, y);
+    cuda::store_elements<WIDE>(out + o, y);
   }
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, bool WIDE>
 __global__ void qkv_rotary_bwd_kernel(QkvGrads grads, const acc_t<T>* __restrict__ cos,
                                       const acc_t<T>* __restrict__ sin, T* __restrict__ dqkv,
                                       QkvShape shape) {
@@ -83,12 +59,12 @@ __global__ void qkv_rotary_bwd_kernel(QkvGrads grads, const acc_t<T>* __restrict
     const T* src = static_cast<const T*>(grads.data[which]) + b * grads.batch_stride[which] +
                    head * grads.head_stride[which] + pos * grads.seq_stride[which] + e;
     T x[VEC], y[VEC];
-    load<T, VEC>(src, x);
+    cuda::load_elements<WIDE>(src, x);
     if (which == 2) {
-      store<T, VEC>(dqkv + o, x);
+      cuda::store_elements<WIDE>(dqkv + o, x);
     } else {
       rotate<T, VEC>(x, y, cos + pos * half + e / 2, sin + pos * half + e / 2, acc_t<T>(-1));
-      store<T, VEC>(dqkv + o, y);
+      cuda::store_elements<WIDE>(dqkv + o, y);
     }
   }
 }
@@ -96,17 +72,6 @@ __global__ void qkv_rotary_bwd_kernel(QkvGrads grads, const acc_t<T>* __restrict
 constexpr int kThreads = 256;
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
-// f(std::integral_constant<int, VEC>): 16-byte vectors when head_dim, the strides and the pointers
-// allow, else one pair.
-template <typename T, typename F>
-void dispatch_width(bool vectorizable, F&& f) {
-  if (vectorizable) {
-    f(std::integral_constant<int, cuda::kVec16<T>>{});
-  } else {
-    f(std::integral_constant<int, 2>{});
-  }
-}
 
 }  // namespace
 
@@ -118,9 +83,9 @@ void launch_qkv_rotary_fwd(const void* qkv, const void* cos, const void* sin, vo
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool vec = shape.head_dim % cuda::kVec16<T> == 0 && aligned16(qkv) && aligned16(out);
-    dispatch_width<T>(vec, [&](auto width) {
-      constexpr int VEC = decltype(width)::value;
-      qkv_rotary_fwd_kernel<T, VEC>
+    cuda::dispatch_width<T, 2>(vec, [&](auto width) {
+      constexpr int VEC = decltype(width)::value;  // one (even, odd) pair where not wide
+      qkv_rotary_fwd_kernel<T, VEC, decltype(width)::wide>
           <<<cuda::grid_for(n / VEC, kThreads, num_sms), kThreads, 0, stream>>>(
               static_cast<const T*>(qkv), static_cast<const acc_t<T>*>(cos),
               static_cast<const acc_t<T>*>(sin), static_cast<T*>(out), shape);
@@ -142,9 +107,9 @@ void launch_qkv_rotary_bwd(const QkvGrads& grads, const void* cos, const void* s
       vec = vec && aligned16(grads.data[g]) && grads.batch_stride[g] % kVec == 0 &&
             grads.head_stride[g] % kVec == 0 && grads.seq_stride[g] % kVec == 0;
     }
-    dispatch_width<T>(vec, [&](auto width) {
+    cuda::dispatch_width<T, 2>(vec, [&](auto width) {
       constexpr int VEC = decltype(width)::value;
-      qkv_rotary_bwd_kernel<T, VEC>
+      qkv_rotary_bwd_kernel<T, VEC, decltype(width)::wide>
           <<<cuda::grid_for(n / VEC, kThreads, num_sms), kThreads, 0, stream>>>(
               grads, static_cast<const acc_t<T>*>(cos), static_cast<const acc_t<T>*>(sin),
               static_cast<T*>(dqkv), shape);
