@@ -17,22 +17,24 @@ void bind_quantization(py::module_& m) {
   py::class_<Fp8Recipe, std::shared_ptr<Fp8Recipe>>(m, "Fp8Recipe")
       .def(py::init([](std::string kind, std::string forward_format, std::string backward_format,
                        double margin, int64_t amax_history_len, std::string amax_compute_algo,
-                       int64_t x_block_dim, int64_t w_block_dim, int64_t grad_block_dim) {
+                       int64_t x_block_dim, int64_t w_block_dim, int64_t grad_block_dim,
+                       int64_t min_tokens) {
              return std::make_shared<Fp8Recipe>(
                  Fp8Recipe{std::move(kind), std::move(forward_format), std::move(backward_format),
                            margin, amax_history_len, std::move(amax_compute_algo), x_block_dim,
-                           w_block_dim, grad_block_dim});
+                           w_block_dim, grad_block_dim, min_tokens});
            }),
            py::arg("kind"), py::arg("forward_format"), py::arg("backward_format"),
            py::arg("margin"), py::arg("amax_history_len") = 1024,
            py::arg("amax_compute_algo") = "max", py::arg("x_block_dim") = 1,
-           py::arg("w_block_dim") = 2, py::arg("grad_block_dim") = 1)
+           py::arg("w_block_dim") = 2, py::arg("grad_block_dim") = 1, py::arg("min_tokens") = 0)
       .def_readonly("amax_history_len", &Fp8Recipe::amax_history_len)
       .def_readonly("amax_compute_algo", &Fp8Recipe::amax_compute_algo)
       .def_readonly("kind", &Fp8Recipe::kind)
       .def_readonly("forward_format", &Fp8Recipe::forward_format)
       .def_readonly("backward_format", &Fp8Recipe::backward_format)
-      .def_readonly("margin", &Fp8Recipe::margin);
+      .def_readonly("margin", &Fp8Recipe::margin)
+      .def_readonly("min_tokens", &Fp8Recipe::min_tokens);
   // (enabled, recipe or None) in, the previous pair out: Python's autocast restores it on exit.
   m.def(
       "_exchange_fp8_autocast",

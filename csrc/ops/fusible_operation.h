@@ -176,6 +176,13 @@ class BasicOperation : public FusibleOperation {
     if (cast.on()) fp8_recipe_ = cast.recipe;
     return cast;
   }
+  /// fp8_cast for GEMMs over `rows` rows (tokens): off where the recipe's min_tokens asks for
+  /// more (the op then computes as without FP8, forward and backward).
+  Fp8Cast fp8_cast(const at::Tensor& like, int64_t rows) {
+    auto cast = fp8_cast(like);
+    if (cast.on() && rows < cast.recipe->min_tokens) return {};
+    return cast;
+  }
   /// The recipe of the op's latest forward under an FP8 autocast (or of reset_fp8_state).
   const std::shared_ptr<const Fp8Recipe>& fp8_recipe() const { return fp8_recipe_; }
   /// te.ops' reset_recipe_state: fresh quantizer state for `recipe` (null clears it) on device.

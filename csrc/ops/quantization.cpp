@@ -36,6 +36,8 @@ void check(const Fp8Autocast& a) {
                         d);
     }
   }
+  TORCH_CHECK_VALUE(a.recipe->min_tokens >= 0,
+                    "fusible.autocast: expected fp8_min_tokens >= 0, got ", a.recipe->min_tokens);
   if (a.recipe->kind == "delayed") {
     TORCH_CHECK_VALUE(a.recipe->amax_history_len >= 1,
                       "fusible.autocast: expected amax_history_len >= 1, got ",
@@ -243,7 +245,8 @@ std::string recipe_key(const Fp8Recipe* r) {
   std::ostringstream out;
   out << std::setprecision(17) << r->kind << ';' << r->forward_format << ';' << r->backward_format
       << ';' << r->margin << ';' << r->amax_history_len << ';' << r->amax_compute_algo << ';'
-      << r->x_block_dim << ';' << r->w_block_dim << ';' << r->grad_block_dim;
+      << r->x_block_dim << ';' << r->w_block_dim << ';' << r->grad_block_dim << ';'
+      << r->min_tokens;
   return out.str();
 }
 
@@ -251,15 +254,16 @@ std::shared_ptr<const Fp8Recipe> recipe_from_key(const std::string& key) {
   if (key.empty()) return nullptr;
   std::istringstream in(key);
   auto r = std::make_shared<Fp8Recipe>();
-  char sep[8] = {};
+  char sep[8] = {};  // the ';' after each number but the last
   std::getline(in, r->kind, ';');
   std::getline(in, r->forward_format, ';');
   std::getline(in, r->backward_format, ';');
   in >> r->margin >> sep[0] >> r->amax_history_len >> sep[1];
   std::getline(in, r->amax_compute_algo, ';');
-  in >> r->x_block_dim >> sep[2] >> r->w_block_dim >> sep[3] >> r->grad_block_dim;
+  in >> r->x_block_dim >> sep[2] >> r->w_block_dim >> sep[3] >> r->grad_block_dim >> sep[4] >>
+      r->min_tokens;
   const bool ok = !in.fail() && in.peek() == std::char_traits<char>::eof() &&
-                  std::all_of(sep, sep + 4, [](char c) { return c == ';'; });
+                  std::all_of(sep, sep + 5, [](char c) { return c == ';'; });
   TORCH_CHECK_VALUE(ok, "fusible: '", key, "' is not an FP8 recipe key");
   check({true, r});
   return r;

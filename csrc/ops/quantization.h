@@ -28,6 +28,9 @@ struct Fp8Recipe {
   // Float8BlockScaling only: 1 (1x128 blocks) or 2 (128x128) for inputs, weights and gradients;
   // scales are powers of two.
   int64_t x_block_dim = 1, w_block_dim = 2, grad_block_dim = 1;
+  // A linear over fewer rows (tokens) than this runs without FP8, its GEMMs in the compute dtype
+  // (the recipe's fp8_min_tokens, an opt-in for shapes too small to pay for the casts); 0: never.
+  int64_t min_tokens = 0;
 };
 
 /// One tensor's delayed-scaling state (fp32, on the tensor's device): its amax history, newest

@@ -36,6 +36,7 @@ def _cpp_recipe(recipe):
         )
     fmt = recipe.fp8_format
     margin = float(getattr(recipe, "margin", 0))
+    min_tokens = int(getattr(recipe, "fp8_min_tokens", 0))
     if recipe.delayed():
         algo = recipe.amax_compute_algo
         if callable(algo):
@@ -54,6 +55,7 @@ def _cpp_recipe(recipe):
             margin,
             int(recipe.amax_history_len),
             algo,
+            min_tokens=min_tokens,
         )
     if recipe.float8_block_scaling():
         return _C.Fp8Recipe(
@@ -64,8 +66,11 @@ def _cpp_recipe(recipe):
             x_block_dim=int(recipe.x_block_scaling_dim),
             w_block_dim=int(recipe.w_block_scaling_dim),
             grad_block_dim=int(recipe.grad_block_scaling_dim),
+            min_tokens=min_tokens,
         )
-    return _C.Fp8Recipe(recipe._kind, fmt.forward_format, fmt.backward_format, margin)
+    return _C.Fp8Recipe(
+        recipe._kind, fmt.forward_format, fmt.backward_format, margin, min_tokens=min_tokens
+    )
 
 
 @contextlib.contextmanager

@@ -55,13 +55,25 @@ class Recipe:
                 f"{type(self).__name__}: expected fp8_format to be a recipe.Format, got "
                 f"{type(self.fp8_format).__name__}"
             )
+        n = self.fp8_min_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(
+                f"{type(self).__name__}: expected fp8_min_tokens to be an int >= 0, got {n!r}"
+            )
 
 
 @dataclass
 class Float8CurrentScaling(Recipe):
-    """Per-tensor scale = fp8_max / amax of the tensor being cast (no state between steps)."""
+    """Per-tensor scale = fp8_max / amax of the tensor being cast (no state between steps).
+
+    fp8_min_tokens (fusible's, not te's; every recipe): a Linear or GroupedLinear whose call has
+    fewer input rows (tokens) than this runs without FP8, forward and backward, its GEMMs in the
+    compute dtype: for shapes too small to pay for the casts. 0 (the default): the recipe's
+    numerics everywhere.
+    """
 
     fp8_format: Format = Format.HYBRID
+    fp8_min_tokens: int = 0
     _kind = "current"
 
     def __post_init__(self):
@@ -81,6 +93,7 @@ class DelayedScaling(Recipe):
     reduce_amax: bool = True
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    fp8_min_tokens: int = 0  # as Float8CurrentScaling's
     _kind = "delayed"
 
     def __post_init__(self):
@@ -107,6 +120,7 @@ class Float8BlockScaling(Recipe):
     x_block_scaling_dim: int = 1
     w_block_scaling_dim: int = 2
     grad_block_scaling_dim: int = 1
+    fp8_min_tokens: int = 0  # as Float8CurrentScaling's
     _kind = "block"
 
     def __post_init__(self):

@@ -95,6 +95,7 @@ TEST(Fp8Autocast, RecipeKeyRoundTrips) {
   r->margin = 0.1;  // not exact in binary: the key must keep every bit
   r->amax_compute_algo = "most_recent";
   r->x_block_dim = 2;
+  r->min_tokens = 64;
   const auto back = ops::recipe_from_key(ops::recipe_key(r.get()));
   ASSERT_NE(back, nullptr);
   EXPECT_EQ(ops::recipe_key(back.get()), ops::recipe_key(r.get()));
@@ -102,8 +103,10 @@ TEST(Fp8Autocast, RecipeKeyRoundTrips) {
   EXPECT_EQ(back->amax_history_len, 3);
   EXPECT_EQ(back->amax_compute_algo, "most_recent");
   EXPECT_EQ(back->x_block_dim, 2);
+  EXPECT_EQ(back->min_tokens, 64);
   EXPECT_THROW(ops::recipe_from_key("delayed;e4m3"), c10::ValueError);
-  EXPECT_THROW(ops::recipe_from_key("mxfp8;e4m3;e5m2;0;3;max;1;2;1"), c10::ValueError);
+  EXPECT_THROW(ops::recipe_from_key("delayed;e4m3;e5m2;0;3;max;1;2;1"), c10::ValueError);
+  EXPECT_THROW(ops::recipe_from_key("mxfp8;e4m3;e5m2;0;3;max;1;2;1;0"), c10::ValueError);
 }
 
 // A compiled call's backward recomputes its forward: under delayed scaling it must cast with the

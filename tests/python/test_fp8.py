@@ -1524,3 +1524,81 @@ class TestFp8BlockGemms:
         for g, ref in zip(got, refs):
             err = (g.double().cpu().reshape(ref.shape) - ref).norm() / ref.norm()
             assert err < 1e-2, err  # bf16 outputs of exact FP8 products (measured: ~2e-3)
+
+
+class TestFp8MinTokens:
+    """recipe.fp8_min_tokens: a linear over fewer rows runs without FP8 (opt-in); at or above it,
+    and by default, the recipe's numerics."""
+
+    RECIPES = [
+        lambda n: recipe.Float8CurrentScaling(fp8_min_tokens=n),
+        lambda n: recipe.DelayedScaling(fp8_min_tokens=n, amax_history_len=4),
+        lambda n: recipe.Float8BlockScaling(fp8_min_tokens=n),
+    ]
+
+    @staticmethod
+    def _run(model, x, dy, r):
+        for p in model.parameters():
+            p.grad = None
+        xg = x.clone().requires_grad_()
+        with fusible.autocast(enabled=r is not None, recipe=r):
+            y = model(xg)
+        y.backward(dy)
+        return [y.detach(), xg.grad] + [p.grad.clone() for p in model.parameters()]
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("make", RECIPES)
+    def test_below_the_threshold_equals_no_fp8_and_at_it_the_recipe(self, device, make):
+        torch.manual_seed(21)
+        model = ops.Sequential(
+            ops.LayerNorm(128, device=device),
+            ops.Linear(128, 256, device=device),
+            ops.GELU(),
+            ops.Linear(256, 128, device=device),
+        )
+        for p in model.parameters():  # every parameter random (norm scale and biases too)
+            torch.nn.init.normal_(p, std=0.5)
+        for rows in (16, 32):
+            x = torch.randn(rows, 128, device=device)
+            dy = torch.randn(rows, 128, device=device)
+            # Each run on its own copy: delayed scaling's state starts fresh in each.
+            plain = self._run(copy.deepcopy(model), x, dy, None)
+            fp8 = self._run(copy.deepcopy(model), x, dy, make(0))
+            gated = self._run(copy.deepcopy(model), x, dy, make(32))
+            assert any(not torch.equal(a, b) for a, b in zip(fp8, plain))  # FP8 changes values
+            want = plain if rows < 32 else fp8
+            for got, ref in zip(gated, want, strict=True):
+                torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+    def test_delayed_histories_are_left_alone_below_the_threshold(self):
+        torch.manual_seed(22)
+        lin = ops.BasicLinear(32, 32, device="cpu")
+        r = recipe.DelayedScaling(fp8_min_tokens=32, amax_history_len=4)
+        with fusible.autocast(recipe=r):
+            lin(torch.randn(64, 32)).sum().backward()
+        quantizers = [lin.get_input_quantizer(), lin.get_grad_output_quantizer()]
+        before = [q.amax_history.clone() for q in quantizers]
+        assert all(h.abs().sum() > 0 for h in before)  # the 64-row call recorded its amaxes
+        with fusible.autocast(recipe=r):
+            lin(torch.randn(8, 32)).sum().backward()
+        for q, h in zip(quantizers, before, strict=True):
+            assert torch.equal(q.amax_history, h)
+
+    def test_bad_values_are_refused(self):
+        for bad in (-1, 2.5, True, "8"):
+            with pytest.raises(ValueError, match="fp8_min_tokens"):
+                recipe.Float8CurrentScaling(fp8_min_tokens=bad)
+
+    @pytest.mark.parametrize("backend", ["aot_eager"])
+    def test_under_torch_compile_equals_eager(self, backend):
+        torch.manual_seed(23)
+        model = ops.Sequential(ops.Linear(64, 64, device="cpu"), ops.GELU())
+        r = recipe.Float8CurrentScaling(fp8_min_tokens=32)
+        x = torch.randn(16, 64)
+        dy = torch.randn(16, 64)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        got = self._run(compiled, x, dy, r)
+        want = self._run(model, x, dy, None)  # 16 rows < 32: no FP8
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

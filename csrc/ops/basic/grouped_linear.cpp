@@ -230,7 +230,7 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
   const bool need_x = ctx.requires_grad && any_weight_grad;
   // Under an FP8 autocast the GEMMs see each group's x and W cast by its own quantizers (te.ops'
   // per-group quantizers), emulated: cast to FP8 and back, GEMMs in the compute dtype.
-  ctx.fp8 = fp8_cast(input);
+  ctx.fp8 = fp8_cast(input, rows);  // all groups' tokens against the recipe's min_tokens
   auto x_gemm = x;
   at::Tensor x_wgrad = x_nd;  // as it came (see below)
   if (ctx.fp8.on()) {
