@@ -12,6 +12,8 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("cuda_built") = false;
 #endif
+  m.attr("version") = FUSIBLE_VERSION;        // the C++ build's (CMake's project version)
+  m.attr("cuda_archs") = FUSIBLE_CUDA_ARCHS;  // TORCH_CUDA_ARCH_LIST of the kernels, or ""
   fusible::python::bind_context(m);
   fusible::python::bind_ops(m);
   fusible::python::bind_fuser(m);

@@ -14,12 +14,14 @@ import torch  # noqa: F401  (libtorch must be loaded before libfusible)
 ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
 
 from . import _C, _inductor_fallbacks, functional, ops, recipe  # noqa: E402  (after the above)
+from ._version import __version__  # noqa: E402
 from .quantization import autocast, fp8_available, quantized_model_init  # noqa: E402
 
 cuda_built: bool = _C.cuda_built
 _inductor_fallbacks.install()
 
 __all__ = [
+    "__version__",
     "autocast",
     "cuda_built",
     "fp8_available",
