@@ -8,14 +8,13 @@ usage: python scripts/gpu_probe_host.py
 """
 
 import os
-import statistics
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-from bench_mlp import SHAPES, make_models  # noqa: E402
+from bench_mlp import SHAPES, make_models, median_ms  # noqa: E402
 
 F = torch.ops.fusible
 tf = torch.nn.functional
@@ -33,20 +32,6 @@ def host_us(fn, iters=200, repeats=5):
         torch.cuda.synchronize()
         res.append((time.perf_counter() - t) / iters * 1e6)
     return min(res)
-
-
-def gpu_ms(fn, reps=20):
-    for _ in range(3):
-        fn()
-    pairs = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        pairs.append((s, e))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
 
 
 def cuda_events(fn):
@@ -148,7 +133,7 @@ def main():
     with torch.no_grad():
         for name, fn in gemms:
             n, m = cuda_events(fn)
-            print(f"{name:50} {gpu_ms(fn):8.3f} {n:7d} {m:8d}")
+            print(f"{name:50} {median_ms(fn, reps=20, warmup=3):8.3f} {n:7d} {m:8d}")
 
 
 if __name__ == "__main__":

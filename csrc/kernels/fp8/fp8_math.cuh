@@ -4,6 +4,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace fusible::kernels::cuda {
 
@@ -33,8 +34,7 @@ __device__ __forceinline__ void fp8_pack(const float (&v)[V], uint8_t (&out)[V],
 #pragma unroll
   for (int j = 0; j < V; j += 2) {
     const uint16_t q = fp8x2_bits(v[j], v[j + 1], e4m3);
-    out[j] = static_cast<uint8_t>(q & 0xffu);
-    out[j + 1] = static_cast<uint8_t>(q >> 8);
+    memcpy(&out[j], &q, sizeof(q));  // little-endian: v[j] lands in out[j]
   }
 }
 

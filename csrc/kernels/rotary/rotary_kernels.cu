@@ -71,8 +71,6 @@ __global__ void qkv_rotary_bwd_kernel(QkvGrads grads, const acc_t<T>* __restrict
 
 constexpr int kThreads = 256;
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void launch_qkv_rotary_fwd(const void* qkv, const void* cos, const void* sin, void* out,
@@ -82,7 +80,7 @@ void launch_qkv_rotary_fwd(const void* qkv, const void* cos, const void* sin, vo
   if (n == 0) return;
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const bool vec = shape.head_dim % cuda::kVec16<T> == 0 && aligned16(qkv) && aligned16(out);
+    const bool vec = cuda::can_vectorize(shape.head_dim, cuda::kVec16<T>, {qkv, out});
     cuda::dispatch_width<T, 2>(vec, [&](auto width) {
       constexpr int VEC = decltype(width)::value;  // one (even, odd) pair where not wide
       qkv_rotary_fwd_kernel<T, VEC, decltype(width)::wide>
@@ -102,10 +100,11 @@ void launch_qkv_rotary_bwd(const QkvGrads& grads, const void* cos, const void* s
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = cuda::kVec16<T>;
-    bool vec = shape.head_dim % kVec == 0 && aligned16(dqkv);
+    bool vec = cuda::can_vectorize(shape.head_dim, kVec,
+                                   {dqkv, grads.data[0], grads.data[1], grads.data[2]});
     for (int g = 0; g < 3; ++g) {
-      vec = vec && aligned16(grads.data[g]) && grads.batch_stride[g] % kVec == 0 &&
-            grads.head_stride[g] % kVec == 0 && grads.seq_stride[g] % kVec == 0;
+      vec = vec && grads.batch_stride[g] % kVec == 0 && grads.head_stride[g] % kVec == 0 &&
+            grads.seq_stride[g] % kVec == 0;
     }
     cuda::dispatch_width<T, 2>(vec, [&](auto width) {
       constexpr int VEC = decltype(width)::value;
