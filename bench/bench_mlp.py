@@ -4,12 +4,13 @@
     routed through a channel. `fusible_fp8`: the same Sequential under
     fusible.autocast(recipe=Float8CurrentScaling()) (FP8 GEMMs), against eager and compiled bf16;
     its relative error against eager bf16 (y and every gradient) is printed and recorded;
-    `fusible_fp8_block`: the same under Float8BlockScaling (block-scaled FP8 GEMMs; printed).
+    `fusible_fp8_block`: the same under Float8BlockScaling (block-scaled FP8 GEMMs; printed);
+    `fusible_fp8_delayed`: the same under DelayedScaling.
 Timing: CUDA events per repetition, warm-up first, median of many; every forward+backward starts
 with the parameters' and input's .grad cleared (as PERF.md's baselines.py), outside the timed span,
 so no gradient accumulation is timed or counted. Memory: the peak allocated during one
-forward+backward minus what was allocated before it. Writes a table to stdout, bench_mlp.json and
-latest.json (the issue's row format) to $BENCH_OUT (default build/bench).
+forward+backward minus what was allocated before it. Writes a table to stdout and bench_mlp.json
+to $BENCH_OUT (default build/bench), and merges its rows into latest.json there.
 
 usage: python bench/bench_mlp.py [--parts small,large] [--reps N]
 """
@@ -17,6 +18,7 @@ usage: python bench/bench_mlp.py [--parts small,large] [--reps N]
 import argparse
 import json
 import os
+import re
 import statistics
 import time
 
@@ -44,6 +46,18 @@ def median_ms(fn, reps, warmup=5, setup=lambda: None):
         pairs.append((s, e))
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def merge_latest(out_dir, rows, meta):
+    """Merges rows into out_dir/latest.json (the issue's row format, one file for every bench):
+    rows of the same workload are replaced, the others kept; meta (gpu, date, torch...) updated."""
+    path = os.path.join(out_dir, "latest.json")
+    latest = json.load(open(path)) if os.path.exists(path) else {"rows": []}
+    latest.update(meta)
+    names = {r["workload"] for r in rows}
+    latest["rows"] = [r for r in latest["rows"] if r["workload"] not in names] + list(rows)
+    with open(path, "w") as f:
+        json.dump(latest, f, indent=1)
 
 
 def make_models(T, H, F_, dev):
@@ -77,12 +91,17 @@ def make_models(T, H, F_, dev):
         with fusible.autocast(recipe=recipe.Float8BlockScaling()):
             return seq(x)
 
+    def fusible_fp8_delayed_fn(x):
+        with fusible.autocast(recipe=recipe.DelayedScaling()):
+            return seq(x)
+
     models = {
         "fusible": fusible_fn,
         "eager": eager_fn,
         "compile": torch.compile(eager_fn),
         "fusible_fp8": fusible_fp8_fn,
         "fusible_fp8_block": fusible_fp8_block_fn,
+        "fusible_fp8_delayed": fusible_fp8_delayed_fn,
     }
     return models, list(seq.parameters()), seq
 
@@ -108,6 +127,28 @@ def cuda_kernels(fn):
         fn()
         torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+# cuBLAS(Lt)'s GEMM kernels (nvjet_*, *gemm*, CUTLASS's) and its split-K reduction.
+GEMM_KERNEL = re.compile(r"nvjet|gemm|xmma|cutlass|splitKreduce", re.IGNORECASE)
+
+
+def nongemm_gpu_ms(fn):
+    """GPU time (ms) of one call of fn spent in kernels other than GEMMs (torch.profiler, after a
+    warm-up call): the casts, norms, activations and reductions around the GEMMs."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return (
+        sum(
+            e.time_range.elapsed_us()
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and not GEMM_KERNEL.search(e.name)
+        )
+        / 1e3
+    )
 
 
 def kernel_table(fn):
@@ -196,6 +237,7 @@ def run_part(name, reps, profile=False):
         with torch.no_grad():
             rows[label]["kernels_fwd"] = cuda_kernels(lambda: fn(x))
         rows[label]["kernels_fwd_bwd"] = cuda_kernels(fresh_step)
+        rows[label]["nongemm_fwd_bwd_ms"] = nongemm_gpu_ms(fresh_step)
         if profile and label in ("fusible", "eager", "fusible_fp8", "fusible_fp8_block"):
             with torch.no_grad():
                 print(f"== {name} {label}: kernels of one forward\n{kernel_table(lambda: fn(x))}")
@@ -224,11 +266,21 @@ def latest_rows(results, parts):
             for impl in ("fusible", "eager", "compile"):
                 row[impl] = results[part][impl][key]
             rows.append(row)
-    # fusible FP8 (current, block scaling) against eager and compiled bf16, and fusible bf16 (the
-    # small MLP's FP8 target is relative to it)
+    if "large" in parts:  # GPU time outside GEMM kernels, one bf16 forward+backward
+        row = {"workload": "mlp_large_bf16_nongemm_gpu_ms", "unit": "ms"}
+        for impl in ("fusible", "eager", "compile"):
+            row[impl] = results["large"][impl]["nongemm_fwd_bwd_ms"]
+        rows.append(row)
+    # fusible FP8 (current, block, delayed scaling) against eager and compiled bf16, and fusible
+    # bf16 (the small MLP's FP8 target is relative to it)
+    recipes = (
+        ("fp8", "fusible_fp8"),
+        ("fp8_block", "fusible_fp8_block"),
+        ("fp8_delayed", "fusible_fp8_delayed"),
+    )
     for part in parts:
-        fp8_fields = fields + fields_large[:1] if part == "large" else fields[1:]
-        for name, impl_key in (("fp8", "fusible_fp8"), ("fp8_block", "fusible_fp8_block")):
+        fp8_fields = fields + fields_large if part == "large" else fields[1:]
+        for name, impl_key in recipes:
             for suffix, key, unit in fp8_fields:
                 row = {"workload": f"mlp_{part}_{name}_{suffix}", "unit": unit}
                 row["fusible"] = results[part][impl_key][key]
@@ -256,12 +308,10 @@ def main():
         results[part], results[f"{part}_fp8_rel_err"] = run_part(part, args.reps, args.profile)
     with open(os.path.join(out_dir, "bench_mlp.json"), "w") as f:
         json.dump(results, f, indent=1)
-    latest = {k: results[k] for k in ("gpu", "date", "torch")}
-    latest["rows"] = latest_rows(results, args.parts.split(","))
+    meta = {k: results[k] for k in ("gpu", "date", "torch")}
     if "large" in args.parts.split(","):
-        latest["mlp_large_fp8_rel_err_vs_eager_bf16"] = results["large_fp8_rel_err"]
-    with open(os.path.join(out_dir, "latest.json"), "w") as f:
-        json.dump(latest, f, indent=1)
+        meta["mlp_large_fp8_rel_err_vs_eager_bf16"] = results["large_fp8_rel_err"]
+    merge_latest(out_dir, latest_rows(results, args.parts.split(",")), meta)
     print(f"MLP bf16 on {results['gpu']} (median ms, CUDA events)")
     header = ("part", "impl", "forward", "fwd+bwd", "fwd vs eager", "f+b vs eager")
     print("{:6} {:8} {:>9} {:>9} {:>13} {:>13}".format(*header))

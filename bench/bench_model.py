@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE.parent / "examples" / "python"))
 import gpt  # noqa: E402
 import gpt_data  # noqa: E402
 import train_gpt  # noqa: E402
-from bench_mlp import median_ms  # noqa: E402
+from bench_mlp import median_ms, merge_latest  # noqa: E402
 
 VARIANTS = (
     "eager",
@@ -243,12 +243,7 @@ def main():
                 )
                 for name, ms in prof["top"]:
                     print(f"    {ms:8.2f} ms  {name}")
-    latest_path = out_dir / "latest.json"
-    latest = json.loads(latest_path.read_text()) if latest_path.exists() else {**meta, "rows": []}
-    new = latest_rows(results)
-    names = {r["workload"] for r in new}
-    latest["rows"] = [r for r in latest["rows"] if r["workload"] not in names] + new
-    latest_path.write_text(json.dumps(latest, indent=1))
+    merge_latest(str(out_dir), latest_rows(results), meta)
     print(f"GPT training step on {meta['gpu']} (median ms; x: eager / this)")
     for size, by_variant in results.items():
         eager = by_variant.get("eager", {}).get("step_ms")

@@ -7,10 +7,11 @@ Implementations, one run:
   eager        a PyTorch loop of F.linear per expert over x.split(sizes) (sizes a host list)
   compile      the same loop under torch.compile
   grouped_mm   torch._grouped_mm for the two GEMMs (device offsets) with eager SwiGLU and scaling
+  fusible_fp8  fusible's Sequential under fusible.autocast(recipe=Float8CurrentScaling()): FP8
+               grouped GEMMs, against the others in bf16
 All compute the same function from the same weights (checked: relative error against eager).
 Timing as bench_mlp.py (CUDA events, warm-up, median; .grad cleared outside the timed span).
-Writes bench_moe.json and appends its rows to latest_moe.json in $BENCH_OUT (default
-build/bench).
+Writes bench_moe.json and merges its rows into latest.json in $BENCH_OUT (default build/bench).
 
 usage: python bench/bench_moe.py [--reps N] [--profile]
 """
@@ -20,10 +21,11 @@ import json
 import os
 import time
 
+import fusible
 import torch
 import torch.nn.functional as F
-from bench_mlp import idle_gaps, kernel_table, median_ms, peak_mib
-from fusible import ops
+from bench_mlp import idle_gaps, kernel_table, median_ms, merge_latest, peak_mib
+from fusible import ops, recipe
 
 E, T, H, FF = 8, 16384, 4096, 2048
 SHARES = (0.22, 0.18, 0.15, 0.13, 0.11, 0.09, 0.07, 0.05)  # uneven routing
@@ -60,6 +62,10 @@ def make_models(sizes, dev):
     def fusible_fn(x, probs):
         return seq(x, split_dev, probs, split_dev)
 
+    def fusible_fp8_fn(x, probs):
+        with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
+            return seq(x, split_dev, probs, split_dev)
+
     def eager_fn(x, probs):
         ys = []
         for e, (xe, pe) in enumerate(zip(x.split(sizes), probs.split(sizes))):
@@ -77,9 +83,11 @@ def make_models(sizes, dev):
         "eager": eager_fn,
         "compile": torch.compile(eager_fn),
         "grouped_mm": grouped_mm_fn,
+        "fusible_fp8": fusible_fp8_fn,
     }
     params = {
         "fusible": list(seq.parameters()),
+        "fusible_fp8": list(seq.parameters()),
         "eager": w1s + w2s,
         "compile": w1s + w2s,
         "grouped_mm": [w1, w2],
@@ -129,7 +137,7 @@ def main():
             "fwd_bwd_ms": fb,
             "fwd_bwd_mib": peak_mib(step, params[label] + [xg, pg]),
         }
-        if args.profile and label in ("fusible", "grouped_mm"):
+        if args.profile and label in ("fusible", "grouped_mm", "fusible_fp8"):
 
             def fresh_step(zero_grads=zero_grads, step=step):
                 zero_grads()
@@ -143,19 +151,27 @@ def main():
     results["impls"] = rows
     with open(os.path.join(out_dir, "bench_moe.json"), "w") as f:
         json.dump(results, f, indent=1)
-    latest = {k: results[k] for k in ("gpu", "date", "torch", "split_sizes")}
+    latest = {k: results[k] for k in ("gpu", "date", "torch")} | {"moe_split_sizes": sizes}
+    bf16 = [impl for impl in models if impl != "fusible_fp8"]
+    fields = (("fwd", "forward_ms", "ms"), ("fwd_bwd", "fwd_bwd_ms", "ms"))
+    fields += (("fwd_bwd_mem", "fwd_bwd_mib", "MiB"),)
     latest["rows"] = [
         {"workload": f"moe_grouped_bf16_{suffix}", "unit": unit}
-        | {impl: rows[impl][key] for impl in models}
-        for suffix, key, unit in (
-            ("fwd", "forward_ms", "ms"),
-            ("fwd_bwd", "fwd_bwd_ms", "ms"),
-            ("fwd_bwd_mem", "fwd_bwd_mib", "MiB"),
-        )
+        | {impl: rows[impl][key] for impl in bf16}
+        for suffix, key, unit in fields
     ]
-    with open(os.path.join(out_dir, "latest_moe.json"), "w") as f:
-        json.dump(latest, f, indent=1)
-    print(f"MoE expert MLP bf16 on {results['gpu']}, split {sizes} (median ms, CUDA events)")
+    # FP8 against the bf16 implementations (the issue's `fusible_bf16` column: fusible's bf16)
+    latest["rows"] += [
+        {"workload": f"moe_grouped_fp8_{suffix}", "unit": unit, "fusible": rows["fusible_fp8"][key]}
+        | {impl: rows[impl][key] for impl in bf16 if impl != "fusible"}
+        | {"fusible_bf16": rows["fusible"][key]}
+        for suffix, key, unit in fields
+    ]
+    merge_latest(out_dir, latest.pop("rows"), latest)
+    print(
+        f"MoE expert MLP (bf16; fusible_fp8: FP8 current scaling) on {results['gpu']}, "
+        f"split {sizes} (median ms, CUDA events)"
+    )
     header = ("impl", "forward", "fwd+bwd", "MiB", "fwd vs eager", "f+b vs eager")
     print("{:11} {:>9} {:>9} {:>9} {:>12} {:>12}  rel err vs eager (y, dx, dprobs)".format(*header))
     for impl, r in rows.items():

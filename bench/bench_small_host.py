@@ -20,7 +20,7 @@ import statistics
 import time
 
 import torch
-from bench_mlp import SHAPES, make_models
+from bench_mlp import SHAPES, make_models, merge_latest
 from fusible.ops._call import call_parameters
 
 F = torch.ops.fusible
@@ -145,15 +145,9 @@ def main():
 
     out_dir = os.environ.get("BENCH_OUT", "build/bench")
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "latest.json")
-    latest = json.load(open(path)) if os.path.exists(path) else {"rows": []}
-    latest.update(gpu=torch.cuda.get_device_name(), torch=torch.__version__)
-    latest["date"] = time.strftime("%Y-%m-%d")
-    kept = [r for r in latest["rows"] if r["workload"] not in rows]
     new = [{"workload": w, "unit": "us", **v} for w, v in rows.items()]
-    latest["rows"] = new + kept
-    with open(path, "w") as f:
-        json.dump(latest, f, indent=1)
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    merge_latest(out_dir, new, meta | {"date": time.strftime("%Y-%m-%d")})
     with open(os.path.join(out_dir, "bench_small_host.json"), "w") as f:
         json.dump({"rows": new, "stages_us": stage_us, "plan": plan}, f, indent=1)
 
