@@ -109,6 +109,8 @@ void bind_quantization(py::module_& m) {
     op.set_fp8_state(std::move(s));
   });
 
+  m.def("_fp8_amax_handoff", &ops::fp8_amax_handoff);
+  m.def("_set_fp8_amax_handoff", &ops::set_fp8_amax_handoff, py::arg("on"));
   m.def("_num_quantizers", [](ops::BasicOperation& op) { return op.num_quantizers(); });
   m.def("_fp8_recipe", [](ops::BasicOperation& op) {
     return std::const_pointer_cast<Fp8Recipe>(op.fp8_recipe());

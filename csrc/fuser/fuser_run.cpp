@@ -14,6 +14,14 @@
 namespace fusible::fuser {
 namespace {
 
+// Whether this forward's FP8 casts take amaxes from their producers (OperationContext's handoff):
+// per-tensor current scaling.
+bool per_tensor_current_scaling() {
+  const auto& autocast = ops::fp8_autocast();
+  return autocast.enabled && autocast.recipe && autocast.recipe->kind == "current" &&
+         ops::fp8_amax_handoff();
+}
+
 std::vector<ops::OperationContext*> contexts_of(FuserCall& call, const PlannedOp& p) {
   std::vector<ops::OperationContext*> out;
   out.reserve(p.basic_indices.size());
@@ -51,8 +59,15 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
   for (size_t i = 0; i < n; ++i) produced[i].resize(routing.outputs[i].size());
 
   at::Tensor x = input;
-  for (const auto& p : call.plan->forward) {
+  const auto& plan = call.plan->forward;
+  const bool amax_handoff = per_tensor_current_scaling();
+  for (size_t k = 0; k < plan.size(); ++k) {
+    const auto& p = plan[k];
     auto ctxs = contexts_of(call, p);
+    // The next op casts this output with its amax: the producing kernel computes it.
+    const bool next_takes_amax =
+        amax_handoff && k + 1 < plan.size() && plan[k + 1].op->takes_input_amax();
+    ctxs.back()->want_output_amax = next_takes_amax;
     // Defaults for every covered op (a fused forward may not know its inner ops' inputs); the
     // first op's are exact.
     for (auto* c : ctxs) c->input_dtype = x.scalar_type();
@@ -81,6 +96,12 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
     }
     x = p.op->fuser_forward(ctxs, x, sub_in, sub_out, args);
     TORCH_CHECK(x.defined(), p.op->type_name(), ": forward returned no output tensor");
+    ctxs.front()->input_amax = {};  // used (or not) by now
+    if (next_takes_amax) {
+      call.ctxs[plan[k + 1].basic_indices.front()]->input_amax =
+          std::move(ctxs.back()->output_amax);
+    }
+    ctxs.back()->output_amax = {};
     TORCH_CHECK(sub_out.size() == p.basic_indices.size(), p.op->type_name(),
                 ": expected extra outputs for ", p.basic_indices.size(), " basic ops, got ",
                 sub_out.size());
@@ -175,7 +196,18 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
     auto ctxs = contexts_of(call, p);
     ops::TensorLists sub_grad_out;
     for (auto i : p.basic_indices) sub_grad_out.push_back(grad_extra_out[i]);
+    // The op before casts this op's input gradient with its amax: the producing kernel computes it.
+    const int64_t consumer = p.basic_indices.front() - 1;
+    const bool prev_takes_amax = consumer >= call.first_backward &&
+                                 call.ctxs[consumer]->takes_grad_output_amax &&
+                                 ops::fp8_amax_handoff();
+    ctxs.front()->want_grad_input_amax = prev_takes_amax;
     auto r = backward_of(call, p, ctxs, dy, sub_grad_out);
+    ctxs.back()->grad_output_amax = {};  // used (or not) by now
+    if (prev_takes_amax) {
+      call.ctxs[consumer]->grad_output_amax = std::move(ctxs.front()->grad_input_amax);
+    }
+    ctxs.front()->grad_input_amax = {};
     for (auto* c : ctxs) {
       if (c->release_saved) c->saved_tensors.clear();  // activations freed as eager frees them
     }

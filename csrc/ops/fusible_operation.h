@@ -81,6 +81,10 @@ class FusibleOperation : public torch::nn::Module {
   /// Whether this op implements the forward / backward of its basic ops as one. A fused op that
   /// leaves a direction out is split into its basic ops in that direction's plan, so channels
   /// between them are still routed by the fuser.
+  /// Whether the forward casts its input per tensor under FP8 current scaling and takes the amax
+  /// the op before it computed (OperationContext::input_amax): the fuser then asks that op for it.
+  /// A fused op answers for its first basic op.
+  virtual bool takes_input_amax() const { return false; }
   virtual bool fuses_forward() const { return true; }
   virtual bool fuses_backward() const { return true; }
 };
@@ -235,6 +239,9 @@ class FusedOperation : public FusibleOperation {
   void reset_parameters() override;
   void pre_first_forward(const at::Tensor& input) override;
   void train(bool on = true) override;
+  bool takes_input_amax() const override {
+    return !basic_ops_.empty() && basic_ops_.front()->takes_input_amax();
+  }
   bool fuses_forward() const override { return fuses_forward_; }
   bool fuses_backward() const override { return fuses_backward_; }
 

@@ -1,6 +1,8 @@
 // The linear GEMMs on high-precision or FP8 operands.
 #include "ops/linear_gemms.h"
 
+#include <tuple>
+
 #include "kernels/dispatch.h"
 
 namespace fusible::ops::gemms {
@@ -71,14 +73,20 @@ at::Tensor dgrad_add(const GemmOperand& dy, const GemmOperand& w, const at::Tens
 }
 
 std::pair<at::Tensor, at::Tensor> dgrad_act_bias(const GemmOperand& dy, const GemmOperand& w,
-                                                 const at::Tensor& pre, const std::string& act) {
+                                                 const at::Tensor& pre, const std::string& act,
+                                                 at::Tensor* amax) {
   if (!dy.fp8()) {
     auto [dpre, dbias] = kernels::linear_dgrad_act_bias(dy.rowwise, w.rowwise, pre, act);
     return {dpre, dbias};
   }
   // In place on the GEMM's output: one [tokens, features] buffer fewer at the backward's peak.
   auto dpre = dgrad(dy, w);
-  auto dbias = kernels::bias_act_bwd_(dpre, pre, act);
+  at::Tensor dbias;
+  if (amax != nullptr) {
+    std::tie(dbias, *amax) = kernels::bias_act_bwd_amax_(dpre, pre, act);
+  } else {
+    dbias = kernels::bias_act_bwd_(dpre, pre, act);
+  }
   return {dpre, dbias};
 }
 

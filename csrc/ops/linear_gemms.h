@@ -38,9 +38,11 @@ at::Tensor dgrad(const GemmOperand& dy, const GemmOperand& w, double alpha = 1.0
 at::Tensor dgrad_add(const GemmOperand& dy, const GemmOperand& w, const at::Tensor& other,
                      double alpha = 1.0);
 
-/// The dgrad through a bias + activation whose input was pre -> (dpre, dbias).
+/// The dgrad through a bias + activation whose input was pre -> (dpre, dbias). With `amax` given
+/// and FP8 GEMMs, *amax receives max |dpre| from the activation pass (else stays undefined).
 std::pair<at::Tensor, at::Tensor> dgrad_act_bias(const GemmOperand& dy, const GemmOperand& w,
-                                                 const at::Tensor& pre, const std::string& act);
+                                                 const at::Tensor& pre, const std::string& act,
+                                                 at::Tensor* amax = nullptr);
 
 /// alpha * dy^T x.
 at::Tensor wgrad(const GemmOperand& dy, const GemmOperand& x, double alpha = 1.0);

@@ -12,6 +12,17 @@
 
 namespace fusible::ops {
 
+/// max |t| of one tensor t, as the kernel that wrote t computed it (FP8 current scaling: the cast
+/// of t then needs no amax pass of its own).
+struct ProducedAmax {
+  at::Tensor of;    // t
+  at::Tensor amax;  // [1] fp32
+  /// The amax where `t` is the very tensor it was computed of; else undefined.
+  at::Tensor for_tensor(const at::Tensor& t) const {
+    return amax.defined() && t.is_same(of) ? amax : at::Tensor();
+  }
+};
+
 /// One per basic op per fuser call. The fuser moves every context's `to_save` into one flat
 /// save_for_backward and hands them back as `saved_tensors` before the backward runs.
 struct OperationContext : std::enable_shared_from_this<OperationContext> {
@@ -51,6 +62,17 @@ struct OperationContext : std::enable_shared_from_this<OperationContext> {
   /// The FP8 casts the forward made (off outside an FP8 autocast); the backward casts with the
   /// same recipe.
   Fp8Cast fp8;
+  /// The amax handoff between neighbours under FP8 current scaling (set by the fuser; a producer
+  /// that cannot compute the amax in its kernel ignores the request):
+  /// - want_output_amax: the next op casts this op's output per tensor; put max |output| in
+  ///   output_amax. The fuser hands it to the next op's input_amax.
+  /// - want_grad_input_amax: the same for the gradient of the input, in the backward
+  ///   (grad_input_amax, handed to the previous op's grad_output_amax).
+  /// - takes_grad_output_amax: set by an op's forward whose backward casts the output gradient
+  ///   per tensor, so the fuser asks the op after it.
+  /// A consumer uses an amax only for the very tensor it was computed of (ProducedAmax).
+  bool want_output_amax = false, want_grad_input_amax = false, takes_grad_output_amax = false;
+  ProducedAmax output_amax, input_amax, grad_input_amax, grad_output_amax;
   /// Shape of the input as it arrived (Reshape's backward needs it).
   std::vector<int64_t> input_shape;
   /// Free-form op state that is not a tensor (scalars).

@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <iomanip>
 #include <sstream>
 #include <tuple>
@@ -157,11 +158,15 @@ int64_t Fp8Cast::gemm_block(bool backward, bool weight) const {
 namespace {
 
 GemmOperand fp8_data(const Fp8Cast& c, const at::Tensor& x, const std::string& format,
-                     const std::vector<DelayedScaling>* states, size_t index, bool transpose) {
+                     const std::vector<DelayedScaling>* states, size_t index, bool transpose,
+                     const at::Tensor& amax) {
   GemmOperand o;
   o.dtype = x.scalar_type();
   at::Tensor data_t;
-  if (states == nullptr) {
+  if (states == nullptr && amax.defined()) {
+    std::tie(o.rowwise, data_t, o.scale_inv) =
+        kernels::fp8_cast_with_amax(x, format, amax, c.recipe->margin, transpose);
+  } else if (states == nullptr) {
     std::tie(o.rowwise, data_t, o.scale_inv) =
         kernels::fp8_cast(x, format, c.recipe->margin, transpose);
   } else {
@@ -197,14 +202,14 @@ GemmOperand fp8_block_data(const at::Tensor& x, const std::string& format, int64
 }  // namespace
 
 GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, bool weight,
-                             bool rowwise, bool columnwise) const {
+                             bool rowwise, bool columnwise, const at::Tensor& amax) const {
   if (gemm_fp8) {
     const auto& format = backward ? recipe->backward_format : recipe->forward_format;
     if (recipe->kind == "block") {
       return fp8_block_data(x, format, gemm_block(backward, weight), rowwise, columnwise);
     }
     const auto* states = state ? (backward ? &state->backward : &state->forward) : nullptr;
-    return fp8_data(*this, x, format, states, index, columnwise);
+    return fp8_data(*this, x, format, states, index, columnwise, amax);
   }
   GemmOperand o;
   o.dtype = x.scalar_type();
@@ -217,6 +222,13 @@ GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, b
   if (!rowwise) o.rowwise = at::Tensor();
   return o;
 }
+
+namespace {
+std::atomic<bool> amax_handoff{true};
+}  // namespace
+
+bool fp8_amax_handoff() { return amax_handoff.load(std::memory_order_relaxed); }
+void set_fp8_amax_handoff(bool on) { amax_handoff.store(on, std::memory_order_relaxed); }
 
 Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, int64_t> counts,
                          c10::Device device) {

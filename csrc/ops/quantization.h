@@ -73,6 +73,12 @@ class Fp8AutocastGuard {
 /// are not C++ scopes). Checks as the guard does.
 Fp8Autocast exchange_fp8_autocast(Fp8Autocast autocast);
 
+/// Whether FP8 current scaling's casts take the amax the kernel producing their tensor computed
+/// (OperationContext's amax handoff; on by default). Either way the casts write the same bytes:
+/// the switch is there for tests and benchmarks that compare the two. Process-wide.
+bool fp8_amax_handoff();
+void set_fp8_amax_handoff(bool on);
+
 /// A recipe as one string, and back: a compiled graph's call carries the recipe of its forward
 /// this way to its backward, which runs outside the autocast. "" is no recipe (FP8 off).
 std::string recipe_key(const Fp8Recipe* recipe);
@@ -143,15 +149,20 @@ struct Fp8Cast {
   /// x (in the compute dtype) as the forward's GEMMs take it: the forward's cast of quantizer
   /// `index` (a weight: block scaling's 2-D blocks); FP8 data with gemm_fp8. `rowwise` /
   /// `columnwise`: which uses to fill.
+  /// `amax`: max |x| where the kernel that wrote x computed it (ProducedAmax), else undefined;
+  /// per-tensor current scaling then casts without its own amax pass.
   GemmOperand forward_operand(const at::Tensor& x, size_t index, bool weight, bool rowwise,
-                              bool columnwise) const {
-    return operand(x, /*backward=*/false, index, weight, rowwise, columnwise);
+                              bool columnwise, const at::Tensor& amax = {}) const {
+    return operand(x, /*backward=*/false, index, weight, rowwise, columnwise, amax);
   }
-  /// A gradient as the backward's GEMMs take it (the backward format).
-  GemmOperand backward_operand(const at::Tensor& dy, size_t index, bool rowwise,
-                               bool columnwise) const {
-    return operand(dy, /*backward=*/true, index, /*weight=*/false, rowwise, columnwise);
+  /// A gradient as the backward's GEMMs take it (the backward format); `amax` as above.
+  GemmOperand backward_operand(const at::Tensor& dy, size_t index, bool rowwise, bool columnwise,
+                               const at::Tensor& amax = {}) const {
+    return operand(dy, /*backward=*/true, index, /*weight=*/false, rowwise, columnwise, amax);
   }
+  /// Whether the casts run on FP8 data with per-tensor current scaling: the casts that take a
+  /// producer's amax.
+  bool takes_produced_amax() const { return gemm_fp8 && recipe->kind == "current"; }
   /// x as the forward's FP8 GEMM sees it (the forward format); `index`: which of the op's forward
   /// tensors (its quantizer, for delayed scaling); `weight`: a weight (block scaling's 2-D
   /// blocks).
@@ -167,7 +178,7 @@ struct Fp8Cast {
 
  private:
   GemmOperand operand(const at::Tensor& x, bool backward, size_t index, bool weight, bool rowwise,
-                      bool columnwise) const;
+                      bool columnwise, const at::Tensor& amax) const;
 };
 
 /// The cast for an op's forward now: the autocast's recipe when enabled, else off. Under

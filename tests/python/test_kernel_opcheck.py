@@ -78,6 +78,14 @@ def _cases(device):
             for t in (True, False)
         ],
         (F.fp8_cast_delayed, (r(16, 32), "e4m3", r(4).abs(), r(1).abs(), 0.0, "max", True)),
+        *[
+            (F.fp8_cast_with_amax, (r(16, 32), "e4m3", r(1).abs() * 3, 0.0, t))
+            for t in (True, False)
+        ],
+        (F.layernorm_fwd_amax, (x, lnw, lnb, 1e-5, False)),
+        (F.rmsnorm_fwd_amax, (x, lnw, 1e-5, True)),
+        *[(F.bias_act_bwd_amax, (dy8, r(6, 8), act)) for act in ("gelu", "relu")],
+        *[(F.bias_act_bwd_amax_, (r(6, 8), r(6, 8), act)) for act in ("gelu", "relu")],
         # Whole 128x128 tiles in bf16 (the CUDA kernel), and a ragged fp32 shape (ATen).
         *[
             (F.fp8_cast_block, (r(256, 128).to(torch.bfloat16), "e4m3", d, True, True))

@@ -65,6 +65,23 @@ std::tuple<at::Tensor, at::Tensor> bias_act_bwd_ref(const at::Tensor& dy, const 
   return {dpre.to(dy.scalar_type()), bias_bwd(dpre).to(dy.scalar_type())};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_bwd_amax_ref(const at::Tensor& dy,
+                                                                     const at::Tensor& pre,
+                                                                     c10::string_view act) {
+  FUSIBLE_CHECK_SAME_DEVICE("bias_act_bwd_amax", "dy", dy, "pre", pre);
+  auto [dpre, dbias] = bias_act_bwd_ref(dy, pre, act);
+  return {dpre, dbias, reference::amax_of(dpre)};
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_act_bwd_amax__ref(const at::Tensor& dy,
+                                                          const at::Tensor& pre,
+                                                          c10::string_view act) {
+  FUSIBLE_CHECK_SAME_DTYPE("bias_act_bwd_amax_", "dy", dy, "pre", pre);
+  auto [dpre, dbias, amax] = bias_act_bwd_amax_ref(dy, pre, act);
+  dy.copy_(dpre);
+  return {dbias, amax};
+}
+
 at::Tensor bias_act_bwd__ref(const at::Tensor& dy, const at::Tensor& pre, c10::string_view act) {
   FUSIBLE_CHECK_SAME_DTYPE("bias_act_bwd_", "dy", dy, "pre", pre);
   auto [dpre, dbias] = bias_act_bwd_ref(dy, pre, act);
@@ -87,6 +104,15 @@ std::tuple<at::Tensor, at::Tensor> bias_act_bwd(const at::Tensor& dy, const at::
 at::Tensor bias_act_bwd_(const at::Tensor& dy, const at::Tensor& pre, const std::string& act) {
   FUSIBLE_DISPATCH(bias_act_bwd_, dy, pre, act);
 }
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_bwd_amax(const at::Tensor& dy,
+                                                                 const at::Tensor& pre,
+                                                                 const std::string& act) {
+  FUSIBLE_DISPATCH(bias_act_bwd_amax, dy, pre, act);
+}
+std::tuple<at::Tensor, at::Tensor> bias_act_bwd_amax_(const at::Tensor& dy, const at::Tensor& pre,
+                                                      const std::string& act) {
+  FUSIBLE_DISPATCH(bias_act_bwd_amax_, dy, pre, act);
+}
 
 // The schemas of the ops this file implements (torch.ops.fusible.<name>).
 TORCH_LIBRARY_FRAGMENT(fusible, m) {
@@ -96,6 +122,11 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
   define(m, "bias_bwd(Tensor dy) -> Tensor");
   // Bias + activation backward: -> (dpre = act'(pre) * dy, dbias = sum of dpre).
   define(m, "bias_act_bwd(Tensor dy, Tensor pre, str act) -> (Tensor, Tensor)");
+  // bias_act_bwd plus max |dpre| ([1] fp32) from the same pass: -> (dpre, dbias, amax), what an
+  // FP8 cast of dpre needs (fp8_cast_with_amax) without reading dpre again.
+  define(m, "bias_act_bwd_amax(Tensor dy, Tensor pre, str act) -> (Tensor, Tensor, Tensor)");
+  // bias_act_bwd_amax in place: dy becomes dpre; -> (dbias, amax).
+  define(m, "bias_act_bwd_amax_(Tensor(a!) dy, Tensor pre, str act) -> (Tensor, Tensor)");
   // bias_act_bwd in place: dy becomes dpre (pre's shape and dtype); -> dbias.
   define(m, "bias_act_bwd_(Tensor(a!) dy, Tensor pre, str act) -> Tensor");
 }
@@ -113,6 +144,8 @@ TORCH_LIBRARY_IMPL(fusible, Meta, m) {
 TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("bias_act_bwd", &bias_act_bwd_ref);
   m.impl("bias_act_bwd_", &bias_act_bwd__ref);
+  m.impl("bias_act_bwd_amax", &bias_act_bwd_amax_ref);
+  m.impl("bias_act_bwd_amax_", &bias_act_bwd_amax__ref);
 }
 
 }  // namespace fusible::kernels

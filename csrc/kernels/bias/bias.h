@@ -38,5 +38,12 @@ std::tuple<at::Tensor, at::Tensor> bias_act_bwd(const at::Tensor& dy, const at::
 /// -> (act'(pre) * dy, its sum over leading dims).
 /// bias_act_bwd in place: dy becomes dpre; -> dbias.
 at::Tensor bias_act_bwd_(const at::Tensor& dy, const at::Tensor& pre, const std::string& act);
+/// bias_act_bwd -> (dpre, dbias, max |dpre| as [1] fp32) in one pass: for an FP8 cast of dpre.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_bwd_amax(const at::Tensor& dy,
+                                                                 const at::Tensor& pre,
+                                                                 const std::string& act);
+/// bias_act_bwd_amax in place: dy becomes dpre; -> (dbias, max |dpre|).
+std::tuple<at::Tensor, at::Tensor> bias_act_bwd_amax_(const at::Tensor& dy, const at::Tensor& pre,
+                                                      const std::string& act);
 
 }  // namespace fusible::kernels

@@ -33,7 +33,7 @@ at::Tensor bias_fwd_cuda(const at::Tensor& x, const at::Tensor& bias) {
 // The bias gradient of dy (contiguous), after the activation's gradient when pre is given: then
 // dpre (which may be dy itself) receives dy * act'(pre).
 at::Tensor bias_grad(const char* op, const at::Tensor& dy, const at::Tensor& pre,
-                     const at::Tensor& dpre, ActKind act) {
+                     const at::Tensor& dpre, ActKind act, const at::Tensor& amax = {}) {
   const c10::cuda::CUDAGuard guard(dy.device());
   const int64_t cols = dy.size(-1);
   const int64_t rows = cols == 0 ? 0 : dy.numel() / cols;
@@ -43,8 +43,9 @@ at::Tensor bias_grad(const char* op, const at::Tensor& dy, const at::Tensor& pre
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (pre.defined()) {
     launch_bias_act_bwd(dy.const_data_ptr(), pre.const_data_ptr(), dpre.mutable_data_ptr(),
-                        data_or_null(workspace), dbias.mutable_data_ptr(), rows, cols, chunks, act,
-                        kernel_dtype(op, dy), stream);
+                        data_or_null(workspace), dbias.mutable_data_ptr(),
+                        amax.defined() ? amax.mutable_data_ptr<float>() : nullptr, rows, cols,
+                        chunks, act, kernel_dtype(op, dy), stream);
   } else {
     launch_bias_bwd(dy.const_data_ptr(), data_or_null(workspace), dbias.mutable_data_ptr(), rows,
                     cols, chunks, kernel_dtype(op, dy), stream);
@@ -71,6 +72,25 @@ std::tuple<at::Tensor, at::Tensor> bias_act_bwd_cuda(const at::Tensor& dy, const
   return {dpre, dbias};
 }
 
+// bias_act_bwd plus max |dpre| from the same pass (for an FP8 cast of dpre).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_bwd_amax_cuda(const at::Tensor& dy,
+                                                                      const at::Tensor& pre,
+                                                                      c10::string_view act) {
+  constexpr const char* op = "bias_act_bwd_amax";
+  reference::check_epilogue_act(op, act);
+  FUSIBLE_CHECK_FLOATING(op, "pre", pre);
+  FUSIBLE_CHECK_MIN_DIM(op, "pre", pre, 1);
+  FUSIBLE_CHECK_SHAPE_LIKE(op, "dy", dy, pre);
+  FUSIBLE_CHECK_SAME_DEVICE(op, "dy", dy, "pre", pre);
+  const c10::cuda::CUDAGuard guard(pre.device());
+  const auto prec = pre.contiguous();
+  auto dpre = at::empty(pre.sizes(), pre.options());
+  auto amax = at::zeros({1}, pre.options().dtype(at::kFloat));
+  auto dbias = bias_grad(op, dy.to(pre.scalar_type()).contiguous(), prec, dpre,
+                         reference::parse_activation(op, act), amax);
+  return {dpre, dbias, amax};
+}
+
 at::Tensor bias_act_bwd__cuda(const at::Tensor& dy, const at::Tensor& pre, c10::string_view act) {
   reference::check_epilogue_act("bias_act_bwd_", act);
   FUSIBLE_CHECK_FLOATING("bias_act_bwd_", "pre", pre);
@@ -87,6 +107,27 @@ at::Tensor bias_act_bwd__cuda(const at::Tensor& dy, const at::Tensor& pre, c10::
                    reference::parse_activation("bias_act_bwd_", act));
 }
 
+std::tuple<at::Tensor, at::Tensor> bias_act_bwd_amax__cuda(const at::Tensor& dy,
+                                                           const at::Tensor& pre,
+                                                           c10::string_view act) {
+  constexpr const char* op = "bias_act_bwd_amax_";
+  reference::check_epilogue_act(op, act);
+  FUSIBLE_CHECK_FLOATING(op, "pre", pre);
+  FUSIBLE_CHECK_MIN_DIM(op, "pre", pre, 1);
+  FUSIBLE_CHECK_SHAPE_LIKE(op, "dy", dy, pre);
+  FUSIBLE_CHECK_SAME_DEVICE(op, "dy", dy, "pre", pre);
+  FUSIBLE_CHECK_SAME_DTYPE(op, "dy", dy, "pre", pre);
+  if (!dy.is_contiguous()) {  // the kernel writes rows in place: through a copy
+    auto [dpre, dbias, amax] = bias_act_bwd_amax_cuda(dy, pre, act);
+    dy.copy_(dpre);
+    return {dbias, amax};
+  }
+  const c10::cuda::CUDAGuard guard(dy.device());
+  auto amax = at::zeros({1}, dy.options().dtype(at::kFloat));
+  auto dbias = bias_grad(op, dy, pre.contiguous(), dy, reference::parse_activation(op, act), amax);
+  return {dbias, amax};
+}
+
 }  // namespace
 
 at::Tensor bias_act_bwd_in_place(const at::Tensor& dz, const at::Tensor& pre,
@@ -101,6 +142,8 @@ TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
   m.impl("bias_bwd", &bias_bwd_cuda);
   m.impl("bias_act_bwd", &bias_act_bwd_cuda);
   m.impl("bias_act_bwd_", &bias_act_bwd__cuda);
+  m.impl("bias_act_bwd_amax", &bias_act_bwd_amax_cuda);
+  m.impl("bias_act_bwd_amax_", &bias_act_bwd_amax__cuda);
 }
 
 }  // namespace fusible::kernels

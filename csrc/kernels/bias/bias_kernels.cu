@@ -38,9 +38,11 @@ __global__ void bias_grad_kernel(const T* dy,                     // [rows, cols
                                  T* dpre,                         // [rows, cols] (kAct)
                                  acc_t<T>* __restrict__ partial,  // [chunks, cols], or null
                                  T* __restrict__ dbias,           // [cols] when partial is null
+                                 float* __restrict__ amax,  // max |dpre| (zeroed before), or null
                                  int64_t rows, int64_t cols, int64_t rows_per_chunk, ActKind act) {
   using A = acc_t<T>;
   __shared__ A tile[kRowThreads][kColThreads * VEC];
+  float m = 0.f;  // max |dpre| as stored (rounded), what an FP8 cast of dpre would find
   const int64_t col = (blockIdx.x * static_cast<int64_t>(kColThreads) + threadIdx.x) * VEC;
   const int64_t row_begin = blockIdx.y * rows_per_chunk;
   const int64_t row_end = min(rows, row_begin + rows_per_chunk);
@@ -58,6 +60,7 @@ __global__ void bias_grad_kernel(const T* dy,                     // [rows, cols
                                             act, to_acc(p.v[j]));
           g.v[j] = from_acc<T>(gj);
           sum[j] += gj;  // unrounded: dbias as accurate as the fp32 (fp64) math allows
+          m = cuda::amax_with(m, static_cast<float>(to_acc(g.v[j])));
         }
         cuda::store_vec<T, VEC>(dpre + r * cols + col, g);
       } else {
@@ -66,6 +69,7 @@ __global__ void bias_grad_kernel(const T* dy,                     // [rows, cols
       }
     }
   }
+  if (kAct && amax != nullptr) cuda::block_amax_into(m, amax);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) tile[threadIdx.y][threadIdx.x * VEC + j] = sum[j];
   __syncthreads();
@@ -85,8 +89,8 @@ __global__ void bias_grad_kernel(const T* dy,                     // [rows, cols
 
 // Both passes of a bias gradient (with the activation's gradient when pre is given).
 void bias_grad(const void* dy, const void* pre, void* dpre, void* workspace, void* dbias,
-               int64_t rows, int64_t cols, int64_t num_chunks, ActKind act, KernelDType dtype,
-               cudaStream_t stream) {
+               float* amax, int64_t rows, int64_t cols, int64_t num_chunks, ActKind act,
+               KernelDType dtype, cudaStream_t stream) {
   if (cols == 0) return;
   const int64_t chunks = rows > 0 ? num_chunks : 0;  // no rows: dbias is zeros
   const int64_t rows_per_chunk = chunks > 0 ? (rows + chunks - 1) / chunks : 1;
@@ -101,12 +105,12 @@ void bias_grad(const void* dy, const void* pre, void* dpre, void* workspace, voi
       auto* ws = chunks > 1 ? static_cast<acc_t<T>*>(workspace) : nullptr;
       auto* out = static_cast<T*>(dbias);
       if (pre != nullptr) {
-        bias_grad_kernel<T, V, true><<<grid, block, 0, stream>>>(tdy, static_cast<const T*>(pre),
-                                                                 static_cast<T*>(dpre), ws, out,
-                                                                 rows, cols, rows_per_chunk, act);
+        bias_grad_kernel<T, V, true>
+            <<<grid, block, 0, stream>>>(tdy, static_cast<const T*>(pre), static_cast<T*>(dpre), ws,
+                                         out, amax, rows, cols, rows_per_chunk, act);
       } else {
-        bias_grad_kernel<T, V, false><<<grid, block, 0, stream>>>(tdy, nullptr, nullptr, ws, out,
-                                                                  rows, cols, rows_per_chunk, act);
+        bias_grad_kernel<T, V, false><<<grid, block, 0, stream>>>(
+            tdy, nullptr, nullptr, ws, out, nullptr, rows, cols, rows_per_chunk, act);
       }
     };
     if (chunks > 0) {
@@ -135,14 +139,14 @@ void launch_bias_fwd(const void* x, const void* bias, void* y, int64_t rows, int
 
 void launch_bias_bwd(const void* dy, void* workspace, void* dbias, int64_t rows, int64_t cols,
                      int64_t num_chunks, KernelDType dtype, cudaStream_t stream) {
-  bias_grad(dy, nullptr, nullptr, workspace, dbias, rows, cols, num_chunks, ActKind::kRelu, dtype,
-            stream);
+  bias_grad(dy, nullptr, nullptr, workspace, dbias, nullptr, rows, cols, num_chunks, ActKind::kRelu,
+            dtype, stream);
 }
 
 void launch_bias_act_bwd(const void* dy, const void* pre, void* dpre, void* workspace, void* dbias,
-                         int64_t rows, int64_t cols, int64_t num_chunks, ActKind act,
+                         float* amax, int64_t rows, int64_t cols, int64_t num_chunks, ActKind act,
                          KernelDType dtype, cudaStream_t stream) {
-  bias_grad(dy, pre, dpre, workspace, dbias, rows, cols, num_chunks, act, dtype, stream);
+  bias_grad(dy, pre, dpre, workspace, dbias, amax, rows, cols, num_chunks, act, dtype, stream);
 }
 
 }  // namespace fusible::kernels

@@ -24,9 +24,10 @@ void launch_bias_bwd(const void* dy,   // [rows, cols]
                      cudaStream_t stream);
 
 /// dpre = dy * act'(pre) (dpre may be dy: in place) and dbias = dpre summed over rows, in one pass
-/// plus the partials' sum. Chunks and workspace as launch_bias_bwd.
+/// plus the partials' sum; where amax is given (zeroed by the caller), max |dpre| into it (for an
+/// FP8 cast of dpre). Chunks and workspace as launch_bias_bwd.
 void launch_bias_act_bwd(const void* dy, const void* pre, void* dpre, void* workspace, void* dbias,
-                         int64_t rows, int64_t cols, int64_t num_chunks, ActKind act,
+                         float* amax, int64_t rows, int64_t cols, int64_t num_chunks, ActKind act,
                          KernelDType dtype, cudaStream_t stream);
 
 }  // namespace fusible::kernels

@@ -133,6 +133,33 @@ __device__ __forceinline__ void store_elements(T* p, const T (&y)[VEC]) {
   }
 }
 
+/// m with |v| taken in, for an FP8 scale's amax: a NaN makes it infinite (the scale then falls back
+/// to 1, as the cast's own amax pass does).
+__device__ __forceinline__ float amax_with(float m, float v) {
+  const float a = fabsf(v);
+  return isnan(a) ? INFINITY : fmaxf(m, a);
+}
+
+/// The block's max of every thread's m (>= 0, or +inf) into *amax (zeroed by the caller before the
+/// kernel): one atomic per block, skipped where *amax already holds as much. Any block shape whose
+/// thread count is a multiple of 32; every thread of the block must call.
+__device__ __forceinline__ void block_amax_into(float m, float* amax) {
+  __shared__ float warp_max[32];
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const int warps = blockDim.x * blockDim.y * blockDim.z / 32;
+  __syncthreads();  // an earlier call may still be reading warp_max
+  if (tid % 32 == 0) warp_max[tid / 32] = m;
+  __syncthreads();
+  if (tid == 0) {
+    for (int w = 1; w < warps; ++w) m = fmaxf(m, warp_max[w]);
+    // Non-negative floats order as their bits do.
+    if (m > *static_cast<volatile float*>(amax)) {
+      atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
+    }
+  }
+}
+
 /// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
 /// Safe to call repeatedly: it synchronizes before reusing its shared scratch.
 template <typename A>

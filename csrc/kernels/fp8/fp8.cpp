@@ -45,6 +45,13 @@ void check_fp8_cast_args(const char* op, const at::Tensor& x, c10::string_view f
   TORCH_CHECK_VALUE(std::isfinite(margin), op, ": expected a finite margin, got ", margin);
 }
 
+void check_fp8_amax_arg(const char* op, const at::Tensor& x, const at::Tensor& amax) {
+  TORCH_CHECK_VALUE(amax.scalar_type() == at::kFloat && amax.dim() == 1 && amax.sym_size(0) == 1,
+                    op, ": expected amax to be a float32 tensor of shape [1], got ",
+                    amax.scalar_type(), " of shape ", amax.sym_sizes());
+  FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "amax", amax);
+}
+
 void check_fp8_qdq_args(const at::Tensor& x, c10::string_view format, double margin) {
   FUSIBLE_CHECK_FLOATING("fp8_quantize_dequantize", "x", x);
   fp8_max("fp8_quantize_dequantize", format);
@@ -195,6 +202,12 @@ at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, c10::string_view f
   return q.reshape(x.sizes()).to(x.scalar_type()).contiguous();
 }
 
+at::Tensor amax_of(const at::Tensor& x) {
+  const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  const auto m = x.sym_numel() > 0 ? xf.abs().amax() : at::zeros({}, xf.options());
+  return m.to(at::kFloat).reshape({1});
+}
+
 Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose) {
   check_fp8_cast_args("fp8_cast", x, format, margin);
   const double max = fp8_max("fp8_cast", format);
@@ -202,6 +215,18 @@ Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bo
   const auto amax = x.numel() > 0 ? xf.abs().amax() : at::zeros({}, xf.options());
   const auto scale = scale_for(amax, max, std::exp2(-margin), at::ones_like(amax));
   return cast_with(xf, scale.to(at::kFloat), max, fp8_dtype("fp8_cast", format), transpose);
+}
+
+Fp8Cast fp8_cast_with_amax(const at::Tensor& x, c10::string_view format, const at::Tensor& amax,
+                           double margin, bool transpose) {
+  constexpr const char* op = "fp8_cast_with_amax";
+  check_fp8_cast_args(op, x, format, margin);
+  check_fp8_amax_arg(op, x, amax);
+  const double max = fp8_max(op, format);
+  const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  const auto m = amax.reshape({}).to(xf.scalar_type());
+  const auto scale = scale_for(m, max, std::exp2(-margin), at::ones_like(m));
+  return cast_with(xf, scale.to(at::kFloat), max, fp8_dtype(op, format), transpose);
 }
 
 Fp8Cast fp8_cast_delayed(const at::Tensor& x, c10::string_view format,
@@ -233,6 +258,13 @@ Fp8Cast fp8_cast_meta_outputs(const at::Tensor& x, c10::string_view format, bool
 
 Fp8Cast fp8_cast_meta(const at::Tensor& x, c10::string_view format, double margin, bool transpose) {
   check_fp8_cast_args("fp8_cast", x, format, margin);
+  return fp8_cast_meta_outputs(x, format, transpose);
+}
+
+Fp8Cast fp8_cast_with_amax_meta(const at::Tensor& x, c10::string_view format,
+                                const at::Tensor& amax, double margin, bool transpose) {
+  check_fp8_cast_args("fp8_cast_with_amax", x, format, margin);
+  check_fp8_amax_arg("fp8_cast_with_amax", x, amax);
   return fp8_cast_meta_outputs(x, format, transpose);
 }
 
@@ -284,6 +316,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast(const at::Tensor& x,
                                                         bool transpose) {
   FUSIBLE_DISPATCH(fp8_cast, x, format, margin, transpose);
 }
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_with_amax(const at::Tensor& x,
+                                                                  const std::string& format,
+                                                                  const at::Tensor& amax,
+                                                                  double margin, bool transpose) {
+  FUSIBLE_DISPATCH(fp8_cast_with_amax, x, format, amax, margin, transpose);
+}
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_delayed(
     const at::Tensor& x, const std::string& format, const at::Tensor& amax_history,
     const at::Tensor& scale, double margin, const std::string& amax_compute_algo, bool transpose) {
@@ -313,6 +351,11 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
       m,
       "fp8_cast(Tensor x, str format, float margin=0.0, bool transpose=False) -> (Tensor, Tensor, "
       "Tensor)");
+  // fp8_cast with amax(x) given ([1] fp32, as the kernel that wrote x computed it: NaN or inf
+  // gives scale 1): the cast without its own amax pass.
+  define(m,
+         "fp8_cast_with_amax(Tensor x, str format, Tensor amax, float margin=0.0, bool "
+         "transpose=False) -> (Tensor, Tensor, Tensor)");
   // The same with delayed scaling's scale, then its history and scale updated.
   define(m,
          "fp8_cast_delayed(Tensor x, str format, Tensor(a!) amax_history, Tensor(b!) scale, "
@@ -324,6 +367,7 @@ TORCH_LIBRARY_IMPL(fusible, CPU, m) {
   m.impl("fp8_quantize_dequantize_delayed", &reference::fp8_quantize_dequantize_delayed);
   m.impl("fp8_quantize_dequantize_block", &reference::fp8_quantize_dequantize_block);
   m.impl("fp8_cast", &reference::fp8_cast);
+  m.impl("fp8_cast_with_amax", &reference::fp8_cast_with_amax);
   m.impl("fp8_cast_delayed", &reference::fp8_cast_delayed);
 }
 
@@ -337,6 +381,7 @@ TORCH_LIBRARY_IMPL(fusible, Meta, m) {
   m.impl("fp8_quantize_dequantize", &fp8_qdq_meta);
   m.impl("fp8_quantize_dequantize_delayed", &fp8_qdq_delayed_meta);
   m.impl("fp8_cast", &fp8_cast_meta);
+  m.impl("fp8_cast_with_amax", &fp8_cast_with_amax_meta);
   m.impl("fp8_cast_delayed", &fp8_cast_delayed_meta);
 }
 

@@ -35,6 +35,9 @@ void check_fp8_qdq_block_args(const at::Tensor& x, c10::string_view format, int6
 void check_fp8_cast_args(const char* op, const at::Tensor& x, c10::string_view format,
                          double margin);
 
+/// fp8_cast_with_amax's amax: float32 [1] on x's device.
+void check_fp8_amax_arg(const char* op, const at::Tensor& x, const at::Tensor& amax);
+
 /// fp8_cast's outputs: data in x's shape, data_t [K, M] for x as [M, K] rows (empty [0] unless
 /// asked for), scale_inv [1] fp32.
 using Fp8Cast = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
@@ -66,6 +69,12 @@ at::Tensor expand_block_scales(const at::Tensor& scale, int64_t rows, int64_t co
 /// x's FP8 data with current scaling (scale = fp8_max / amax(x) / 2^margin, 1 where amax is 0 or
 /// not finite), its transpose as [K, M] when `transpose`, and 1 / scale.
 Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose);
+/// max |x| as [1] float32 (NaN where x holds one; 0 for an empty x): what a kernel producing x
+/// hands to fp8_cast_with_amax.
+at::Tensor amax_of(const at::Tensor& x);
+/// fp8_cast with amax(x) given (float32 [1]).
+Fp8Cast fp8_cast_with_amax(const at::Tensor& x, c10::string_view format, const at::Tensor& amax,
+                           double margin, bool transpose);
 /// The same with the given scale [1]; then amax_history and scale are updated as by
 /// fp8_quantize_dequantize_delayed (scale_inv is the inverse of the scale the cast used).
 Fp8Cast fp8_cast_delayed(const at::Tensor& x, c10::string_view format,
@@ -94,6 +103,11 @@ at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, const std::string&
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast(const at::Tensor& x,
                                                         const std::string& format, double margin,
                                                         bool transpose);
+/// fp8_cast with amax(x) given ([1] float32, computed by the kernel that wrote x): no amax pass.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_with_amax(const at::Tensor& x,
+                                                                  const std::string& format,
+                                                                  const at::Tensor& amax,
+                                                                  double margin, bool transpose);
 /// fp8_cast with delayed scaling's scale; amax_history and scale updated in place.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_delayed(
     const at::Tensor& x, const std::string& format, const at::Tensor& amax_history,

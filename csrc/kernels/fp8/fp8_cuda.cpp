@@ -63,8 +63,10 @@ bool cast_kernel_runs(const at::Tensor& x, bool transpose) {
 }
 
 // x: contiguous, and passing cast_kernel_runs.
+// amax_given: amax(x) as the kernel that wrote x computed it (current scaling, no amax pass).
 Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose,
-             const at::Tensor* history, const at::Tensor* scale, bool use_max) {
+             const at::Tensor* history, const at::Tensor* scale, bool use_max,
+             const at::Tensor* amax_given = nullptr) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
   const auto fp8 = fp8_dtype("fp8_cast", format);
@@ -73,13 +75,15 @@ Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool t
       transpose ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{0};
   auto data_t = at::empty(t_shape, data.options());
   auto scale_inv = at::empty({1}, x.options().dtype(at::kFloat));
-  auto amax = at::empty({1}, x.options().dtype(at::kFloat));
+  // Read only where given (the kernels write *amax only while they compute it).
+  auto amax = amax_given ? amax_given->contiguous() : at::empty({1}, x.options().dtype(at::kFloat));
   launch_fp8_cast(
       x.const_data_ptr(), data.mutable_data_ptr(), transpose ? data_t.mutable_data_ptr() : nullptr,
-      rows, cols, format == "e4m3", margin, amax.mutable_data_ptr<float>(),
-      scale ? scale->mutable_data_ptr<float>() : nullptr, scale_inv.mutable_data_ptr<float>(),
-      history ? history->mutable_data_ptr<float>() : nullptr, history ? history->size(0) : 0,
-      use_max, kernel_dtype("fp8_cast", x), current_sm_count(), c10::cuda::getCurrentCUDAStream());
+      rows, cols, format == "e4m3", margin, static_cast<float*>(amax.data_ptr()),
+      amax_given != nullptr, scale ? scale->mutable_data_ptr<float>() : nullptr,
+      scale_inv.mutable_data_ptr<float>(), history ? history->mutable_data_ptr<float>() : nullptr,
+      history ? history->size(0) : 0, use_max, kernel_dtype("fp8_cast", x), current_sm_count(),
+      c10::cuda::getCurrentCUDAStream());
   return {data, data_t, scale_inv};
 }
 
@@ -88,6 +92,17 @@ Fp8Cast fp8_cast_cuda(const at::Tensor& x, c10::string_view format, double margi
   const auto xc = x.contiguous();
   if (!cast_kernel_runs(xc, transpose)) return reference::fp8_cast(x, format, margin, transpose);
   return cast(xc, format, margin, transpose, nullptr, nullptr, false);
+}
+
+Fp8Cast fp8_cast_with_amax_cuda(const at::Tensor& x, c10::string_view format,
+                                const at::Tensor& amax, double margin, bool transpose) {
+  check_fp8_cast_args("fp8_cast_with_amax", x, format, margin);
+  check_fp8_amax_arg("fp8_cast_with_amax", x, amax);
+  const auto xc = x.contiguous();
+  if (!cast_kernel_runs(xc, transpose)) {
+    return reference::fp8_cast_with_amax(x, format, amax, margin, transpose);
+  }
+  return cast(xc, format, margin, transpose, nullptr, nullptr, false, &amax);
 }
 
 Fp8Cast fp8_cast_delayed_cuda(const at::Tensor& x, c10::string_view format,
@@ -110,6 +125,7 @@ TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
   m.impl("fp8_quantize_dequantize", &fp8_qdq_cuda);
   m.impl("fp8_quantize_dequantize_delayed", &fp8_qdq_delayed_cuda);
   m.impl("fp8_cast", &fp8_cast_cuda);
+  m.impl("fp8_cast_with_amax", &fp8_cast_with_amax_cuda);
   m.impl("fp8_cast_delayed", &fp8_cast_delayed_cuda);
 }
 

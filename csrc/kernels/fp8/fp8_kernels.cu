@@ -16,22 +16,11 @@ namespace fusible::kernels {
 namespace {
 
 using cuda::amax_with;
+using cuda::block_amax_into;
 using cuda::fp8_max_of;
 using cuda::fp8_pack;
 
 constexpr int kThreads = 256;
-
-// The block's max of each thread's m into *amax (kThreads threads, all of them calling).
-__device__ __forceinline__ void block_amax_into(float m, float* amax) {
-  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  __shared__ float warp_max[kThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-    atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
-  }
-}
 
 // amax over num_vecs vectors of VEC elements (16-byte loads where VEC > 1), kUnroll independent
 // loads in flight per thread: one per thread leaves Hopper's memory system short of requests.
@@ -186,17 +175,18 @@ __global__ void delayed_update_kernel(float* history, int64_t len, const float* 
 }  // namespace
 
 void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int64_t cols, bool e4m3,
-                     double margin, float* amax, float* scale, float* scale_inv, float* history,
-                     int64_t history_len, bool use_max, KernelDType dtype, int num_sms,
-                     cudaStream_t stream) {
+                     double margin, float* amax, bool amax_given, float* scale, float* scale_inv,
+                     float* history, int64_t history_len, bool use_max, KernelDType dtype,
+                     int num_sms, cudaStream_t stream) {
   const float fmax = fp8_max_of(e4m3);
   const float margin_factor = exp2f(-static_cast<float>(margin));
-  cudaMemsetAsync(amax, 0, sizeof(float), stream);
+  const bool amax_pass = scale == nullptr && !amax_given;  // current scaling: amax(x) first
+  if (!amax_given) cudaMemsetAsync(amax, 0, sizeof(float), stream);
   const int64_t n = rows * cols;
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const auto* tx = static_cast<const T*>(x);
-    if (n > 0 && scale == nullptr) launch_amax(tx, n, amax, num_sms, stream);  // current: first
+    if (n > 0 && amax_pass) launch_amax(tx, n, amax, num_sms, stream);
     const int64_t col_tiles = cols > 0 ? (cols + kTileCols - 1) / kTileCols : 1;
     const int64_t blocks = n > 0 ? (rows + kTileRows - 1) / kTileRows * col_tiles : 1;
     // 16-bit inputs in 8-element vectors (16 bytes) where the rows (and, transposing, the row

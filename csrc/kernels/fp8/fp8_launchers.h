@@ -18,12 +18,14 @@ void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin,
                     KernelDType dtype, int num_sms, cudaStream_t stream);
 /// x [rows, cols] cast to FP8 data [rows, cols] and, where data_t is not null, its transpose
 /// [cols, rows] (cols, and with data_t rows, multiples of 4; x 16-byte aligned); *scale_inv = 1 /
-/// the scale used. Current scaling (scale null): scale from amax(x) as launch_fp8_qdq. Delayed
-/// (scale given): cast with *scale, amax(x) into *amax, then the history and scale update as there.
+/// the scale used. Current scaling (scale null): scale from amax(x) as launch_fp8_qdq; with
+/// amax_given, *amax already holds amax(x) (the kernel that wrote x computed it) and the cast is
+/// one pass. Delayed (scale given): cast with *scale, amax(x) into *amax, then the history and
+/// scale update as there.
 void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int64_t cols, bool e4m3,
-                     double margin, float* amax, float* scale, float* scale_inv, float* history,
-                     int64_t history_len, bool use_max, KernelDType dtype, int num_sms,
-                     cudaStream_t stream);
+                     double margin, float* amax, bool amax_given, float* scale, float* scale_inv,
+                     float* history, int64_t history_len, bool use_max, KernelDType dtype,
+                     int num_sms, cudaStream_t stream);
 /// Block-scaled FP8 cast (fp8_block_kernels.cu) of x [rows, cols] (16-bit dtype, 16-byte aligned,
 /// cols a multiple of 8, and rows too where data_t is given; the last blocks may be partial) in
 /// 1x128 (block_dim 1) or 128x128 (2) blocks with power-of-two scales: where not null, data [rows,

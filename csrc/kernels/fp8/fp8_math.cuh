@@ -11,12 +11,6 @@ namespace fusible::kernels::cuda {
 /// The largest finite E4M3 / E5M2 value (kernels::fp8_max on the host side).
 constexpr float fp8_max_of(bool e4m3) { return e4m3 ? 448.f : 57344.f; }
 
-/// m with |v| taken in; a NaN makes the amax non-finite (scale 1).
-__device__ __forceinline__ float amax_with(float m, float v) {
-  const float a = fabsf(v);
-  return isnan(a) ? INFINITY : fmaxf(m, a);
-}
-
 /// v (already scaled) as FP8 bits: cvt's satfinite clamps to the format's finite range (infinities
 /// included) and keeps NaN a NaN.
 __device__ __forceinline__ uint8_t fp8_bits(float v, bool e4m3) {

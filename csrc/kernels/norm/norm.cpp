@@ -92,6 +92,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd(
           sum_leading(dyf, nd).to(weight.scalar_type())};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_amax(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps,
+    bool zero_centered_gamma) {
+  auto [y, mean, rstd] = layernorm_fwd(x, weight, bias, eps, zero_centered_gamma);
+  return {y, mean, rstd, amax_of(y)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd_amax(const at::Tensor& x,
+                                                                const at::Tensor& weight,
+                                                                double eps,
+                                                                bool zero_centered_gamma) {
+  auto [y, rstd] = rmsnorm_fwd(x, weight, eps, zero_centered_gamma);
+  return {y, rstd, amax_of(y)};
+}
+
 std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd(const at::Tensor& x, const at::Tensor& weight,
                                                double eps, bool zero_centered_gamma) {
   const auto dims = check_norm_args("rmsnorm_fwd", x, weight);
@@ -191,6 +206,17 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd(const at::Tensor& x, const at::Te
                                                double eps, bool zero_centered_gamma) {
   FUSIBLE_DISPATCH(rmsnorm_fwd, x, weight, eps, zero_centered_gamma);
 }
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_amax(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps,
+    bool zero_centered_gamma) {
+  FUSIBLE_DISPATCH(layernorm_fwd_amax, x, weight, bias, eps, zero_centered_gamma);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd_amax(const at::Tensor& x,
+                                                                const at::Tensor& weight,
+                                                                double eps,
+                                                                bool zero_centered_gamma) {
+  FUSIBLE_DISPATCH(rmsnorm_fwd_amax, x, weight, eps, zero_centered_gamma);
+}
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::Tensor& x,
                                                const at::Tensor& rstd, const at::Tensor& weight,
                                                bool zero_centered_gamma) {
@@ -233,6 +259,14 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
       m,
       "rmsnorm_bwd(Tensor dy, Tensor x, Tensor rstd, Tensor weight, bool zero_centered_gamma) -> "
       "(Tensor, Tensor)");
+  // The forwards plus max |y| ([1] fp32) from the same pass: what an FP8 cast of y needs
+  // (fp8_cast_with_amax), without reading y again.
+  define(m,
+         "layernorm_fwd_amax(Tensor x, Tensor weight, Tensor bias, float eps, bool "
+         "zero_centered_gamma) -> (Tensor, Tensor, Tensor, Tensor)");
+  define(m,
+         "rmsnorm_fwd_amax(Tensor x, Tensor weight, float eps, bool zero_centered_gamma) -> "
+         "(Tensor, Tensor, Tensor)");
   // L2 normalization over the last dim: y = x * rsqrt(sum(x^2) + eps) -> (y, rstd [...]).
   define(m, "l2norm_fwd(Tensor x, float eps) -> (Tensor, Tensor)");
   // L2 normalization backward -> dx.
@@ -244,6 +278,8 @@ TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("layernorm_bwd", &reference::layernorm_bwd);
   m.impl("rmsnorm_fwd", &reference::rmsnorm_fwd);
   m.impl("rmsnorm_bwd", &reference::rmsnorm_bwd);
+  m.impl("layernorm_fwd_amax", &reference::layernorm_fwd_amax);
+  m.impl("rmsnorm_fwd_amax", &reference::rmsnorm_fwd_amax);
   m.impl("l2norm_fwd", &reference::l2norm_fwd);
   m.impl("l2norm_bwd", &reference::l2norm_bwd);
   m.impl("rmsnorm_bwd_add", &reference::rmsnorm_bwd_add);

@@ -25,6 +25,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd(const at::Tensor& x
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
     const at::Tensor& weight, bool zero_centered_gamma);
+/// layernorm_fwd / rmsnorm_fwd plus max |y| ([1] fp32, as reference::amax_of): what the next
+/// FP8 cast of y needs.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_amax(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps,
+    bool zero_centered_gamma);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd_amax(const at::Tensor& x,
+                                                                const at::Tensor& weight,
+                                                                double eps,
+                                                                bool zero_centered_gamma);
 std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd(const at::Tensor& x, const at::Tensor& weight,
                                                double eps, bool zero_centered_gamma);
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::Tensor& x,
@@ -69,6 +78,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd(
 /// -> (y, rstd over x's leading dims).
 std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd(const at::Tensor& x, const at::Tensor& weight,
                                                double eps, bool zero_centered_gamma);
+/// layernorm_fwd -> (y, mean, rstd, max |y| as [1] fp32) in one pass: for an FP8 cast of y
+/// (fp8_cast_with_amax).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_amax(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps,
+    bool zero_centered_gamma);
+/// rmsnorm_fwd -> (y, rstd, max |y| as [1] fp32) in one pass.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd_amax(const at::Tensor& x,
+                                                                const at::Tensor& weight,
+                                                                double eps,
+                                                                bool zero_centered_gamma);
 /// -> (dx, dweight).
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::Tensor& x,
                                                const at::Tensor& rstd, const at::Tensor& weight,

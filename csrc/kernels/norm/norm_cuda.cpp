@@ -43,11 +43,10 @@ bool kernel_shape(const RowShape& s) {
 }
 
 // norm_fwd and norm_bwd run under the wrapper's CUDAGuard, with s = row_shape(x, weight).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const char* op, const at::Tensor& x,
-                                                        const at::Tensor& weight,
-                                                        const at::Tensor* bias, double eps,
-                                                        bool zero_centered_gamma,
-                                                        const RowShape& s) {
+// -> (y, mean, rstd, amax: max |y| as [1] fp32 where with_amax, else undefined).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
+    const char* op, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* bias,
+    double eps, bool zero_centered_gamma, const RowShape& s, bool with_amax = false) {
   const bool layernorm = bias != nullptr;
   const auto xc = x.contiguous(), wc = weight.contiguous();
   const auto bc = layernorm ? bias->contiguous() : at::Tensor();
@@ -55,12 +54,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const char* op, const at
   const auto stat_opts = x.options().dtype(acc_dtype(x.scalar_type()));
   auto mean = layernorm ? at::empty(s.stats, stat_opts) : at::Tensor();
   auto rstd = at::empty(s.stats, stat_opts);
-  launch_norm_fwd(xc.const_data_ptr(), wc.const_data_ptr(),
-                  layernorm ? bc.const_data_ptr() : nullptr, y.mutable_data_ptr(),
-                  layernorm ? mean.mutable_data_ptr() : nullptr, rstd.mutable_data_ptr(), s.rows,
-                  s.cols, eps, zero_centered_gamma, layernorm, kernel_dtype(op, x),
-                  c10::cuda::getCurrentCUDAStream());
-  return {y, mean, rstd};
+  auto amax = with_amax ? at::zeros({1}, x.options().dtype(at::kFloat)) : at::Tensor();
+  launch_norm_fwd(
+      xc.const_data_ptr(), wc.const_data_ptr(), layernorm ? bc.const_data_ptr() : nullptr,
+      y.mutable_data_ptr(), layernorm ? mean.mutable_data_ptr() : nullptr, rstd.mutable_data_ptr(),
+      with_amax ? amax.mutable_data_ptr<float>() : nullptr, s.rows, s.cols, eps,
+      zero_centered_gamma, layernorm, kernel_dtype(op, x), c10::cuda::getCurrentCUDAStream());
+  return {y, mean, rstd, amax};
 }
 
 // dx (+ dextra), dweight, dbias (LayerNorm: mean given).
@@ -99,7 +99,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_cuda(const at::Tens
       !norm_fits(s.cols, kernel_dtype("layernorm_fwd", x), false, current_max_smem())) {
     return reference::layernorm_fwd(x, weight, bias, eps, zero_centered_gamma);
   }
-  return norm_fwd("layernorm_fwd", x, weight, &bias, eps, zero_centered_gamma, s);
+  auto [y, mean, rstd, unused] =
+      norm_fwd("layernorm_fwd", x, weight, &bias, eps, zero_centered_gamma, s);
+  return {y, mean, rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cuda(const at::Tensor& x, const at::Tensor& weight,
@@ -111,8 +113,40 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cuda(const at::Tensor& x, const a
       !norm_fits(s.cols, kernel_dtype("rmsnorm_fwd", x), false, current_max_smem())) {
     return reference::rmsnorm_fwd(x, weight, eps, zero_centered_gamma);
   }
-  auto [y, mean, rstd] = norm_fwd("rmsnorm_fwd", x, weight, nullptr, eps, zero_centered_gamma, s);
+  auto [y, mean, rstd, unused] =
+      norm_fwd("rmsnorm_fwd", x, weight, nullptr, eps, zero_centered_gamma, s);
   return {y, rstd};
+}
+
+// The forwards plus max |y| computed in the same pass (for an FP8 cast of y).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_amax_cuda(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps,
+    bool zero_centered_gamma) {
+  reference::check_norm_args("layernorm_fwd_amax", x, weight);
+  reference::check_norm_bias("layernorm_fwd_amax", x, weight, bias);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto s = row_shape(x, weight);
+  if (!kernel_shape(s) ||
+      !norm_fits(s.cols, kernel_dtype("layernorm_fwd_amax", x), false, current_max_smem())) {
+    return reference::layernorm_fwd_amax(x, weight, bias, eps, zero_centered_gamma);
+  }
+  return norm_fwd("layernorm_fwd_amax", x, weight, &bias, eps, zero_centered_gamma, s, true);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd_amax_cuda(const at::Tensor& x,
+                                                                     const at::Tensor& weight,
+                                                                     double eps,
+                                                                     bool zero_centered_gamma) {
+  reference::check_norm_args("rmsnorm_fwd_amax", x, weight);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto s = row_shape(x, weight);
+  if (!kernel_shape(s) ||
+      !norm_fits(s.cols, kernel_dtype("rmsnorm_fwd_amax", x), false, current_max_smem())) {
+    return reference::rmsnorm_fwd_amax(x, weight, eps, zero_centered_gamma);
+  }
+  auto [y, mean, rstd, amax] =
+      norm_fwd("rmsnorm_fwd_amax", x, weight, nullptr, eps, zero_centered_gamma, s, true);
+  return {y, rstd, amax};
 }
 
 // The kernels run when the row fits and the statistics are the forward's own. Call under a
@@ -202,6 +236,8 @@ TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
   m.impl("layernorm_bwd", &layernorm_bwd_cuda);
   m.impl("rmsnorm_fwd", &rmsnorm_fwd_cuda);
   m.impl("rmsnorm_bwd", &rmsnorm_bwd_cuda);
+  m.impl("layernorm_fwd_amax", &layernorm_fwd_amax_cuda);
+  m.impl("rmsnorm_fwd_amax", &rmsnorm_fwd_amax_cuda);
   m.impl("rmsnorm_bwd_add", &rmsnorm_bwd_add_cuda);
   m.impl("layernorm_bwd_add", &layernorm_bwd_add_cuda);
 }

@@ -31,6 +31,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                     T* __restrict__ y,             // [rows, cols]
                     acc_t<T>* __restrict__ mean,   // [rows] (LayerNorm)
                     acc_t<T>* __restrict__ rstd,   // [rows]
+                    float* __restrict__ amax,      // max |y| (zeroed before), or null
                     int64_t cols, acc_t<T> eps, bool zero_centered_gamma) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -63,6 +64,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   const A shift = zero_centered_gamma ? A(1) : A(0);
   T* yr = y + r * cols;
+  float m = 0.f;  // max |y| as stored (rounded), what a cast of y would find
   for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
     const auto w = load_vec<T, VEC>(weight + i);
     Vec<T, VEC> b;
@@ -73,9 +75,11 @@ __global__ void __launch_bounds__(kMaxThreads)
       A o = (row[i + j] - mu) * rs * (to_acc(w.v[j]) + shift);
       if (kLayerNorm) o += to_acc(b.v[j]);
       out.v[j] = from_acc<T>(o);
+      m = cuda::amax_with(m, static_cast<float>(to_acc(out.v[j])));
     }
     store_vec<T, VEC>(yr + i, out);
   }
+  if (amax != nullptr) cuda::block_amax_into(m, amax);
 }
 
 // dx for one row per block (plus dextra): xhat and g = dy * gamma kept in shared memory as fp32
@@ -231,8 +235,9 @@ bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem) {
 }
 
 void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* y, void* mean,
-                     void* rstd, int64_t rows, int64_t cols, double eps, bool zero_centered_gamma,
-                     bool layernorm, KernelDType dtype, cudaStream_t stream) {
+                     void* rstd, float* amax, int64_t rows, int64_t cols, double eps,
+                     bool zero_centered_gamma, bool layernorm, KernelDType dtype,
+                     cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -244,7 +249,7 @@ void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* 
       allow_smem(kernel, smem);
       kernel<<<rows, threads_for(cols, V), smem, stream>>>(
           static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
-          static_cast<T*>(y), static_cast<A*>(mean), static_cast<A*>(rstd), cols,
+          static_cast<T*>(y), static_cast<A*>(mean), static_cast<A*>(rstd), amax, cols,
           static_cast<A>(eps), zero_centered_gamma);
     });
   });

@@ -19,6 +19,8 @@ void launch_norm_fwd(const void* x,       // [rows, cols]
                      void* y,             // [rows, cols]
                      void* mean,          // [rows], LayerNorm only
                      void* rstd,          // [rows]
+                     float* amax,         // [1]: max |y| (for an FP8 cast of y), zeroed by the
+                                          // caller; or null
                      int64_t rows, int64_t cols, double eps, bool zero_centered_gamma,
                      bool layernorm, KernelDType dtype, cudaStream_t stream);
 

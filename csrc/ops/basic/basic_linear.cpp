@@ -72,8 +72,13 @@ std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContex
   ctx.fp8.gemm_fp8 = ctx.fp8.fp8_gemms_fit(rows, in_features_, out_features_, ctx.compute_dtype);
   const bool need_x = ctx.requires_grad && ctx.param_requires_grad.at(0);
   const bool need_w = ctx.requires_grad && ctx.input_requires_grad;
-  auto xo = ctx.fp8.forward_operand(cast_to(x, ctx.compute_dtype), 0, /*weight=*/false,
-                                    /*rowwise=*/true, /*columnwise=*/need_x);
+  const auto xc = cast_to(x, ctx.compute_dtype);
+  const auto x_amax = ctx.fp8.takes_produced_amax() ? ctx.input_amax.for_tensor(xc) : at::Tensor();
+  auto xo = ctx.fp8.forward_operand(xc, 0, /*weight=*/false, /*rowwise=*/true,
+                                    /*columnwise=*/need_x, x_amax);
+  // A row-parallel linear under sequence parallelism casts dy after gathering it.
+  ctx.takes_grad_output_amax = ctx.requires_grad && ctx.fp8.takes_produced_amax() &&
+                               !(tp_.mode == "row" && tp_.sequence_parallel);
   // The dgrad reads w itself, or its FP8 transpose.
   auto wo = ctx.fp8.forward_operand(cast_to(weight, ctx.compute_dtype), 1, /*weight=*/true,
                                     /*rowwise=*/true, /*columnwise=*/need_w && ctx.fp8.gemm_fp8);
@@ -125,6 +130,10 @@ at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,
   if (is_tensor_parallel()) return tensor_parallel_forward(ctx, x, args);
   const auto [xo, wo] = prepare_forward(ctx, x, args);
   return gemms::forward(xo, wo, std::nullopt);
+}
+
+bool BasicLinear::takes_input_amax() const {
+  return !(tp_.mode == "column" && tp_.sequence_parallel);  // that one casts the gathered input
 }
 
 std::string BasicLinear::plan_label(bool backward) const {

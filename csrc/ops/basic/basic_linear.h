@@ -45,6 +45,7 @@ class BasicLinear : public BasicOperation {
   /// "BasicLinear", or with its collectives: "BasicLinear[all-gather input]" (column + sequence
   /// parallel forward), "BasicLinear[all-reduce dgrad, overlapped]" (column backward), ...
   std::string plan_label(bool backward) const override;
+  bool takes_input_amax() const override;
   /// The registered weight (a call computes with the call's own, OperationContext::params).
   at::Tensor& weight() { return *parameters_.find("weight"); }
   void reset_parameters() override;
@@ -80,7 +81,8 @@ class BasicLinear : public BasicOperation {
     const auto w = saved_weight(ctx);
     const bool need_dw = x.columnwise.defined();
     const bool need_dx = w.rowwise.defined() || w.columnwise.defined();
-    const auto dy = ctx.fp8.backward_operand(dy_in, 0, need_dx, need_dw);
+    const auto dy = ctx.fp8.backward_operand(dy_in, 0, need_dx, need_dw,
+                                             ctx.grad_output_amax.for_tensor(dy_in));
     if (dgrad_first && need_dx) dx = dgrad(dy, w);
     if (need_dw) dw = gemms::wgrad(dy, x, alpha);
     ctx.release_saved_tensor(0);

@@ -3,6 +3,8 @@
 
 #include <ATen/ops/empty.h>
 
+#include <tuple>
+
 #include "common/checks.h"
 #include "kernels/dispatch.h"
 #include "ops/parameter_utils.h"
@@ -58,8 +60,15 @@ at::Tensor LayerNorm::op_forward(OperationContext& ctx, const at::Tensor& x,
   ctx.compute_dtype = compute_dtype(args, weight.scalar_type());
   const auto xc = cast_to(x, ctx.compute_dtype);
   const auto w = cast_to(weight, ctx.compute_dtype);
-  auto [y, mean, rstd] = kernels::layernorm_fwd(
-      xc, w, cast_to(ctx.param(1, "LayerNorm"), ctx.compute_dtype), eps_, zero_centered_gamma_);
+  const auto b = cast_to(ctx.param(1, "LayerNorm"), ctx.compute_dtype);
+  at::Tensor y, mean, rstd, amax;
+  if (ctx.want_output_amax) {  // the next op's FP8 cast of y takes max |y| from this pass
+    std::tie(y, mean, rstd, amax) =
+        kernels::layernorm_fwd_amax(xc, w, b, eps_, zero_centered_gamma_);
+    ctx.output_amax = {y, amax};
+  } else {
+    std::tie(y, mean, rstd) = kernels::layernorm_fwd(xc, w, b, eps_, zero_centered_gamma_);
+  }
   if (ctx.requires_grad) ctx.save_for_backward({xc, mean, rstd, w});
   return y;
 }
@@ -102,7 +111,13 @@ at::Tensor RMSNorm::op_forward(OperationContext& ctx, const at::Tensor& x,
   ctx.compute_dtype = compute_dtype(args, weight.scalar_type());
   const auto xc = cast_to(x, ctx.compute_dtype);
   const auto w = cast_to(weight, ctx.compute_dtype);
-  auto [y, rstd] = kernels::rmsnorm_fwd(xc, w, eps_, zero_centered_gamma_);
+  at::Tensor y, rstd, amax;
+  if (ctx.want_output_amax) {  // the next op's FP8 cast of y takes max |y| from this pass
+    std::tie(y, rstd, amax) = kernels::rmsnorm_fwd_amax(xc, w, eps_, zero_centered_gamma_);
+    ctx.output_amax = {y, amax};
+  } else {
+    std::tie(y, rstd) = kernels::rmsnorm_fwd(xc, w, eps_, zero_centered_gamma_);
+  }
   if (ctx.requires_grad) ctx.save_for_backward({xc, rstd, w});
   return y;
 }

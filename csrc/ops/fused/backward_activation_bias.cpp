@@ -1,6 +1,8 @@
 // BackwardActivationBias.
 #include "ops/fused/backward_activation_bias.h"
 
+#include <tuple>
+
 #include "kernels/dispatch.h"
 #include "ops/fused/fusion_window.h"
 
@@ -16,8 +18,16 @@ BackwardResult BackwardActivationBias::fuser_backward(const std::vector<Operatio
                                                       const at::Tensor& grad_output,
                                                       const TensorLists&) {
   const auto& act_ctx = *ctxs.at(1);
-  auto [dpre, dbias] = kernels::bias_act_bwd(cast_to(grad_output, act_ctx.compute_dtype),
-                                             act_ctx.saved_tensors.at(0), kind_);
+  auto& bias_ctx = *ctxs.at(0);
+  const auto dy = cast_to(grad_output, act_ctx.compute_dtype);
+  const auto& pre = act_ctx.saved_tensors.at(0);
+  at::Tensor dpre, dbias, amax;
+  if (bias_ctx.want_grad_input_amax) {  // the linear before casts dpre: max |dpre| from this pass
+    std::tie(dpre, dbias, amax) = kernels::bias_act_bwd_amax(dy, pre, kind_);
+    bias_ctx.grad_input_amax = {dpre, amax};
+  } else {
+    std::tie(dpre, dbias) = kernels::bias_act_bwd(dy, pre, kind_);
+  }
   if (!ctxs.at(0)->param_requires_grad.at(0)) dbias = at::Tensor();
   return {dpre, {{dbias}, {}}, {{}, {}}};
 }

@@ -1,6 +1,8 @@
 // BackwardLinearActivationBias.
 #include "ops/fused/backward_linear_activation_bias.h"
 
+#include <tuple>
+
 #include "kernels/dispatch.h"
 #include "ops/fused/fusion_window.h"
 
@@ -18,20 +20,24 @@ BackwardResult BackwardLinearActivationBias::fuser_backward(
     const std::vector<OperationContext*>& ctxs, const at::Tensor& grad_output, const TensorLists&) {
   const auto& pre = ctxs.at(1)->saved_tensors.at(0);
   auto& linear_ctx = *ctxs.at(2);  // w is saved: the bias's backward runs
-  at::Tensor dbias;
+  auto& bias_ctx = *ctxs.at(0);
+  at::Tensor dbias, amax;
   auto [dpre, dw] = BasicLinear::backward_gemms(
       linear_ctx, cast_to(grad_output, linear_ctx.compute_dtype), 1.0,
       [&](const GemmOperand& dy, const GemmOperand& w) {
         at::Tensor dpre;
         if (pre.scalar_type() == linear_ctx.compute_dtype) {
-          std::tie(dpre, dbias) = gemms::dgrad_act_bias(dy, w, pre, kind_);
+          // The linear before casts dpre: max |dpre| from the activation pass where asked.
+          std::tie(dpre, dbias) = gemms::dgrad_act_bias(
+              dy, w, pre, kind_, bias_ctx.want_grad_input_amax ? &amax : nullptr);
         } else {  // mixed dtypes: the dgrad rounds to the activation's dtype first, as unfused
           std::tie(dpre, dbias) =
               kernels::bias_act_bwd(cast_to(gemms::dgrad(dy, w), pre.scalar_type()), pre, kind_);
         }
         return dpre;
       });
-  if (!ctxs.at(0)->param_requires_grad.at(0)) dbias = at::Tensor();
+  if (amax.defined()) bias_ctx.grad_input_amax = {dpre, amax};
+  if (!bias_ctx.param_requires_grad.at(0)) dbias = at::Tensor();
   return {dpre, {{dbias}, {}, {dw}}, {{}, {}, {}}};
 }
 
