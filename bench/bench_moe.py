@@ -1,5 +1,6 @@
 """MoE expert MLP benchmark (issue 15): 8 experts, 16384 tokens routed unevenly (already grouped
-by expert, as after the router's permutation), H=4096, F=2048, bf16, no biases:
+by expert, as after the router's permutation; each expert's count a multiple of 16, as padded for
+FP8), H=4096, F=2048, bf16, no biases:
     y_e = fc2_e(probs * swiglu(fc1_e(x_e))) for each expert e over its rows.
 Implementations, one run:
   fusible      Sequential(GroupedLinear(8, H, 2F), ScaledSwiGLU(), GroupedLinear(8, F, H)) with the
@@ -32,7 +33,9 @@ SHARES = (0.22, 0.18, 0.15, 0.13, 0.11, 0.09, 0.07, 0.05)  # uneven routing
 
 
 def split_sizes():
-    sizes = [int(T * s) for s in SHARES]
+    # Multiples of 16, as a router pads each expert's tokens for FP8 (te's Fp8Padding): the FP8
+    # GEMMs take groups of whole 16-row blocks.
+    sizes = [int(T * s) // 16 * 16 for s in SHARES]
     sizes[0] += T - sum(sizes)
     return sizes
 

@@ -191,3 +191,130 @@ def test_a_single_grouped_weight_under_quantized_model_init_is_refused():
     with pytest.raises(NotImplementedError, match="single_grouped_weight=True"):
         with fusible.quantized_model_init():
             ops.GroupedLinear(2, 16, 16, single_grouped_weight=True, device="cpu")
+
+
+def _kernel_ops(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events() if e.name.startswith("fusible::")}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["current", "delayed"])
+@pytest.mark.parametrize("single", [False, True])
+def test_fp8_gemms_per_group_equal_one_linear_per_group(device, kind, single):
+    """bf16 with every group's rows a multiple of 16: one FP8 GEMM per group on FP8 data (not the
+    emulated casts and a grouped GEMM in bf16), the same numbers as one Linear per group, over
+    optimizer steps; an empty group gets a zero weight gradient."""
+    torch.manual_seed(7)
+    G, sizes, dt = 3, [32, 0, 48], torch.bfloat16
+    grouped = randomized(
+        ops.GroupedLinear(G, 64, 32, device=device, dtype=dt, single_grouped_weight=single)
+    )
+    weights = [grouped.weight[g] if single else getattr(grouped, f"weight{g}") for g in range(G)]
+    linears = [ops.Linear(64, 32, device=device, dtype=dt) for _ in range(G)]
+    with torch.no_grad():
+        for g, lin in enumerate(linears):
+            lin.weight.copy_(weights[g])
+            lin.bias.copy_(getattr(grouped, f"bias{g}"))
+    rec = RECIPES[kind]()
+    split = torch.tensor(sizes, device=device)
+    for step in range(3):
+        x = torch.randn(80, 64, device=device).to(dt)
+        dy = torch.randn(80, 32, device=device).to(dt)
+        xg = x.clone().requires_grad_()
+        xl = [p.clone().requires_grad_() for p in x.split(sizes)]
+
+        out = {}
+
+        def run_grouped():
+            with fusible.autocast(recipe=rec):
+                out["y"] = grouped(xg, split)
+            out["y"].backward(dy)
+
+        if step == 0:  # profiled: which kernels ran (the numbers are compared as every step's)
+            names = _kernel_ops(run_grouped)
+            assert "fusible::fp8_gemm" in names and "fusible::grouped_linear_fwd" not in names
+            assert "fusible::grouped_linear_wgrad" not in names, names
+        else:
+            run_grouped()
+        y = out["y"]
+        with fusible.autocast(recipe=rec):
+            yl = [lin(p) for lin, p in zip(linears, xl)]
+        for lin_y, part in zip(yl, dy.split(sizes)):
+            lin_y.backward(part)
+        exact = dict(rtol=0, atol=0)
+        torch.testing.assert_close(y, torch.cat(yl), **exact)
+        torch.testing.assert_close(xg.grad, torch.cat([p.grad for p in xl]), **exact)
+        dws = (
+            grouped.weight.grad
+            if single
+            else [getattr(grouped, f"weight{g}").grad for g in range(G)]
+        )
+        for g, lin in enumerate(linears):
+            want_dw = lin.weight.grad if sizes[g] else torch.zeros_like(lin.weight)
+            torch.testing.assert_close(dws[g], want_dw, **exact)
+            want_db = lin.bias.grad if sizes[g] else torch.zeros_like(lin.bias)
+            torch.testing.assert_close(getattr(grouped, f"bias{g}").grad, want_db, **exact)
+        sgd(grouped.parameters())
+        for lin in linears:
+            if lin.weight.grad is None:  # the empty group's Linear never ran
+                continue
+            sgd(lin.parameters())
+    if kind == "delayed":  # each non-empty group's quantizers as its Linear's
+        for g in (0, 2):
+            pairs = [("forward", g, 0), ("forward", G + g, 1), ("backward", g, 0)]
+            for mode, i, j in pairs:
+                lin_q = quantizer(linears[g].basic_ops[0], mode, j)
+                for a, b in zip(quantizer(grouped, mode, i), lin_q):
+                    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_fp8_gemms_per_group_need_rows_in_multiples_of_16():
+    """A group of 15 rows: the casts stay emulated (the grouped GEMM in bf16), same recipe."""
+    torch.manual_seed(8)
+    op = randomized(ops.GroupedLinear(2, 64, 32, dtype=torch.bfloat16))
+    x = torch.randn(31, 64).to(torch.bfloat16).requires_grad_()
+
+    def run():
+        with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
+            op(x, torch.tensor([16, 15])).sum().backward()
+
+    names = _kernel_ops(run)
+    assert "fusible::grouped_linear_fwd" in names and "fusible::fp8_gemm" not in names
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_expert_mlp_on_fp8_gemms_equals_its_unfused_plan(device):
+    """The MoE expert MLP (GroupedMLP_GroupedGEMMGLU) with FP8 GEMMs per group: fused and unfused
+    plans give the same numbers, and the fused one keeps no bf16 copy of fc2's input."""
+    torch.manual_seed(10)
+    dt, sizes = torch.bfloat16, [48, 16, 0]
+    fc1 = randomized(ops.GroupedLinear(3, 32, 64, device=device, dtype=dt))
+    fc2 = randomized(ops.GroupedLinear(3, 32, 32, device=device, dtype=dt))
+    fused = ops.Sequential(fc1, ops.ScaledSwiGLU(), fc2)
+    unfused = copy.deepcopy(fused)
+    split = torch.tensor(sizes, device=device)
+    rec = recipe.Float8CurrentScaling()
+    for _ in range(3):
+        x = torch.randn(64, 32, device=device).to(dt)
+        probs = torch.rand(64, device=device).to(dt)
+        dy = torch.randn(64, 32, device=device).to(dt)
+        outs = []
+        for seq, use_fusions in ((fused, True), (unfused, False)):
+            snapshot = ops.snapshot_fusions()
+            if not use_fusions:
+                ops.restore_fusions(([], {}))
+            try:
+                xg, pg = x.clone().requires_grad_(), probs.clone().requires_grad_()
+                with fusible.autocast(recipe=rec):
+                    y = seq(xg, split, pg, split)
+                y.backward(dy)
+                plan = seq.fusion_plan()[0]["forward"]
+            finally:
+                ops.restore_fusions(snapshot)
+            assert ("GroupedMLP_GroupedGEMMGLU" in plan) == use_fusions, plan
+            outs.append([y.detach(), xg.grad, pg.grad] + [p.grad.clone() for p in seq.parameters()])
+            sgd(seq.parameters())
+        for a, b in zip(*outs):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

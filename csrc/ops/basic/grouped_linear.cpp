@@ -229,43 +229,52 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
   for (int64_t i = 0; i < nw; ++i) any_weight_grad |= ctx.param_requires_grad.at(i);
   const bool need_x = ctx.requires_grad && any_weight_grad;
   // Under an FP8 autocast the GEMMs see each group's x and W cast by its own quantizers (te.ops'
-  // per-group quantizers), emulated: cast to FP8 and back, GEMMs in the compute dtype.
+  // per-group quantizers): FP8 GEMMs per group where they fit, else emulated (cast to FP8 and
+  // back, the grouped GEMM in the compute dtype).
   ctx.fp8 = fp8_cast(input, rows);  // all groups' tokens against the recipe's min_tokens
-  auto x_gemm = x;
-  at::Tensor x_wgrad = x_nd;  // as it came (see below)
-  if (ctx.fp8.on()) {
-    std::tie(x_gemm, x_wgrad) =
-        cast_groups(x, host_split_sizes(sizes, rows), true, need_x, [&](int64_t g, auto& part) {
-          return ctx.fp8.forward_operand(part, g, /*weight=*/false, true, need_x);
-        });
-  }
-  const auto weight =
-      ctx.fp8.on()
-          ? fp8_weights(ctx)
-          : cast_to(grouped_param(ctx, 0, single_weight_, "weight", {out_features_, in_features_}),
-                    ctx.compute_dtype);
+  std::vector<int64_t> host_sizes;
+  if (ctx.fp8.on()) host_sizes = host_split_sizes(sizes, rows);
+  ctx.fp8.gemm_fp8 = ctx.fp8.on() && fp8_gemms_fit(ctx.fp8, host_sizes, ctx.compute_dtype);
   at::Tensor bias;
   if (has_bias_) {
     bias =
         cast_to(grouped_param(ctx, nw, single_bias_, "bias", {out_features_}), ctx.compute_dtype);
   }
-  at::Tensor scales;  // scale_bias: one per row, as given
-  if (scale_bias_) {
-    scales = extra_inputs.at(1);
-    kernels::check_grouped_scales(op, x, scales);
-  }
-  auto y = kernels::grouped_linear_fwd(
-      x_gemm, weight, sizes, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
-      scales.defined() ? std::optional<at::Tensor>(cast_to(scales, ctx.compute_dtype))
-                       : std::nullopt);
-  if (ctx.requires_grad) {
-    // (split sizes, x for wgrad, the weights for dgrad, then with scale_bias: scales and biases).
-    // x as it came, not its 2-D view: a view made here (grad mode off) of a caller's tensor that
-    // an earlier op wrote in place is refused by autograd once the fuser marks that tensor dirty.
-    // Under FP8 the cast x is kept whatever keep_input says: a recast would not be the forward's.
-    ctx.save_for_backward({sizes, need_x && (keep_input || ctx.fp8.on()) ? x_wgrad : at::Tensor(),
-                           ctx.input_requires_grad ? weight : at::Tensor(), scales,
-                           scale_bias_ ? bias : at::Tensor()});
+  at::Tensor y;
+  if (ctx.fp8.gemm_fp8) {
+    y = fp8_forward(ctx, x, sizes, host_sizes, bias, need_x);
+  } else {
+    auto x_gemm = x;
+    at::Tensor x_wgrad = x_nd;  // as it came (see below)
+    if (ctx.fp8.on()) {
+      std::tie(x_gemm, x_wgrad) =
+          cast_groups(x, host_sizes, true, need_x, [&](int64_t g, auto& part) {
+            return ctx.fp8.forward_operand(part, g, /*weight=*/false, true, need_x);
+          });
+    }
+    const auto weight = ctx.fp8.on() ? fp8_weights(ctx)
+                                     : cast_to(grouped_param(ctx, 0, single_weight_, "weight",
+                                                             {out_features_, in_features_}),
+                                               ctx.compute_dtype);
+    at::Tensor scales;  // scale_bias: one per row, as given
+    if (scale_bias_) {
+      scales = extra_inputs.at(1);
+      kernels::check_grouped_scales(op, x, scales);
+    }
+    y = kernels::grouped_linear_fwd(
+        x_gemm, weight, sizes, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
+        scales.defined() ? std::optional<at::Tensor>(cast_to(scales, ctx.compute_dtype))
+                         : std::nullopt);
+    if (ctx.requires_grad) {
+      // (split sizes, x for wgrad, the weights for dgrad, then with scale_bias: scales and
+      // biases). x as it came, not its 2-D view: a view made here (grad mode off) of a caller's
+      // tensor that an earlier op wrote in place is refused by autograd once the fuser marks that
+      // tensor dirty. Under FP8 the cast x is kept whatever keep_input says: a recast would not be
+      // the forward's.
+      ctx.save_for_backward({sizes, need_x && (keep_input || ctx.fp8.on()) ? x_wgrad : at::Tensor(),
+                             ctx.input_requires_grad ? weight : at::Tensor(), scales,
+                             scale_bias_ ? bias : at::Tensor()});
+    }
   }
   auto shape = input.sizes().vec();
   shape.back() = out_features_;
@@ -284,20 +293,26 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
 }
 
 at::Tensor GroupedLinear::fp8_weights(OperationContext& ctx) const {
-  constexpr const char* op = "GroupedLinear";
   std::vector<at::Tensor> ws;
   for (int64_t g = 0; g < num_groups_; ++g) {
-    const auto& p = ctx.param(single_weight_ ? 0 : g, op);
-    if (single_weight_)
-      check_param_shape(op, "weight", p, {num_groups_, out_features_, in_features_});
-    const auto w = single_weight_ ? p.select(0, g) : p;
-    if (!single_weight_) check_param_shape(op, "weight", w, {out_features_, in_features_});
     ws.push_back(ctx.fp8
-                     .forward_operand(cast_to(w, ctx.compute_dtype), num_groups_ + g,
-                                      /*weight=*/true, /*rowwise=*/true, /*columnwise=*/false)
+                     .forward_operand(cast_to(weight_of(ctx, g), ctx.compute_dtype),
+                                      num_groups_ + g, /*weight=*/true, /*rowwise=*/true,
+                                      /*columnwise=*/false)
                      .rowwise);
   }
   return at::stack(ws);
+}
+
+at::Tensor GroupedLinear::weight_of(const OperationContext& ctx, int64_t g) const {
+  constexpr const char* op = "GroupedLinear";
+  const auto& p = ctx.param(single_weight_ ? 0 : g, op);
+  if (single_weight_) {
+    check_param_shape(op, "weight", p, {num_groups_, out_features_, in_features_});
+    return p.select(0, g);
+  }
+  check_param_shape(op, "weight", p, {out_features_, in_features_});
+  return p;
 }
 
 GroupedLinear::Grad GroupedLinear::grad_operands(const OperationContext& ctx,
@@ -307,6 +322,17 @@ GroupedLinear::Grad GroupedLinear::grad_operands(const OperationContext& ctx,
   bool need_dw = false;
   for (int64_t i = 0; i < num_weight_params(); ++i) need_dw |= ctx.param_requires_grad.at(i);
   const auto sizes = host_split_sizes(ctx.saved_tensors.at(0), dy.size(0));
+  if (ctx.fp8.gemm_fp8) {  // each group's dy cast for its own GEMMs
+    Grad grad{dy, {}, {}, {}, sizes};
+    int64_t start = 0;
+    for (size_t g = 0; g < sizes.size(); ++g) {
+      grad.groups.push_back(sizes[g] == 0 ? GemmOperand()
+                                          : ctx.fp8.backward_operand(dy.narrow(0, start, sizes[g]),
+                                                                     g, need_dx, need_dw));
+      start += sizes[g];
+    }
+    return grad;
+  }
   auto [dgrad, wgrad] = cast_groups(dy, sizes, need_dx, need_dw, [&](int64_t g, auto& part) {
     return ctx.fp8.backward_operand(part, g, need_dx, need_dw);
   });
@@ -315,8 +341,9 @@ GroupedLinear::Grad GroupedLinear::grad_operands(const OperationContext& ctx,
 
 at::Tensor GroupedLinear::input_grad(const OperationContext& ctx, const Grad& grad) const {
   if (!ctx.input_requires_grad) return {};
-  auto dx =
-      kernels::grouped_linear_dgrad(grad.dgrad, ctx.saved_tensors.at(2), ctx.saved_tensors.at(0));
+  auto dx = ctx.fp8.gemm_fp8 ? fp8_input_grad(ctx, grad)
+                             : kernels::grouped_linear_dgrad(grad.dgrad, ctx.saved_tensors.at(2),
+                                                             ctx.saved_tensors.at(0));
   if (!ctx.state.isTensor()) return dx;
   const auto& buffer = ctx.state.toTensor();  // the caller's grad_input buffer, in x's shape
   buffer.view({-1, in_features_}).copy_(dx);
@@ -334,7 +361,16 @@ std::pair<std::vector<at::Tensor>, at::Tensor> GroupedLinear::param_grads(
   std::vector<at::Tensor> grads(ctx.param_requires_grad.size());
   bool need_dw = false;
   for (int64_t i = 0; i < nw; ++i) need_dw |= ctx.param_requires_grad.at(i);
-  if (need_dw) {
+  if (need_dw && ctx.fp8.gemm_fp8) {  // the forward's FP8 x^T per group
+    auto dws = fp8_weight_grads(ctx, grad);
+    if (single_weight_) {
+      if (ctx.param_requires_grad.at(0)) grads[0] = at::stack(dws);
+    } else {
+      for (int64_t i = 0; i < nw; ++i) {
+        if (ctx.param_requires_grad.at(i)) grads[i] = std::move(dws[i]);
+      }
+    }
+  } else if (need_dw) {
     const auto x =
         input.defined() && !ctx.fp8.on() ? input : saved.at(1).reshape({-1, in_features_});
     const auto dw = kernels::grouped_linear_wgrad(grad.wgrad, x, sizes);

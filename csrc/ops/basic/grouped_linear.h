@@ -59,8 +59,12 @@ class GroupedLinear : public BasicOperation {
   /// dy [rows, out] as the backward takes it: `dgrad` and `wgrad`, the GEMMs' operands (under
   /// the forward's FP8 recipe cast per group, each group with its own quantizer: made once per
   /// backward, a delayed-scaling history advances once), and `dy` itself for the bias.
+  /// With FP8 GEMMs per group (fp8_gemms_fit): `groups` holds each group's cast gradient
+  /// (undefined for an empty group) and `sizes` the split sizes; dgrad and wgrad stay undefined.
   struct Grad {
     at::Tensor dy, dgrad, wgrad;
+    std::vector<GemmOperand> groups;
+    std::vector<int64_t> sizes;
   };
   Grad grad_operands(const OperationContext& ctx, const at::Tensor& dy) const;
   /// dx [rows, in] (undefined when the input needs no gradient); written into the caller's
@@ -91,6 +95,25 @@ class GroupedLinear : public BasicOperation {
   /// Under FP8: the weights [N, out, in] as the GEMMs see them, each group's parameter (an FP8
   /// weight as it is stored) cast by its own quantizer.
   at::Tensor fp8_weights(OperationContext& ctx) const;
+  /// Group g's weight parameter [out, in] of this call (checked).
+  at::Tensor weight_of(const OperationContext& ctx, int64_t g) const;
+  /// Under an FP8 autocast (`cast` on): whether the GEMMs run on FP8 data, one cuBLASLt FP8 GEMM
+  /// per group (per-tensor recipes; every group's rows, in_features and out_features multiples of
+  /// 16 (te.ops' MoE pads the groups so, with Fp8Padding); no per-row bias scales). Else the casts
+  /// are emulated and the grouped GEMM runs in the compute dtype. (grouped_linear_fp8.cpp)
+  bool fp8_gemms_fit(const Fp8Cast& cast, const std::vector<int64_t>& sizes,
+                     at::ScalarType dtype) const;
+  /// The forward's FP8 GEMMs, one per group: y [rows, out]. Saves, after the five slots every
+  /// forward saves, each group's x^T then each group's W^T as FP8 (kFp8Slots).
+  at::Tensor fp8_forward(OperationContext& ctx, const at::Tensor& x, const at::Tensor& sizes,
+                         const std::vector<int64_t>& host_sizes, const at::Tensor& bias,
+                         bool need_x);
+  /// The backward's FP8 GEMMs per group: dx [rows, in]; dW per group ([out, in]; zeros for an
+  /// empty group).
+  at::Tensor fp8_input_grad(const OperationContext& ctx, const Grad& grad) const;
+  std::vector<at::Tensor> fp8_weight_grads(const OperationContext& ctx, const Grad& grad) const;
+  /// Saved slot of group g's x^T (and, + num_groups, of its W^T) under FP8 GEMMs.
+  static constexpr int64_t kFp8Slots = 5;
 
   int64_t num_groups_, in_features_, out_features_;
   bool has_bias_, scale_bias_, single_weight_, single_bias_;

@@ -1,0 +1,90 @@
+// GroupedLinear on FP8 data: one cuBLASLt FP8 GEMM per group (ops/linear_gemms.h), each group's
+// x, W and dy cast by its own quantizer, as one Linear per group computes under FP8.
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include "ops/basic/grouped_linear.h"
+#include "ops/linear_gemms.h"
+
+namespace fusible::ops {
+namespace {
+
+// Saved slot i (FP8 data saved transposed, with its scale_inv) as the GEMM operand it was.
+GemmOperand saved_fp8(const OperationContext& ctx, int64_t i) {
+  GemmOperand o;
+  o.dtype = ctx.compute_dtype;
+  o.columnwise = ctx.saved_tensors.at(i);
+  o.columnwise_scale_inv = ctx.fp8.saved_scale_inv.at(i);
+  return o;
+}
+
+}  // namespace
+
+bool GroupedLinear::fp8_gemms_fit(const Fp8Cast& cast, const std::vector<int64_t>& sizes,
+                                  at::ScalarType dtype) const {
+  // Block scaling's grouped casts stay emulated; so do per-row bias scales (no GEMM epilogue).
+  if (scale_bias_ || cast.recipe->kind == "block") return false;
+  for (auto m : sizes) {
+    if (m % 16 != 0) return false;  // the wgrad's K: FP8 rows of 16 bytes
+  }
+  return cast.fp8_gemms_fit(16, in_features_, out_features_, dtype);
+}
+
+at::Tensor GroupedLinear::fp8_forward(OperationContext& ctx, const at::Tensor& x,
+                                      const at::Tensor& sizes,
+                                      const std::vector<int64_t>& host_sizes,
+                                      const at::Tensor& bias, bool need_x) {
+  const int64_t n = num_groups_;
+  const bool need_w = ctx.requires_grad && ctx.input_requires_grad;
+  std::vector<at::Tensor> ys, saved(kFp8Slots + 2 * n), scale_inv(kFp8Slots + 2 * n);
+  int64_t start = 0;
+  for (int64_t g = 0; g < n; ++g) {
+    // Every group's weight is cast, an empty group's too (a delayed-scaling history advances
+    // once per forward, as with one Linear per group).
+    const auto wo = ctx.fp8.forward_operand(cast_to(weight_of(ctx, g), ctx.compute_dtype), n + g,
+                                            /*weight=*/true, /*rowwise=*/true, need_w);
+    const int64_t m = host_sizes[g];
+    if (m == 0) continue;
+    const auto xo = ctx.fp8.forward_operand(x.narrow(0, start, m), g, /*weight=*/false,
+                                            /*rowwise=*/true, need_x);
+    start += m;
+    ys.push_back(gemms::forward(
+        xo, wo, bias.defined() ? std::optional<at::Tensor>(bias.select(0, g)) : std::nullopt));
+    if (need_x) {
+      saved[kFp8Slots + g] = xo.columnwise;
+      scale_inv[kFp8Slots + g] = xo.columnwise_scale_inv;
+    }
+    if (need_w) {
+      saved[kFp8Slots + n + g] = wo.columnwise;
+      scale_inv[kFp8Slots + n + g] = wo.columnwise_scale_inv;
+    }
+  }
+  if (ctx.requires_grad) {
+    saved[0] = sizes;
+    ctx.save_for_backward(std::move(saved));
+    ctx.fp8.saved_scale_inv = std::move(scale_inv);
+  }
+  return ys.empty() ? at::empty({0, out_features_}, x.options()) : at::cat(ys);
+}
+
+at::Tensor GroupedLinear::fp8_input_grad(const OperationContext& ctx, const Grad& grad) const {
+  std::vector<at::Tensor> parts;
+  for (int64_t g = 0; g < num_groups_; ++g) {
+    if (grad.sizes[g] == 0) continue;
+    parts.push_back(gemms::dgrad(grad.groups[g], saved_fp8(ctx, kFp8Slots + num_groups_ + g)));
+  }
+  return parts.empty() ? at::empty({0, in_features_}, grad.dy.options()) : at::cat(parts);
+}
+
+std::vector<at::Tensor> GroupedLinear::fp8_weight_grads(const OperationContext& ctx,
+                                                        const Grad& grad) const {
+  std::vector<at::Tensor> dws;
+  for (int64_t g = 0; g < num_groups_; ++g) {
+    dws.push_back(grad.sizes[g] == 0 ? at::zeros({out_features_, in_features_}, grad.dy.options())
+                                     : gemms::wgrad(grad.groups[g], saved_fp8(ctx, kFp8Slots + g)));
+  }
+  return dws;
+}
+
+}  // namespace fusible::ops
