@@ -321,7 +321,9 @@ GroupedLinear::Grad GroupedLinear::grad_operands(const OperationContext& ctx,
   const bool need_dx = ctx.input_requires_grad;
   bool need_dw = false;
   for (int64_t i = 0; i < num_weight_params(); ++i) need_dw |= ctx.param_requires_grad.at(i);
-  const auto sizes = host_split_sizes(ctx.saved_tensors.at(0), dy.size(0));
+  // With FP8 GEMMs the forward kept the sizes on the host too: no second wait for the device.
+  const auto sizes = host_split_sizes(
+      ctx.saved_tensors.at(ctx.fp8.gemm_fp8 ? fp8_host_sizes_slot() : 0), dy.size(0));
   if (ctx.fp8.gemm_fp8) {  // each group's dy cast for its own GEMMs
     Grad grad{dy, {}, {}, {}, sizes};
     int64_t start = 0;

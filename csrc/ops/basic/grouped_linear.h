@@ -104,7 +104,7 @@ class GroupedLinear : public BasicOperation {
   bool fp8_gemms_fit(const Fp8Cast& cast, const std::vector<int64_t>& sizes,
                      at::ScalarType dtype) const;
   /// The forward's FP8 GEMMs, one per group: y [rows, out]. Saves, after the five slots every
-  /// forward saves, each group's x^T then each group's W^T as FP8 (kFp8Slots).
+  /// forward saves, each group's x^T then each group's W^T as FP8 (kFp8Slots), and host_sizes.
   at::Tensor fp8_forward(OperationContext& ctx, const at::Tensor& x, const at::Tensor& sizes,
                          const std::vector<int64_t>& host_sizes, const at::Tensor& bias,
                          bool need_x);
@@ -112,8 +112,10 @@ class GroupedLinear : public BasicOperation {
   /// empty group).
   at::Tensor fp8_input_grad(const OperationContext& ctx, const Grad& grad) const;
   std::vector<at::Tensor> fp8_weight_grads(const OperationContext& ctx, const Grad& grad) const;
-  /// Saved slot of group g's x^T (and, + num_groups, of its W^T) under FP8 GEMMs.
+  /// Saved slot of group g's x^T (and, + num_groups, of its W^T) under FP8 GEMMs; after them, the
+  /// split sizes on the host.
   static constexpr int64_t kFp8Slots = 5;
+  int64_t fp8_host_sizes_slot() const { return kFp8Slots + 2 * num_groups_; }
 
   int64_t num_groups_, in_features_, out_features_;
   bool has_bias_, scale_bias_, single_weight_, single_bias_;

@@ -4,6 +4,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
+
 #include "ops/basic/grouped_linear.h"
 #include "ops/linear_gemms.h"
 
@@ -37,7 +39,7 @@ at::Tensor GroupedLinear::fp8_forward(OperationContext& ctx, const at::Tensor& x
                                       const at::Tensor& bias, bool need_x) {
   const int64_t n = num_groups_;
   const bool need_w = ctx.requires_grad && ctx.input_requires_grad;
-  std::vector<at::Tensor> ys, saved(kFp8Slots + 2 * n), scale_inv(kFp8Slots + 2 * n);
+  std::vector<at::Tensor> ys, saved(kFp8Slots + 2 * n + 1), scale_inv(kFp8Slots + 2 * n + 1);
   int64_t start = 0;
   for (int64_t g = 0; g < n; ++g) {
     // Every group's weight is cast, an empty group's too (a delayed-scaling history advances
@@ -62,6 +64,9 @@ at::Tensor GroupedLinear::fp8_forward(OperationContext& ctx, const at::Tensor& x
   }
   if (ctx.requires_grad) {
     saved[0] = sizes;
+    auto& host = saved[fp8_host_sizes_slot()];
+    host = at::empty({n}, at::TensorOptions().dtype(at::kLong));
+    std::copy(host_sizes.begin(), host_sizes.end(), host.data_ptr<int64_t>());
     ctx.save_for_backward(std::move(saved));
     ctx.fp8.saved_scale_inv = std::move(scale_inv);
   }
