@@ -702,6 +702,26 @@ class TestFp8CastOp:
             a = max(amaxes) if algo == "max" else amaxes[0]
             assert scale.item() == pytest.approx(448.0 / a, rel=1e-6)
 
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("length", [1, 255, 256, 257, 1024, 1000])
+    def test_delayed_history_rolls_as_the_reference_at_every_length(self, device, length):
+        # The CUDA update shifts the history in block-wide chunks from its oldest end: lengths
+        # around and across the chunk size, against the ATen reference on the CPU.
+        torch.manual_seed(5)
+        start = torch.rand(length) * 100
+        states = {
+            d: (start.clone().to(d), torch.full((1,), 2.0, device=d)) for d in {device, "cpu"}
+        }
+        for algo in ("max", "most_recent"):
+            for step in range(3):
+                x = torch.randn(16, 32) * (step + 3)
+                for d, (history, scale) in states.items():
+                    torch.ops.fusible.fp8_cast_delayed(x.to(d), "e4m3", history, scale, 0.0, algo)
+                want_h, want_s = states["cpu"]
+                got_h, got_s = states[device]
+                assert torch.equal(got_h.cpu(), want_h) and torch.equal(got_s.cpu(), want_s)
+        assert torch.equal(states[device][0].cpu()[6:], start[: max(length - 6, 0)])
+
     def test_errors(self):
         with pytest.raises(ValueError, match="fp8_cast: expected format"):
             torch.ops.fusible.fp8_cast(torch.ones(2, 4), "e3m4")

@@ -159,17 +159,34 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restri
 }
 
 // history rolls by one (newest first) taking *amax_now; scale = fmax / (max or newest) * 2^-m,
-// kept where that amax is 0 or not finite. One thread: histories are short.
-__global__ void delayed_update_kernel(float* history, int64_t len, const float* amax_now,
-                                      float* scale, float fmax, float margin_factor, bool use_max) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  for (int64_t i = len - 1; i > 0; --i) history[i] = history[i - 1];
-  history[0] = *amax_now;
-  float a = history[0];
-  if (use_max) {
-    for (int64_t i = 1; i < len; ++i) a = fmaxf(a, history[i]);
+// kept where that amax is 0 or not finite. One block: the shift runs from the oldest end one
+// block-wide chunk at a time (a chunk reads all it moves before it writes, and a younger chunk
+// never reads what an older one wrote), so a 1024-entry history takes four steps, not 1024.
+constexpr int kUpdateThreads = 256;
+__global__ void __launch_bounds__(kUpdateThreads)
+    delayed_update_kernel(float* history, int64_t len, const float* amax_now, float* scale,
+                          float fmax, float margin_factor, bool use_max) {
+  const float now = *amax_now;
+  float m = now;
+  for (int64_t end = len; end > 1; end -= kUpdateThreads) {
+    const int64_t i = end - kUpdateThreads + threadIdx.x;
+    float v = 0.f;
+    if (i >= 1) {
+      v = history[i - 1];
+      m = fmaxf(m, v);
+    }
+    __syncthreads();
+    if (i >= 1) history[i] = v;
   }
-  *scale = scale_from(a, fmax, margin_factor, *scale);
+  if (threadIdx.x == 0) history[0] = now;
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ float warp_max[kUpdateThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kUpdateThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    *scale = scale_from(use_max ? m : now, fmax, margin_factor, *scale);
+  }
 }
 
 }  // namespace
@@ -205,8 +222,8 @@ void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int6
     cuda::check_launch("cast_transpose_kernel");
   });
   if (history != nullptr) {
-    delayed_update_kernel<<<1, 32, 0, stream>>>(history, history_len, amax, scale, fmax,
-                                                margin_factor, use_max);
+    delayed_update_kernel<<<1, kUpdateThreads, 0, stream>>>(history, history_len, amax, scale, fmax,
+                                                            margin_factor, use_max);
     cuda::check_launch("delayed_update_kernel");
   }
 }
@@ -232,8 +249,8 @@ void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin,
     }
   });
   if (history != nullptr) {
-    delayed_update_kernel<<<1, 32, 0, stream>>>(history, history_len, amax, scale, fmax,
-                                                margin_factor, use_max);
+    delayed_update_kernel<<<1, kUpdateThreads, 0, stream>>>(history, history_len, amax, scale, fmax,
+                                                            margin_factor, use_max);
     cuda::check_launch("delayed_update_kernel");
   }
 }
