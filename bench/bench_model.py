@@ -190,6 +190,8 @@ def latest_rows(results):
         )
 
     for size in results:
+        if not {"fusible", "eager", "compile"} <= results[size].keys():
+            continue  # a partial run (--variants): printed, not recorded as the rows
         row(size, "bf16_step_ms", "step_ms", "fusible", "ms")
         row(size, "bf16_mem_mib", "mem_mib", "fusible", "MiB")
         for recipe in ("current", "delayed", "block"):
