@@ -5,7 +5,9 @@
     fusible.autocast(recipe=Float8CurrentScaling()) (FP8 GEMMs), against eager and compiled bf16;
     its relative error against eager bf16 (y and every gradient) is printed and recorded;
     `fusible_fp8_block`: the same under Float8BlockScaling (block-scaled FP8 GEMMs; printed);
-    `fusible_fp8_delayed`: the same under DelayedScaling.
+    `fusible_fp8_delayed`: the same under DelayedScaling; on the small MLP,
+    `fusible_fp8_min_tokens`: Float8CurrentScaling(fp8_min_tokens=1024), the opt-in that keeps
+    GEMMs over fewer tokens in bf16.
 Timing: CUDA events per repetition, warm-up first, median of many; every forward+backward starts
 with the parameters' and input's .grad cleared (as PERF.md's baselines.py), outside the timed span,
 so no gradient accumulation is timed or counted. Memory: the peak allocated during one
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from fusible import ops, recipe
 
 SHAPES = {"small": dict(T=16, H=1024, F=4096), "large": dict(T=8192, H=4096, F=16384)}
+MIN_TOKENS = 1024  # fusible_fp8_min_tokens: Float8CurrentScaling(fp8_min_tokens=MIN_TOKENS)
 
 
 def median_ms(fn, reps, warmup=5, setup=lambda: None):
@@ -103,6 +106,13 @@ def make_models(T, H, F_, dev):
         "fusible_fp8_block": fusible_fp8_block_fn,
         "fusible_fp8_delayed": fusible_fp8_delayed_fn,
     }
+    if T < MIN_TOKENS:  # the opt-in for small shapes: its GEMMs in bf16 below the threshold
+
+        def fusible_fp8_min_tokens_fn(x):
+            with fusible.autocast(recipe=recipe.Float8CurrentScaling(fp8_min_tokens=MIN_TOKENS)):
+                return seq(x)
+
+        models["fusible_fp8_min_tokens"] = fusible_fp8_min_tokens_fn
     return models, list(seq.parameters()), seq
 
 
@@ -280,7 +290,8 @@ def latest_rows(results, parts):
     )
     for part in parts:
         fp8_fields = fields + fields_large if part == "large" else fields[1:]
-        for name, impl_key in recipes:
+        extra = (("fp8_min_tokens", "fusible_fp8_min_tokens"),)
+        for name, impl_key in recipes + tuple(e for e in extra if e[1] in results[part]):
             for suffix, key, unit in fp8_fields:
                 row = {"workload": f"mlp_{part}_{name}_{suffix}", "unit": unit}
                 row["fusible"] = results[part][impl_key][key]

@@ -318,3 +318,29 @@ def test_fused_expert_mlp_on_fp8_gemms_equals_its_unfused_plan(device):
             sgd(seq.parameters())
         for a, b in zip(*outs):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_fused_expert_mlp_reads_the_split_sizes_to_the_host_once():
+    """Under FP8 the split sizes are read on the host (on CUDA: a wait for the device); the fused
+    MLP's two GroupedLinears take the same sizes tensor and read it once per forward."""
+    torch.manual_seed(11)
+    dt = torch.bfloat16
+    fc1 = randomized(ops.GroupedLinear(3, 32, 64, dtype=dt))
+    fc2 = randomized(ops.GroupedLinear(3, 32, 32, dtype=dt))
+    seq = ops.Sequential(fc1, ops.ScaledSwiGLU(), fc2)
+    x, probs = torch.randn(64, 32).to(dt), torch.rand(64).to(dt)
+
+    def host_reads(split2):
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
+            with torch.no_grad(), fusible.autocast(recipe=recipe.Float8CurrentScaling()):
+                seq(x, split, probs, split2)
+        assert "GroupedMLP_GroupedGEMMGLU" in seq.fusion_plan()[0]["forward"]
+        # the int32 sizes [3] made int64 on the host: one copy per read
+        return sum(
+            1 for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes[:1] == [[3]]
+        )
+
+    split = torch.tensor([32, 16, 16], dtype=torch.int32)
+    assert host_reads(split) == 1
+    assert host_reads(split.clone()) == 2  # another tensor: read again

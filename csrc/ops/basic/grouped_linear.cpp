@@ -53,16 +53,20 @@ std::string param_name(const char* base, int64_t g, bool single) {
 
 // The split sizes on the host, checked against the rows (FP8 casts each group apart: it waits for
 // the device's sizes, as te.ops, which takes them as a host list).
-std::vector<int64_t> host_split_sizes(const at::Tensor& sizes, int64_t rows) {
-  const auto host = sizes.to(at::kCPU, at::kLong).contiguous();  // a strided view read in order
-  std::vector<int64_t> out(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+void check_split_sum(const std::vector<int64_t>& sizes, int64_t rows) {
   int64_t sum = 0;
-  for (auto n : out) {
+  for (auto n : sizes) {
     TORCH_CHECK_VALUE(n >= 0, "GroupedLinear: expected non-negative split sizes, got ", n);
     sum += n;
   }
   TORCH_CHECK_VALUE(sum == rows, "GroupedLinear: expected split sizes summing to the input's ",
                     rows, " rows, got ", sum);
+}
+
+std::vector<int64_t> host_split_sizes(const at::Tensor& sizes, int64_t rows) {
+  const auto host = sizes.to(at::kCPU, at::kLong).contiguous();  // a strided view read in order
+  std::vector<int64_t> out(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  check_split_sum(out, rows);
   return out;
 }
 
@@ -211,7 +215,8 @@ at::Tensor GroupedLinear::fuser_forward(const std::vector<OperationContext*>& ct
 
 at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input,
                                   const std::vector<at::Tensor>& extra_inputs,
-                                  const ForwardArgs& args, bool keep_input) {
+                                  const ForwardArgs& args, bool keep_input,
+                                  std::vector<int64_t>* known_host_sizes) {
   constexpr const char* op = "GroupedLinear";
   const auto& w0 = ctx.param(0, op);
   check_input_against_param(op, input, w0);
@@ -233,7 +238,15 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
   // back, the grouped GEMM in the compute dtype).
   ctx.fp8 = fp8_cast(input, rows);  // all groups' tokens against the recipe's min_tokens
   std::vector<int64_t> host_sizes;
-  if (ctx.fp8.on()) host_sizes = host_split_sizes(sizes, rows);
+  if (ctx.fp8.on()) {
+    if (known_host_sizes != nullptr && !known_host_sizes->empty()) {
+      host_sizes = *known_host_sizes;
+      check_split_sum(host_sizes, rows);
+    } else {
+      host_sizes = host_split_sizes(sizes, rows);
+      if (known_host_sizes != nullptr) *known_host_sizes = host_sizes;
+    }
+  }
   ctx.fp8.gemm_fp8 = ctx.fp8.on() && fp8_gemms_fit(ctx.fp8, host_sizes, ctx.compute_dtype);
   at::Tensor bias;
   if (has_bias_) {

@@ -52,10 +52,12 @@ class GroupedLinear : public BasicOperation {
   // The pieces fused ops compose (GroupedMLP_GroupedGEMMGLU):
   /// fuser_forward's work; keep_input = false leaves the input for the weight gradient unsaved
   /// (the caller hands it to param_grads). With a caller's "output" buffer (ops/call_buffers.h)
-  /// the output is written there and that buffer returned.
+  /// the output is written there and that buffer returned. host_sizes: where given, the split
+  /// sizes on the host that FP8 reads (a fused op's earlier read of the same sizes tensor in the
+  /// same call: no second wait for the device); empty, it receives them.
   at::Tensor forward(OperationContext& ctx, const at::Tensor& input,
                      const std::vector<at::Tensor>& extra_inputs, const ForwardArgs& args,
-                     bool keep_input = true);
+                     bool keep_input = true, std::vector<int64_t>* host_sizes = nullptr);
   /// dy [rows, out] as the backward takes it: `dgrad` and `wgrad`, the GEMMs' operands (under
   /// the forward's FP8 recipe cast per group, each group with its own quantizer: made once per
   /// backward, a delayed-scaling history advances once), and `dy` itself for the bias.

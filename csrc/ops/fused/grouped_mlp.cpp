@@ -20,13 +20,19 @@ at::Tensor GroupedMLP_GroupedGEMMGLU::fuser_forward(const std::vector<OperationC
                                                     const at::Tensor& input,
                                                     const TensorLists& extra_inputs, TensorLists&,
                                                     const ForwardArgs& args) {
-  const auto h = fc1_->forward(*ctxs.at(0), input, extra_inputs.at(0), args);
+  // Under FP8 each GroupedLinear reads the split sizes on the host; fc2 reuses fc1's read when
+  // both take the same sizes tensor (a second read would wait for the device again).
+  std::vector<int64_t> host_sizes;
+  const auto h =
+      fc1_->forward(*ctxs.at(0), input, extra_inputs.at(0), args, /*keep_input=*/true, &host_sizes);
   // The activation keeps h and the scales; fc2 keeps no input (recomputed in the backward; under
   // FP8 it keeps its cast input).
   TensorLists no_outputs(1);
   const auto a =
       activation_->fuser_forward({ctxs.at(1)}, h, {extra_inputs.at(1)}, no_outputs, args);
-  return fc2_->forward(*ctxs.at(2), a, extra_inputs.at(2), args, /*keep_input=*/false);
+  const bool same_sizes = extra_inputs.at(2).at(0).is_same(extra_inputs.at(0).at(0));
+  return fc2_->forward(*ctxs.at(2), a, extra_inputs.at(2), args, /*keep_input=*/false,
+                       same_sizes ? &host_sizes : nullptr);
 }
 
 BackwardResult GroupedMLP_GroupedGEMMGLU::fuser_backward(const std::vector<OperationContext*>& ctxs,
