@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 
 #ifdef FUSIBLE_WITH_CUDA
@@ -41,6 +42,15 @@ double us_per_call(const std::function<void()>& call, int iterations, const c10:
 
 int main(int argc, char** argv) {
   using namespace fusible;
+  // One optional argument: timed calls per measurement (default 200).
+  if (argc > 2 || (argc == 2 && std::atoi(argv[1]) <= 0)) {
+    const bool help =
+        argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
+    std::fprintf(help ? stdout : stderr,
+                 "usage: time_small_mlp [N]\n  N: timed calls per measurement, a positive integer "
+                 "(default 200)\n");
+    return help ? 0 : 2;
+  }
   const int iterations = argc > 1 ? std::atoi(argv[1]) : 200;
   const int64_t tokens = 16, hidden = 1024, ffn = 4096;
   const auto device = at::hasCUDA() ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);

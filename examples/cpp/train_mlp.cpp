@@ -9,9 +9,18 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 int main(int argc, char** argv) {
   using namespace fusible;
+  // One optional argument: optimizer steps (default 200).
+  if (argc > 2 || (argc == 2 && std::atoi(argv[1]) <= 0)) {
+    const bool help =
+        argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
+    std::fprintf(help ? stdout : stderr,
+                 "usage: train_mlp [N]\n  N: optimizer steps, a positive integer (default 200)\n");
+    return help ? 0 : 2;
+  }
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
   const int64_t tokens = 256, hidden = 64, ffn = 256;
   const auto device = at::hasCUDA() ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);

@@ -26,10 +26,12 @@ def build(hidden, ffn, device, dtype):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--ffn", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    parser.add_argument("--tokens", type=int, default=512, help="rows of x per step")
+    parser.add_argument(
+        "--hidden", type=int, default=128, help="the block's width (LayerNorm, fc2)"
+    )
+    parser.add_argument("--ffn", type=int, default=512, help="fc1's output width")
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
