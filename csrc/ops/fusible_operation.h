@@ -78,13 +78,13 @@ class FusibleOperation : public torch::nn::Module {
   /// a reference to its Python object, which the caller may drop right after the forward).
   virtual std::shared_ptr<void> keep_alive() const { return nullptr; }
 
-  /// Whether this op implements the forward / backward of its basic ops as one. A fused op that
-  /// leaves a direction out is split into its basic ops in that direction's plan, so channels
-  /// between them are still routed by the fuser.
   /// Whether the forward casts its input per tensor under FP8 current scaling and takes the amax
   /// the op before it computed (OperationContext::input_amax): the fuser then asks that op for it.
   /// A fused op answers for its first basic op.
   virtual bool takes_input_amax() const { return false; }
+  /// Whether this op implements the forward / backward of its basic ops as one. A fused op that
+  /// leaves a direction out is split into its basic ops in that direction's plan, so channels
+  /// between them are still routed by the fuser.
   virtual bool fuses_forward() const { return true; }
   virtual bool fuses_backward() const { return true; }
 };

@@ -287,7 +287,8 @@ def test_fp8_gemms_per_group_need_rows_in_multiples_of_16():
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_expert_mlp_on_fp8_gemms_equals_its_unfused_plan(device):
     """The MoE expert MLP (GroupedMLP_GroupedGEMMGLU) with FP8 GEMMs per group: fused and unfused
-    plans give the same numbers, and the fused one keeps no bf16 copy of fc2's input."""
+    plans give the same numbers, and the fused backward does not recompute fc2's input (its wgrad
+    reads the FP8 input the forward kept)."""
     torch.manual_seed(10)
     dt, sizes = torch.bfloat16, [48, 16, 0]
     fc1 = randomized(ops.GroupedLinear(3, 32, 64, device=device, dtype=dt))
@@ -319,6 +320,15 @@ def test_fused_expert_mlp_on_fp8_gemms_equals_its_unfused_plan(device):
         for a, b in zip(*outs):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
+    def fused_step():
+        xg = torch.randn(64, 32, device=device).to(dt).requires_grad_()
+        with fusible.autocast(recipe=rec):
+            y = fused(xg, split, torch.rand(64, device=device).to(dt), split)
+        y.sum().backward()
+
+    names = _kernel_ops(fused_step)
+    assert "fusible::scaled_swiglu_bwd" in names and "fusible::scaled_swiglu_bwd_fwd" not in names
+
 
 def test_fused_expert_mlp_reads_the_split_sizes_to_the_host_once():
     """Under FP8 the split sizes are read on the host (on CUDA: a wait for the device); the fused
@@ -344,3 +354,24 @@ def test_fused_expert_mlp_reads_the_split_sizes_to_the_host_once():
     split = torch.tensor([32, 16, 16], dtype=torch.int32)
     assert host_reads(split) == 1
     assert host_reads(split.clone()) == 2  # another tensor: read again
+
+
+def test_fp8_gemms_per_group_skip_a_frozen_experts_weight_gradient():
+    torch.manual_seed(12)
+    dt, split = torch.bfloat16, torch.tensor([16, 32])
+    op = randomized(ops.GroupedLinear(2, 32, 16, dtype=dt))
+    x, dy = torch.randn(48, 32).to(dt), torch.randn(48, 16).to(dt)
+
+    def step():
+        xg = x.clone().requires_grad_()
+        with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
+            op(xg, split).backward(dy)
+        return xg.grad
+
+    dx = step()
+    want = op.weight1.grad.clone()
+    op.zero_grad(set_to_none=True)
+    op.weight0.requires_grad_(False)
+    torch.testing.assert_close(step(), dx, rtol=0, atol=0)
+    assert op.weight0.grad is None
+    torch.testing.assert_close(op.weight1.grad, want, rtol=0, atol=0)

@@ -58,74 +58,64 @@ at::Tensor bias_bwd_cuda(const at::Tensor& dy) {
   return bias_grad("bias_bwd", dy.contiguous(), {}, {}, ActKind::kRelu);
 }
 
-std::tuple<at::Tensor, at::Tensor> bias_act_bwd_cuda(const at::Tensor& dy, const at::Tensor& pre,
-                                                     c10::string_view act) {
-  reference::check_epilogue_act("bias_act_bwd", act);
-  FUSIBLE_CHECK_FLOATING("bias_act_bwd", "pre", pre);
-  FUSIBLE_CHECK_MIN_DIM("bias_act_bwd", "pre", pre, 1);
-  FUSIBLE_CHECK_SHAPE_LIKE("bias_act_bwd", "dy", dy, pre);
-  FUSIBLE_CHECK_SAME_DEVICE("bias_act_bwd", "dy", dy, "pre", pre);
-  const auto prec = pre.contiguous();
-  auto dpre = at::empty(pre.sizes(), pre.options());
-  auto dbias = bias_grad("bias_act_bwd", dy.to(pre.scalar_type()).contiguous(), prec, dpre,
-                         reference::parse_activation("bias_act_bwd", act));
-  return {dpre, dbias};
-}
-
-// bias_act_bwd plus max |dpre| from the same pass (for an FP8 cast of dpre).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_bwd_amax_cuda(const at::Tensor& dy,
-                                                                      const at::Tensor& pre,
-                                                                      c10::string_view act) {
-  constexpr const char* op = "bias_act_bwd_amax";
+// The bias + activation backward ops' argument checks (in place: dy of pre's dtype too).
+void check_bias_act_args(const char* op, const at::Tensor& dy, const at::Tensor& pre,
+                         c10::string_view act, bool in_place) {
   reference::check_epilogue_act(op, act);
   FUSIBLE_CHECK_FLOATING(op, "pre", pre);
   FUSIBLE_CHECK_MIN_DIM(op, "pre", pre, 1);
   FUSIBLE_CHECK_SHAPE_LIKE(op, "dy", dy, pre);
   FUSIBLE_CHECK_SAME_DEVICE(op, "dy", dy, "pre", pre);
-  const c10::cuda::CUDAGuard guard(pre.device());
-  const auto prec = pre.contiguous();
+  if (in_place) FUSIBLE_CHECK_SAME_DTYPE(op, "dy", dy, "pre", pre);
+}
+
+// -> (dpre, dbias, and with_amax max |dpre| from the same pass, for an FP8 cast of dpre).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act(const char* op, const at::Tensor& dy,
+                                                        const at::Tensor& pre, c10::string_view act,
+                                                        bool with_amax) {
+  check_bias_act_args(op, dy, pre, act, /*in_place=*/false);
   auto dpre = at::empty(pre.sizes(), pre.options());
-  auto amax = at::zeros({1}, pre.options().dtype(at::kFloat));
-  auto dbias = bias_grad(op, dy.to(pre.scalar_type()).contiguous(), prec, dpre,
+  auto amax = with_amax ? at::zeros({1}, pre.options().dtype(at::kFloat)) : at::Tensor();
+  auto dbias = bias_grad(op, dy.to(pre.scalar_type()).contiguous(), pre.contiguous(), dpre,
                          reference::parse_activation(op, act), amax);
   return {dpre, dbias, amax};
 }
 
-at::Tensor bias_act_bwd__cuda(const at::Tensor& dy, const at::Tensor& pre, c10::string_view act) {
-  reference::check_epilogue_act("bias_act_bwd_", act);
-  FUSIBLE_CHECK_FLOATING("bias_act_bwd_", "pre", pre);
-  FUSIBLE_CHECK_MIN_DIM("bias_act_bwd_", "pre", pre, 1);
-  FUSIBLE_CHECK_SHAPE_LIKE("bias_act_bwd_", "dy", dy, pre);
-  FUSIBLE_CHECK_SAME_DEVICE("bias_act_bwd_", "dy", dy, "pre", pre);
-  FUSIBLE_CHECK_SAME_DTYPE("bias_act_bwd_", "dy", dy, "pre", pre);
+// bias_act in place: dy becomes dpre -> (dbias, amax).
+std::pair<at::Tensor, at::Tensor> bias_act_in_place(const char* op, const at::Tensor& dy,
+                                                    const at::Tensor& pre, c10::string_view act,
+                                                    bool with_amax) {
+  check_bias_act_args(op, dy, pre, act, /*in_place=*/true);
   if (!dy.is_contiguous()) {  // the kernel writes rows in place: through a copy
-    auto [dpre, dbias] = bias_act_bwd_cuda(dy, pre, act);
+    auto [dpre, dbias, amax] = bias_act(op, dy, pre, act, with_amax);
     dy.copy_(dpre);
-    return dbias;
+    return {dbias, amax};
   }
-  return bias_grad("bias_act_bwd_", dy, pre.contiguous(), dy,
-                   reference::parse_activation("bias_act_bwd_", act));
+  auto amax = with_amax ? at::zeros({1}, dy.options().dtype(at::kFloat)) : at::Tensor();
+  auto dbias = bias_grad(op, dy, pre.contiguous(), dy, reference::parse_activation(op, act), amax);
+  return {dbias, amax};
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_act_bwd_cuda(const at::Tensor& dy, const at::Tensor& pre,
+                                                     c10::string_view act) {
+  auto [dpre, dbias, unused] = bias_act("bias_act_bwd", dy, pre, act, false);
+  return {dpre, dbias};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_bwd_amax_cuda(const at::Tensor& dy,
+                                                                      const at::Tensor& pre,
+                                                                      c10::string_view act) {
+  return bias_act("bias_act_bwd_amax", dy, pre, act, true);
+}
+
+at::Tensor bias_act_bwd__cuda(const at::Tensor& dy, const at::Tensor& pre, c10::string_view act) {
+  return bias_act_in_place("bias_act_bwd_", dy, pre, act, false).first;
 }
 
 std::tuple<at::Tensor, at::Tensor> bias_act_bwd_amax__cuda(const at::Tensor& dy,
                                                            const at::Tensor& pre,
                                                            c10::string_view act) {
-  constexpr const char* op = "bias_act_bwd_amax_";
-  reference::check_epilogue_act(op, act);
-  FUSIBLE_CHECK_FLOATING(op, "pre", pre);
-  FUSIBLE_CHECK_MIN_DIM(op, "pre", pre, 1);
-  FUSIBLE_CHECK_SHAPE_LIKE(op, "dy", dy, pre);
-  FUSIBLE_CHECK_SAME_DEVICE(op, "dy", dy, "pre", pre);
-  FUSIBLE_CHECK_SAME_DTYPE(op, "dy", dy, "pre", pre);
-  if (!dy.is_contiguous()) {  // the kernel writes rows in place: through a copy
-    auto [dpre, dbias, amax] = bias_act_bwd_amax_cuda(dy, pre, act);
-    dy.copy_(dpre);
-    return {dbias, amax};
-  }
-  const c10::cuda::CUDAGuard guard(dy.device());
-  auto amax = at::zeros({1}, dy.options().dtype(at::kFloat));
-  auto dbias = bias_grad(op, dy, pre.contiguous(), dy, reference::parse_activation(op, act), amax);
-  return {dbias, amax};
+  return bias_act_in_place("bias_act_bwd_amax_", dy, pre, act, true);
 }
 
 }  // namespace

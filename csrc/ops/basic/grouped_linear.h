@@ -111,7 +111,7 @@ class GroupedLinear : public BasicOperation {
                          const std::vector<int64_t>& host_sizes, const at::Tensor& bias,
                          bool need_x);
   /// The backward's FP8 GEMMs per group: dx [rows, in]; dW per group ([out, in]; zeros for an
-  /// empty group).
+  /// empty group, undefined for a per-group weight that needs no gradient).
   at::Tensor fp8_input_grad(const OperationContext& ctx, const Grad& grad) const;
   std::vector<at::Tensor> fp8_weight_grads(const OperationContext& ctx, const Grad& grad) const;
   /// Saved slot of group g's x^T (and, + num_groups, of its W^T) under FP8 GEMMs; after them, the

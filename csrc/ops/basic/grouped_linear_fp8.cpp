@@ -44,9 +44,9 @@ at::Tensor GroupedLinear::fp8_forward(OperationContext& ctx, const at::Tensor& x
   for (int64_t g = 0; g < n; ++g) {
     // Every group's weight is cast, an empty group's too (a delayed-scaling history advances
     // once per forward, as with one Linear per group).
-    const auto wo = ctx.fp8.forward_operand(cast_to(weight_of(ctx, g), ctx.compute_dtype), n + g,
-                                            /*weight=*/true, /*rowwise=*/true, need_w);
     const int64_t m = host_sizes[g];
+    const auto wo = ctx.fp8.forward_operand(cast_to(weight_of(ctx, g), ctx.compute_dtype), n + g,
+                                            /*weight=*/true, /*rowwise=*/true, need_w && m > 0);
     if (m == 0) continue;
     const auto xo = ctx.fp8.forward_operand(x.narrow(0, start, m), g, /*weight=*/false,
                                             /*rowwise=*/true, need_x);
@@ -86,8 +86,13 @@ std::vector<at::Tensor> GroupedLinear::fp8_weight_grads(const OperationContext& 
                                                         const Grad& grad) const {
   std::vector<at::Tensor> dws;
   for (int64_t g = 0; g < num_groups_; ++g) {
-    dws.push_back(grad.sizes[g] == 0 ? at::zeros({out_features_, in_features_}, grad.dy.options())
-                                     : gemms::wgrad(grad.groups[g], saved_fp8(ctx, kFp8Slots + g)));
+    if (!single_weight_ && !ctx.param_requires_grad.at(g)) {  // a frozen expert: no GEMM
+      dws.emplace_back();
+    } else if (grad.sizes[g] == 0) {
+      dws.push_back(at::zeros({out_features_, in_features_}, grad.dy.options()));
+    } else {
+      dws.push_back(gemms::wgrad(grad.groups[g], saved_fp8(ctx, kFp8Slots + g)));
+    }
   }
   return dws;
 }

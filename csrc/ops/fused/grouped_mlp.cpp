@@ -54,11 +54,15 @@ BackwardResult GroupedMLP_GroupedGEMMGLU::fuser_backward(const std::vector<Opera
       // The activation's input and scales as [rows, 2F] and [rows] (the layout fc1 wrote).
       const auto h = act_ctx.saved_tensors.at(0).reshape({-1, fc1_->out_features()});
       const auto scales = act_ctx.saved_tensors.at(1).reshape({-1});
-      std::tie(dh, dscales, a) = kernels::scaled_swiglu_bwd_fwd(da, h, scales);
+      if (fc2_ctx.fp8.on()) {  // fc2's wgrad reads the FP8 input it kept: no recompute
+        std::tie(dh, dscales) = kernels::scaled_swiglu_bwd(da, h, scales);
+      } else {
+        std::tie(dh, dscales, a) = kernels::scaled_swiglu_bwd_fwd(da, h, scales);
+      }
     }
     act_ctx.release_saved_tensor(0);
-    std::tie(fc2_grads, fc2_dscales) =
-        fc2_->param_grads(fc2_ctx, dy, cast_to(a, fc2_ctx.compute_dtype));
+    std::tie(fc2_grads, fc2_dscales) = fc2_->param_grads(
+        fc2_ctx, dy, a.defined() ? cast_to(a, fc2_ctx.compute_dtype) : at::Tensor());
   }
   const auto dh2 = fc1_->grad_operands(fc1_ctx, cast_to(dh, fc1_ctx.compute_dtype));
   dh = at::Tensor();
