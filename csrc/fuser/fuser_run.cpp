@@ -190,6 +190,7 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
   std::vector<at::Tensor> grads(1 + num_params + routing.num_public_inputs +
                                 routing.external_inputs.size());
   const auto& plan = call.plan->backward;
+  const bool amax_handoff = ops::fp8_amax_handoff();
   for (size_t j = plan.size(); j-- > 0;) {
     const auto& p = plan[j];
     if (p.basic_indices.back() < call.first_backward) break;
@@ -198,9 +199,8 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
     for (auto i : p.basic_indices) sub_grad_out.push_back(grad_extra_out[i]);
     // The op before casts this op's input gradient with its amax: the producing kernel computes it.
     const int64_t consumer = p.basic_indices.front() - 1;
-    const bool prev_takes_amax = consumer >= call.first_backward &&
-                                 call.ctxs[consumer]->takes_grad_output_amax &&
-                                 ops::fp8_amax_handoff();
+    const bool prev_takes_amax = amax_handoff && consumer >= call.first_backward &&
+                                 call.ctxs[consumer]->takes_grad_output_amax;
     ctxs.front()->want_grad_input_amax = prev_takes_amax;
     auto r = backward_of(call, p, ctxs, dy, sub_grad_out);
     ctxs.back()->grad_output_amax = {};  // used (or not) by now

@@ -72,10 +72,10 @@ std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContex
   ctx.fp8.gemm_fp8 = ctx.fp8.fp8_gemms_fit(rows, in_features_, out_features_, ctx.compute_dtype);
   const bool need_x = ctx.requires_grad && ctx.param_requires_grad.at(0);
   const bool need_w = ctx.requires_grad && ctx.input_requires_grad;
+  // A producer's amax of x, where it made this very x (the cast uses it only where it applies).
   const auto xc = cast_to(x, ctx.compute_dtype);
-  const auto x_amax = ctx.fp8.takes_produced_amax() ? ctx.input_amax.for_tensor(xc) : at::Tensor();
   auto xo = ctx.fp8.forward_operand(xc, 0, /*weight=*/false, /*rowwise=*/true,
-                                    /*columnwise=*/need_x, x_amax);
+                                    /*columnwise=*/need_x, ctx.input_amax.for_tensor(xc));
   // A row-parallel linear under sequence parallelism casts dy after gathering it.
   ctx.takes_grad_output_amax = ctx.requires_grad && ctx.fp8.takes_produced_amax() &&
                                !(tp_.mode == "row" && tp_.sequence_parallel);
