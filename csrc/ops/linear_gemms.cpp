@@ -29,6 +29,16 @@ std::pair<at::Tensor, at::Tensor> fp8(const Fp8Side& a, const Fp8Side& b, at::Sc
   return {d, save_pre ? pre : at::Tensor()};
 }
 
+// The same written into out (forward_into, dgrad_into).
+void fp8_into(const Fp8Side& a, const Fp8Side& b, const std::optional<at::Tensor>& bias,
+              const at::Tensor& out, bool fast_accum) {
+  TORCH_CHECK(
+      a.data.defined() && b.data.defined() && a.scale_inv.defined() && b.scale_inv.defined(),
+      "FP8 GEMM: an operand was not cast for this use");
+  kernels::fp8_gemm_out(a.data, a.scale_inv, b.data, b.scale_inv, out, bias, 1.0, fast_accum,
+                        a.block, b.block);
+}
+
 // The three uses (Hopper reads K contiguous): the forward's rows, the transposes the gradients'
 // GEMMs read.
 Fp8Side rows(const GemmOperand& o) { return {o.rowwise, o.scale_inv, o.block}; }
@@ -40,6 +50,15 @@ at::Tensor forward(const GemmOperand& x, const GemmOperand& w,
                    const std::optional<at::Tensor>& bias) {
   if (!x.fp8()) return kernels::linear_fwd(x.rowwise, w.rowwise, bias);
   return fp8(rows(x), rows(w), x.dtype, bias, std::nullopt, 1.0, "none", false, true).first;
+}
+
+void forward_into(const GemmOperand& x, const GemmOperand& w, const std::optional<at::Tensor>& bias,
+                  const at::Tensor& out) {
+  if (!x.fp8()) {
+    out.copy_(forward(x, w, bias));
+    return;
+  }
+  fp8_into(rows(x), rows(w), bias, out, /*fast_accum=*/true);
 }
 
 std::pair<at::Tensor, at::Tensor> forward_act(const GemmOperand& x, const GemmOperand& w,
@@ -64,6 +83,14 @@ at::Tensor dgrad(const GemmOperand& dy, const GemmOperand& w, double alpha) {
   if (!dy.fp8()) return kernels::linear_dgrad(dy.rowwise, w.rowwise, alpha);
   return fp8(rows(dy), cols(w), dy.dtype, std::nullopt, std::nullopt, alpha, "none", false, false)
       .first;
+}
+
+void dgrad_into(const GemmOperand& dy, const GemmOperand& w, const at::Tensor& out) {
+  if (!dy.fp8()) {
+    out.copy_(dgrad(dy, w));
+    return;
+  }
+  fp8_into(rows(dy), cols(w), std::nullopt, out, /*fast_accum=*/false);
 }
 
 at::Tensor dgrad_add(const GemmOperand& dy, const GemmOperand& w, const at::Tensor& other,

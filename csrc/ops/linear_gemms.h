@@ -19,6 +19,11 @@ namespace fusible::ops::gemms {
 at::Tensor forward(const GemmOperand& x, const GemmOperand& w,
                    const std::optional<at::Tensor>& bias);
 
+/// x W^T (+ bias) written into out [rows, N] (a view of a larger output, say): FP8 GEMMs write it
+/// in place, others compute and copy.
+void forward_into(const GemmOperand& x, const GemmOperand& w, const std::optional<at::Tensor>& bias,
+                  const at::Tensor& out);
+
 /// act(x W^T + bias) ("gelu" (tanh) or "relu") -> (y, the pre-activation where save_pre, else
 /// undefined).
 std::pair<at::Tensor, at::Tensor> forward_act(const GemmOperand& x, const GemmOperand& w,
@@ -33,6 +38,9 @@ at::Tensor forward_add(const GemmOperand& x, const GemmOperand& w,
 
 /// alpha * dy W.
 at::Tensor dgrad(const GemmOperand& dy, const GemmOperand& w, double alpha = 1.0);
+
+/// dy W written into out [rows, K], as forward_into writes.
+void dgrad_into(const GemmOperand& dy, const GemmOperand& w, const at::Tensor& out);
 
 /// alpha * dy W + other.
 at::Tensor dgrad_add(const GemmOperand& dy, const GemmOperand& w, const at::Tensor& other,

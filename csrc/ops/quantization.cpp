@@ -223,6 +223,29 @@ GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, b
   return o;
 }
 
+std::vector<GemmOperand> Fp8Cast::grouped_operands(const at::Tensor& t,
+                                                   const std::vector<int64_t>& sizes, bool backward,
+                                                   bool columnwise) const {
+  TORCH_CHECK(takes_produced_amax(),
+              "Fp8Cast::grouped_operands: expected per-tensor current scaling on FP8 data");
+  const auto& format = backward ? recipe->backward_format : recipe->forward_format;
+  const auto [data, data_t, scale_inv] =
+      kernels::fp8_cast_grouped(t, sizes, format, recipe->margin, columnwise);
+  const int64_t k = t.size(1);
+  std::vector<GemmOperand> out(sizes.size());
+  int64_t start = 0;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    auto& o = out[g];
+    const int64_t m = sizes[g];
+    o.dtype = t.scalar_type();
+    o.rowwise = data.narrow(0, start, m);
+    o.scale_inv = o.columnwise_scale_inv = scale_inv.narrow(0, static_cast<int64_t>(g), 1);
+    if (columnwise) o.columnwise = data_t.narrow(0, start * k, m * k).view({k, m});
+    start += m;
+  }
+  return out;
+}
+
 namespace {
 std::atomic<bool> amax_handoff{true};
 }  // namespace

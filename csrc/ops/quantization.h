@@ -161,8 +161,13 @@ struct Fp8Cast {
     return operand(dy, /*backward=*/true, index, /*weight=*/false, rowwise, columnwise, amax);
   }
   /// Whether the casts run on FP8 data with per-tensor current scaling: the casts that take a
-  /// producer's amax.
+  /// producer's amax, and that grouped_operands makes for all groups at once.
   bool takes_produced_amax() const { return gemm_fp8 && recipe->kind == "current"; }
+  /// With takes_produced_amax: t [T, k]'s groups of consecutive rows (sizes) as the GEMMs take
+  /// them, each cast with the scale of its own amax (as forward_operand / backward_operand cast
+  /// one tensor), by one fp8_cast_grouped for all groups; `columnwise`: the transposes too.
+  std::vector<GemmOperand> grouped_operands(const at::Tensor& t, const std::vector<int64_t>& sizes,
+                                            bool backward, bool columnwise) const;
   /// x as the forward's FP8 GEMM sees it (the forward format); `index`: which of the op's forward
   /// tensors (its quantizer, for delayed scaling); `weight`: a weight (block scaling's 2-D
   /// blocks).

@@ -236,6 +236,9 @@ def test_fp8_gemms_per_group_equal_one_linear_per_group(device, kind, single):
             names = _kernel_ops(run_grouped)
             assert "fusible::fp8_gemm" in names and "fusible::grouped_linear_fwd" not in names
             assert "fusible::grouped_linear_wgrad" not in names, names
+            if kind == "current":  # x, W and dy: grouped casts, not one cast per group
+                assert "fusible::fp8_cast_grouped" in names, names
+                assert "fusible::fp8_cast" not in names, names
         else:
             run_grouped()
         y = out["y"]

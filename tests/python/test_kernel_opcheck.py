@@ -82,6 +82,11 @@ def _cases(device):
             (F.fp8_cast_with_amax, (r(16, 32), "e4m3", r(1).abs() * 3, 0.0, t))
             for t in (True, False)
         ],
+        *[
+            (F.fp8_cast_grouped, (r(48, 32).to(dt), [16, 0, 32], "e4m3", 0.0, t))
+            for dt in (torch.float32, torch.bfloat16)
+            for t in (True, False)
+        ],
         (F.layernorm_fwd_amax, (x, lnw, lnb, 1e-5, False)),
         (F.rmsnorm_fwd_amax, (x, lnw, 1e-5, True)),
         *[(F.bias_act_bwd_amax, (dy8, r(6, 8), act)) for act in ("gelu", "relu")],
@@ -142,6 +147,9 @@ def _fp8_gemm_cases(device, r):
         (F.fp8_gemm, (a, sa, g, sg, torch.float32, None, None, 0.5)),
         (F.fp8_gemm, (a, sa, b, sb, bf, bias, r(2, 16, 48).to(bf), 1.0, "none", False, True)),
         *[(F.fp8_gemm, (a, sa, b, sb, bf, bias, None, 1.0, act, True)) for act in ("gelu", "relu")],
+        (F.fp8_gemm_out, (a, sa, b, sb, r(2, 16, 48).to(bf))),
+        (F.fp8_gemm_out, (a, sa, g, sg, r(2, 16, 48), None, 0.5)),
+        (F.fp8_gemm_out, (a, sa, b, sb, r(2, 16, 48).to(bf), bias, 1.0, True)),
         # Block scales: 1x128 rows of a, 128x128 tiles of b.
         (
             F.fp8_gemm,
@@ -192,7 +200,7 @@ class TestOpcheck:
             if n.startswith("fusible::")
         }
         checked = {op._qualified_op_name.split("::")[1] for op, _ in _cases("cpu")}
-        checked |= {"dropout_fwd", "fp8_gemm"}
+        checked |= {"dropout_fwd", "fp8_gemm", "fp8_gemm_out"}
         # The compiled Sequential's call ops: opcheck in test_compile_fullgraph.py.
         checked |= {"sequential_call", "sequential_call_backward"}
         assert "bias_fwd" in registered and "linear_fwd" in registered

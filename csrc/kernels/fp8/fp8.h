@@ -38,6 +38,10 @@ void check_fp8_cast_args(const char* op, const at::Tensor& x, c10::string_view f
 /// fp8_cast_with_amax's amax: float32 [1] on x's device.
 void check_fp8_amax_arg(const char* op, const at::Tensor& x, const at::Tensor& amax);
 
+/// fp8_cast_grouped's checks: x [T, K] floating, sizes non-negative and adding up to T.
+void check_fp8_cast_grouped_args(const at::Tensor& x, at::IntArrayRef sizes,
+                                 c10::string_view format, double margin);
+
 /// fp8_cast's outputs: data in x's shape, data_t [K, M] for x as [M, K] rows (empty [0] unless
 /// asked for), scale_inv [1] fp32.
 using Fp8Cast = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
@@ -80,6 +84,10 @@ Fp8Cast fp8_cast_with_amax(const at::Tensor& x, c10::string_view format, const a
 Fp8Cast fp8_cast_delayed(const at::Tensor& x, c10::string_view format,
                          const at::Tensor& amax_history, const at::Tensor& scale, double margin,
                          c10::string_view amax_compute_algo, bool transpose);
+/// fp8_cast of each group of consecutive rows (sizes) into one data [T, K], the transposes back
+/// to back in data_t [T * K], scale_inv [groups]. (fp8_grouped.cpp)
+Fp8Cast fp8_cast_grouped(const at::Tensor& x, at::IntArrayRef sizes, c10::string_view format,
+                         double margin, bool transpose);
 }  // namespace reference
 
 }  // namespace fusible::kernels
@@ -112,5 +120,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_with_amax(const at::Tens
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_delayed(
     const at::Tensor& x, const std::string& format, const at::Tensor& amax_history,
     const at::Tensor& scale, double margin, const std::string& amax_compute_algo, bool transpose);
+
+/// Current-scaling FP8 data of groups of consecutive rows, each group with its own scale -> (data
+/// [T, K], each group's [K, rows_g] transpose at K * its first row of data_t [T * K] (empty
+/// unless transpose), scale_inv [groups]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_grouped(const at::Tensor& x,
+                                                                at::IntArrayRef sizes,
+                                                                const std::string& format,
+                                                                double margin, bool transpose);
 
 }  // namespace fusible::kernels

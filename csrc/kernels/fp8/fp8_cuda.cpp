@@ -1,5 +1,6 @@
-// fp8_quantize_dequantize(_delayed) and fp8_cast(_delayed) on CUDA: wrappers around
-// fp8_kernels.cu (two kernels for a cast, plus one for the delayed-scaling update).
+// fp8_quantize_dequantize(_delayed), fp8_cast(_with_amax, _delayed) and fp8_cast_grouped on CUDA:
+// wrappers around fp8_kernels.cu (two kernels for a cast, plus one for the delayed-scaling
+// update; two for all groups of a grouped cast).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -119,9 +120,33 @@ Fp8Cast fp8_cast_delayed_cuda(const at::Tensor& x, c10::string_view format,
   return cast(xc, format, margin, transpose, &amax_history, &scale, amax_compute_algo == "max");
 }
 
+Fp8Cast fp8_cast_grouped_cuda(const at::Tensor& x, at::IntArrayRef sizes, c10::string_view format,
+                              double margin, bool transpose) {
+  check_fp8_cast_grouped_args(x, sizes, format, margin);
+  const auto xc = x.contiguous();
+  bool runs = cast_kernel_runs(xc, false);
+  for (const auto m : sizes) runs = runs && (!transpose || m % 4 == 0);
+  if (!runs) return reference::fp8_cast_grouped(x, sizes, format, margin, transpose);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto n = static_cast<int64_t>(sizes.size());
+  std::vector<int64_t> row_start(n + 1, 0);
+  for (int64_t g = 0; g < n; ++g) row_start[g + 1] = row_start[g] + sizes[g];
+  auto data = at::empty(xc.sizes(), xc.options().dtype(fp8_dtype("fp8_cast_grouped", format)));
+  auto data_t = at::empty({transpose ? xc.numel() : 0}, data.options());
+  auto amax = at::empty({n}, xc.options().dtype(at::kFloat));
+  auto scale_inv = at::empty({n}, amax.options());
+  launch_fp8_cast_grouped(xc.const_data_ptr(), data.mutable_data_ptr(),
+                          transpose ? data_t.mutable_data_ptr() : nullptr, row_start.data(), n,
+                          xc.size(1), format == "e4m3", margin, amax.mutable_data_ptr<float>(),
+                          scale_inv.mutable_data_ptr<float>(), kernel_dtype("fp8_cast_grouped", xc),
+                          c10::cuda::getCurrentCUDAStream());
+  return {data, data_t, scale_inv};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
+  m.impl("fp8_cast_grouped", &fp8_cast_grouped_cuda);
   m.impl("fp8_quantize_dequantize", &fp8_qdq_cuda);
   m.impl("fp8_quantize_dequantize_delayed", &fp8_qdq_delayed_cuda);
   m.impl("fp8_cast", &fp8_cast_cuda);

@@ -73,6 +73,19 @@ void check_fp8_gemm_args(const at::Tensor& a, const at::Tensor& a_scale_inv, con
   }
 }
 
+void check_fp8_gemm_out_args(const at::Tensor& a, const at::Tensor& a_scale_inv,
+                             const at::Tensor& b, const at::Tensor& b_scale_inv,
+                             const at::Tensor& out, const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "fp8_gemm_out";
+  check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, out.scalar_type(), bias, std::nullopt, "none",
+                      false);
+  FUSIBLE_CHECK_SAME_DEVICE(op, "a", a, "out", out);
+  auto shape = a.sym_sizes().vec();
+  shape.back() = b.sym_size(0);
+  TORCH_CHECK(out.sym_sizes().equals(shape), op, ": expected out of shape ",
+              c10::SymIntArrayRef(shape), ", got ", out.sym_sizes());
+}
+
 namespace {
 
 // The scale_inv of an operand [rows, K] as its block mode says (concrete sizes: not for Meta).
@@ -119,6 +132,12 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm_meta(const at::Tensor& a, const at::
   return {d, save_pre ? at::empty_symint(shape, opts) : at::empty({0}, opts)};
 }
 
+void fp8_gemm_out_meta(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+                       const at::Tensor& b_scale_inv, const at::Tensor& out,
+                       const std::optional<at::Tensor>& bias, double, bool, int64_t, int64_t) {
+  check_fp8_gemm_out_args(a, a_scale_inv, b, b_scale_inv, out, bias);
+}
+
 }  // namespace
 
 namespace reference {
@@ -148,6 +167,16 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
   return {d.to(out_dtype), pre};
 }
 
+void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+                  const at::Tensor& b_scale_inv, const at::Tensor& out,
+                  const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
+                  int64_t a_block, int64_t b_block) {
+  check_fp8_gemm_out_args(a, a_scale_inv, b, b_scale_inv, out, bias);
+  out.copy_(
+      std::get<0>(fp8_gemm(a, a_scale_inv, b, b_scale_inv, out.scalar_type(), bias, std::nullopt,
+                           alpha, "none", false, fast_accum, a_block, b_block)));
+}
+
 }  // namespace reference
 
 // ---- Entry points for C++ callers (declared in fp8_gemm.h).
@@ -163,6 +192,14 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
                    save_pre, fast_accum, a_block, b_block);
 }
 
+void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+                  const at::Tensor& b_scale_inv, const at::Tensor& out,
+                  const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
+                  int64_t a_block, int64_t b_block) {
+  FUSIBLE_DISPATCH(fp8_gemm_out, a, a_scale_inv, b, b_scale_inv, out, bias, alpha, fast_accum,
+                   a_block, b_block);
+}
+
 // The schemas of the ops this file implements (torch.ops.fusible.<name>).
 TORCH_LIBRARY_FRAGMENT(fusible, m) {
   // d = act(alpha * (a * a_scale_inv) @ (b * b_scale_inv)^T + bias + other) in out_dtype: a
@@ -175,10 +212,22 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
       "Tensor? bias=None, Tensor? other=None, float alpha=1.0, str act='none', bool "
       "save_pre=False, "
       "bool fast_accum=False, int a_block=0, int b_block=0) -> (Tensor, Tensor)");
+  // fp8_gemm without activation or other, written into out [..., N] (its dtype the output's):
+  // the GEMMs of row groups filling one output (GroupedLinear), with no copy after them.
+  define(m,
+         "fp8_gemm_out(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor(a!) out, "
+         "Tensor? bias=None, float alpha=1.0, bool fast_accum=False, int a_block=0, int "
+         "b_block=0) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(fusible, CPU, m) { m.impl("fp8_gemm", &reference::fp8_gemm); }
+TORCH_LIBRARY_IMPL(fusible, CPU, m) {
+  m.impl("fp8_gemm", &reference::fp8_gemm);
+  m.impl("fp8_gemm_out", &reference::fp8_gemm_out);
+}
 
-TORCH_LIBRARY_IMPL(fusible, Meta, m) { m.impl("fp8_gemm", &fp8_gemm_meta); }
+TORCH_LIBRARY_IMPL(fusible, Meta, m) {
+  m.impl("fp8_gemm", &fp8_gemm_meta);
+  m.impl("fp8_gemm_out", &fp8_gemm_out_meta);
+}
 
 }  // namespace fusible::kernels

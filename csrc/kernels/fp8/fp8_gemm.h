@@ -27,7 +27,16 @@ void check_fp8_gemm_args(const at::Tensor& a, const at::Tensor& a_scale_inv, con
                          const std::optional<at::Tensor>& other, c10::string_view act,
                          bool save_pre, int64_t a_block = 0, int64_t b_block = 0);
 
+/// fp8_gemm_out's checks: fp8_gemm's (no other, no activation) and out [..., N] on a's device.
+void check_fp8_gemm_out_args(const at::Tensor& a, const at::Tensor& a_scale_inv,
+                             const at::Tensor& b, const at::Tensor& b_scale_inv,
+                             const at::Tensor& out, const std::optional<at::Tensor>& bias);
+
 namespace reference {
+void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+                  const at::Tensor& b_scale_inv, const at::Tensor& out,
+                  const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
+                  int64_t a_block, int64_t b_block);
 std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tensor& a_scale_inv,
                                             const at::Tensor& b, const at::Tensor& b_scale_inv,
                                             at::ScalarType out_dtype,
@@ -52,5 +61,11 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
                                             const std::optional<at::Tensor>& other, double alpha,
                                             const std::string& act, bool save_pre, bool fast_accum,
                                             int64_t a_block = 0, int64_t b_block = 0);
+
+/// alpha * deq(a) @ deq(b)^T + bias written into out [..., N] (out's dtype).
+void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+                  const at::Tensor& b_scale_inv, const at::Tensor& out,
+                  const std::optional<at::Tensor>& bias = std::nullopt, double alpha = 1.0,
+                  bool fast_accum = false, int64_t a_block = 0, int64_t b_block = 0);
 
 }  // namespace fusible::kernels

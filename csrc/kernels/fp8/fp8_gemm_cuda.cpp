@@ -69,8 +69,38 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm_cuda(
   return {activation_fwd(pre, std::string(act)), save_pre ? pre : empty};
 }
 
+void fp8_gemm_out_cuda(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+                       const at::Tensor& b_scale_inv, const at::Tensor& out,
+                       const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
+                       int64_t a_block, int64_t b_block) {
+  check_fp8_gemm_out_args(a, a_scale_inv, b, b_scale_inv, out, bias);
+  gemm::RowMajorGemm g;
+  g.a = gemm::rows(a);
+  g.b = b.contiguous();
+  g.trans_b = true;
+  // cuBLASLt writes out itself where it is one contiguous [M, N] block; else via a copy.
+  g.d = out.is_contiguous() ? out.view({g.a.size(0), b.size(0)}) : at::Tensor();
+  g.a_scale_inv = a_scale_inv;
+  g.b_scale_inv = b_scale_inv;
+  g.a_block = a_block;
+  g.b_block = b_block;
+  g.fast_accum = fast_accum && a_block == 0;
+  g.alpha = alpha;
+  if (bias) {
+    g.epilogue = Epilogue::kBias;
+    g.bias = bias->contiguous();
+  }
+  if (g.d.defined() && gemm::can_run(g) && gemm::try_run(g)) return;
+  out.copy_(
+      std::get<0>(fp8_gemm_cuda(a, a_scale_inv, b, b_scale_inv, out.scalar_type(), bias,
+                                std::nullopt, alpha, "none", false, fast_accum, a_block, b_block)));
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fusible, CUDA, m) { m.impl("fp8_gemm", &fp8_gemm_cuda); }
+TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
+  m.impl("fp8_gemm", &fp8_gemm_cuda);
+  m.impl("fp8_gemm_out", &fp8_gemm_out_cuda);
+}
 
 }  // namespace fusible::kernels

@@ -6,6 +6,7 @@
 // host synchronization anywhere.
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cfloat>
 
 #include "kernels/common/cuda_common.cuh"
@@ -98,26 +99,22 @@ __global__ void qdq_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n
 // conflicts.
 constexpr int kTileRows = 128, kTileCols = 64, kTilePitch = kTileCols + 1;
 
-// x [rows, cols] (cols and, with data_t, rows multiples of V) to FP8 data [rows, cols] and, where
-// data_t is given, its transpose [cols, rows], one tile per block through shared memory; each
-// thread moves V-element vectors (V = 8: 16-byte bf16 loads, 8-byte FP8 stores).
-// The scale is *scale (delayed scaling; the tile's amax then goes into *amax) or comes from *amax
-// (current scaling); block 0 writes 1 / scale.
+// One 128 x 64 tile (number `tile` of x [rows, cols], col_tiles per tile row) of x cast with
+// scale s to FP8 data [rows, cols] and, where data_t is given, its transpose [cols, rows], through
+// shared memory; each thread moves V-element vectors (V = 8: 16-byte bf16 loads, 8-byte FP8
+// stores). Returns this thread's amax of what it read.
 template <typename T, int V>
-__global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restrict__ data,
-                                      uint8_t* __restrict__ data_t, int64_t rows, int64_t cols,
-                                      int64_t col_tiles, float* __restrict__ amax,
-                                      const float* __restrict__ scale,
-                                      float* __restrict__ scale_inv, float fmax,
-                                      float margin_factor, bool e4m3) {
+__device__ __forceinline__ float cast_transpose_tile(const T* __restrict__ x,
+                                                     uint8_t* __restrict__ data,
+                                                     uint8_t* __restrict__ data_t, int64_t rows,
+                                                     int64_t cols, int64_t tile, int64_t col_tiles,
+                                                     float s, bool e4m3) {
   constexpr int kLanes = kTileCols / V;            // threads per tile row
   constexpr int kRowsPerPass = kThreads / kLanes;  // tile rows per pass
   constexpr int kLanesT = kTileRows / V;           // threads per transposed row (a tile column)
   constexpr int kColsPerPass = kThreads / kLanesT;
-  __shared__ uint8_t tile[kTileRows * kTilePitch];
-  const int64_t r0 = blockIdx.x / col_tiles * kTileRows, c0 = blockIdx.x % col_tiles * kTileCols;
-  const float s = scale != nullptr ? *scale : scale_from(*amax, fmax, margin_factor, 1.f);
-  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.f / s;
+  __shared__ uint8_t smem[kTileRows * kTilePitch];
+  const int64_t r0 = tile / col_tiles * kTileRows, c0 = tile % col_tiles * kTileCols;
   const int lane = threadIdx.x % kLanes, row_in_pass = threadIdx.x / kLanes;
   float m = 0.f;
 #pragma unroll
@@ -136,7 +133,7 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restri
       cuda::Vec<uint8_t, V> q;
       fp8_pack(f, q.v, e4m3);
 #pragma unroll
-      for (int j = 0; j < V; ++j) tile[lr * kTilePitch + lane * V + j] = q.v[j];
+      for (int j = 0; j < V; ++j) smem[lr * kTilePitch + lane * V + j] = q.v[j];
       cuda::store_vec<uint8_t, V>(data + r * cols + c, q);
     }
   }
@@ -150,12 +147,110 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restri
       if (c < cols && r < rows) {
         cuda::Vec<uint8_t, V> q;
 #pragma unroll
-        for (int j = 0; j < V; ++j) q.v[j] = tile[(lane_t * V + j) * kTilePitch + lc];
+        for (int j = 0; j < V; ++j) q.v[j] = smem[(lane_t * V + j) * kTilePitch + lc];
         cuda::store_vec<uint8_t, V>(data_t + c * rows + r, q);
       }
     }
   }
+  return m;
+}
+
+// x [rows, cols] (cols and, with data_t, rows multiples of V) to FP8 data and, where data_t is
+// given, its transpose, one tile per block. The scale is *scale (delayed scaling; the tile's amax
+// then goes into *amax) or comes from *amax (current scaling); block 0 writes 1 / scale.
+template <typename T, int V>
+__global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restrict__ data,
+                                      uint8_t* __restrict__ data_t, int64_t rows, int64_t cols,
+                                      int64_t col_tiles, float* __restrict__ amax,
+                                      const float* __restrict__ scale,
+                                      float* __restrict__ scale_inv, float fmax,
+                                      float margin_factor, bool e4m3) {
+  const float s = scale != nullptr ? *scale : scale_from(*amax, fmax, margin_factor, 1.f);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.f / s;
+  const float m =
+      cast_transpose_tile<T, V>(x, data, data_t, rows, cols, blockIdx.x, col_tiles, s, e4m3);
   if (scale != nullptr) block_amax_into(m, amax);
+}
+
+// ---- Grouped casts (current scaling): x [T, cols] as groups of consecutive rows, each cast with
+// the scale of its own amax, in two launches for all groups (an amax pass, then the cast).
+
+// A launch's groups (at most kFP8MaxGroups, passed by value as a kernel argument): each group's
+// first row (row_start[n]: the end of the last) and first block.
+constexpr int kFP8MaxGroups = 64;
+struct FP8GroupTable {
+  int64_t row_start[kFP8MaxGroups + 1];
+  int64_t block_start[kFP8MaxGroups];
+  int n;
+};
+
+// Which group a block works on: the last g with start[g] <= b (start ascending, start[0] = 0).
+__device__ __forceinline__ int group_of(const int64_t* start, int n, int64_t b) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (start[mid] <= b) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// amax of each group into amax[g]: group g's rows are chunks of kAmaxChunk vectors, one per block
+// (table.block_start: the first block of each group).
+constexpr int64_t kAmaxChunkVecs = kThreads * 8;
+template <typename T, int VEC>
+__global__ void grouped_amax_kernel(const T* __restrict__ x, int64_t cols, FP8GroupTable table,
+                                    float* __restrict__ amax) {
+  const int g = group_of(table.block_start, table.n, blockIdx.x);
+  const int64_t end = (table.row_start[g + 1] * cols) / VEC;  // the group's vectors
+  const int64_t first = (table.row_start[g] * cols) / VEC +
+                        (blockIdx.x - table.block_start[g]) * kAmaxChunkVecs + threadIdx.x;
+  const int64_t last = min(end, first - threadIdx.x + kAmaxChunkVecs);
+  float m = 0.f;
+  constexpr int kUnroll = 4;
+  int64_t v = first;
+  for (; v + (kUnroll - 1) * kThreads < last; v += kUnroll * kThreads) {
+    cuda::Vec<T, VEC> xv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) xv[u] = cuda::load_vec<T, VEC>(x + (v + u * kThreads) * VEC);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv[u].v[j])));
+    }
+  }
+  for (; v < last; v += kThreads) {
+    const auto xv = cuda::load_vec<T, VEC>(x + v * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv.v[j])));
+  }
+  block_amax_into(m, amax + g);
+}
+
+// Each group's tiles (table.block_start: the first tile of each group) cast with the scale of
+// amax[g]; group g's transpose [cols, rows_g] is written at data_t + cols * row_start[g]. Block 0
+// writes every group's 1 / scale (an empty group's too: 1).
+template <typename T, int V>
+__global__ void grouped_cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restrict__ data,
+                                              uint8_t* __restrict__ data_t, int64_t cols,
+                                              int64_t col_tiles, FP8GroupTable table,
+                                              const float* __restrict__ amax,
+                                              float* __restrict__ scale_inv, float fmax,
+                                              float margin_factor, bool e4m3) {
+  if (blockIdx.x == 0) {
+    for (int g = threadIdx.x; g < table.n; g += blockDim.x) {
+      scale_inv[g] = 1.f / scale_from(amax[g], fmax, margin_factor, 1.f);
+    }
+  }
+  const int g = group_of(table.block_start, table.n, blockIdx.x);
+  const int64_t r0 = table.row_start[g], rows = table.row_start[g + 1] - r0;
+  const float s = scale_from(amax[g], fmax, margin_factor, 1.f);
+  cast_transpose_tile<T, V>(x + r0 * cols, data + r0 * cols,
+                            data_t != nullptr ? data_t + r0 * cols : nullptr, rows, cols,
+                            blockIdx.x - table.block_start[g], col_tiles, s, e4m3);
 }
 
 // history rolls by one (newest first) taking *amax_now; scale = fmax / (max or newest) * 2^-m,
@@ -253,6 +348,61 @@ void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin,
                                                             margin_factor, use_max);
     cuda::check_launch("delayed_update_kernel");
   }
+}
+
+void launch_fp8_cast_grouped(const void* x, void* data, void* data_t, const int64_t* row_start,
+                             int64_t num_groups, int64_t cols, bool e4m3, double margin,
+                             float* amax, float* scale_inv, KernelDType dtype,
+                             cudaStream_t stream) {
+  const float fmax = fp8_max_of(e4m3);
+  const float margin_factor = exp2f(-static_cast<float>(margin));
+  const int64_t col_tiles = (cols + kTileCols - 1) / kTileCols;
+  cudaMemsetAsync(amax, 0, sizeof(float) * num_groups, stream);
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* tx = static_cast<const T*>(x);
+    // 8-element vectors where every row (and, transposing, every group's row count) allows.
+    bool wide = sizeof(T) <= 2 && cols % 8 == 0;
+    for (int64_t g = 0; wide && data_t != nullptr && g < num_groups; ++g) {
+      wide = (row_start[g + 1] - row_start[g]) % 8 == 0;
+    }
+    // At most kFP8MaxGroups groups per launch (the table travels as a kernel argument).
+    for (int64_t g0 = 0; g0 < num_groups; g0 += kFP8MaxGroups) {
+      FP8GroupTable amax_table, cast_table;
+      const int n = static_cast<int>(std::min<int64_t>(kFP8MaxGroups, num_groups - g0));
+      amax_table.n = cast_table.n = n;
+      int64_t amax_blocks = 0, tiles = 0;
+      const int64_t vec = wide ? 8 : 4;
+      for (int g = 0; g <= n; ++g) {
+        amax_table.row_start[g] = cast_table.row_start[g] = row_start[g0 + g] - row_start[g0];
+        if (g == n) break;
+        const int64_t rows = row_start[g0 + g + 1] - row_start[g0 + g];
+        amax_table.block_start[g] = amax_blocks;
+        cast_table.block_start[g] = tiles;
+        amax_blocks += (rows * cols / vec + kAmaxChunkVecs - 1) / kAmaxChunkVecs;
+        tiles += (rows + kTileRows - 1) / kTileRows * col_tiles;
+      }
+      const int64_t off = row_start[g0] * cols;
+      auto* d = static_cast<uint8_t*>(data) + off;
+      auto* dt = data_t != nullptr ? static_cast<uint8_t*>(data_t) + off : nullptr;
+      const auto launch = [&](auto amax_kernel, auto cast_kernel) {
+        if (amax_blocks > 0) {
+          amax_kernel<<<amax_blocks, kThreads, 0, stream>>>(tx + off, cols, amax_table, amax + g0);
+          cuda::check_launch("grouped_amax_kernel");
+        }
+        // Block 0 writes the scale_invs: at least one block, even with no rows at all.
+        cast_kernel<<<std::max<int64_t>(tiles, 1), kThreads, 0, stream>>>(
+            tx + off, d, dt, cols, col_tiles, cast_table, amax + g0, scale_inv + g0, fmax,
+            margin_factor, e4m3);
+        cuda::check_launch("grouped_cast_transpose_kernel");
+      };
+      if (wide) {
+        launch(grouped_amax_kernel<T, 8>, grouped_cast_transpose_kernel<T, 8>);
+      } else {
+        launch(grouped_amax_kernel<T, 4>, grouped_cast_transpose_kernel<T, 4>);
+      }
+    }
+  });
 }
 
 }  // namespace fusible::kernels

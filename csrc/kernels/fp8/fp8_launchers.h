@@ -26,6 +26,15 @@ void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int6
                      double margin, float* amax, bool amax_given, float* scale, float* scale_inv,
                      float* history, int64_t history_len, bool use_max, KernelDType dtype,
                      int num_sms, cudaStream_t stream);
+/// Per-tensor current-scaling casts of groups of consecutive rows of x [T, cols], each with the
+/// scale of its own amax: group g is rows [row_start[g], row_start[g + 1]) (row_start: num_groups
+/// + 1 host values), cast to data [T, cols] and, where data_t is not null, its transpose [cols,
+/// rows_g] at data_t + cols * row_start[g]; amax[g] receives the group's amax (zeroed here) and
+/// scale_inv[g] 1 / its scale. cols, and with data_t every group's row count, multiples of 4; x
+/// 16-byte aligned. One memset and two kernels per 64 groups, whatever their sizes.
+void launch_fp8_cast_grouped(const void* x, void* data, void* data_t, const int64_t* row_start,
+                             int64_t num_groups, int64_t cols, bool e4m3, double margin,
+                             float* amax, float* scale_inv, KernelDType dtype, cudaStream_t stream);
 /// Block-scaled FP8 cast (fp8_block_kernels.cu) of x [rows, cols] (16-bit dtype, 16-byte aligned,
 /// cols a multiple of 8, and rows too where data_t is given; the last blocks may be partial) in
 /// 1x128 (block_dim 1) or 128x128 (2) blocks with power-of-two scales: where not null, data [rows,

@@ -339,6 +339,10 @@ GroupedLinear::Grad GroupedLinear::grad_operands(const OperationContext& ctx,
       ctx.saved_tensors.at(ctx.fp8.gemm_fp8 ? fp8_host_sizes_slot() : 0), dy.size(0));
   if (ctx.fp8.gemm_fp8) {  // each group's dy cast for its own GEMMs
     Grad grad{dy, {}, {}, {}, sizes};
+    if (ctx.fp8.takes_produced_amax()) {  // all groups in one grouped cast
+      grad.groups = ctx.fp8.grouped_operands(dy, sizes, /*backward=*/true, need_dw);
+      return grad;
+    }
     int64_t start = 0;
     for (size_t g = 0; g < sizes.size(); ++g) {
       grad.groups.push_back(sizes[g] == 0 ? GemmOperand()

@@ -97,6 +97,9 @@ class GroupedLinear : public BasicOperation {
   /// Under FP8: the weights [N, out, in] as the GEMMs see them, each group's parameter (an FP8
   /// weight as it is stored) cast by its own quantizer.
   at::Tensor fp8_weights(OperationContext& ctx) const;
+  /// The weights as one [N * out, in] tensor in the compute dtype for a grouped FP8 cast, or
+  /// undefined where one is a tensor subclass (an FP8 weight hands its own cast its stored data).
+  at::Tensor grouped_cast_weights(const OperationContext& ctx) const;
   /// Group g's weight parameter [out, in] of this call (checked).
   at::Tensor weight_of(const OperationContext& ctx, int64_t g) const;
   /// Under an FP8 autocast (`cast` on): whether the GEMMs run on FP8 data, one cuBLASLt FP8 GEMM

@@ -1,6 +1,5 @@
 // GroupedLinear on FP8 data: one cuBLASLt FP8 GEMM per group (ops/linear_gemms.h), each group's
 // x, W and dy cast by its own quantizer, as one Linear per group computes under FP8.
-#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
@@ -33,26 +32,52 @@ bool GroupedLinear::fp8_gemms_fit(const Fp8Cast& cast, const std::vector<int64_t
   return cast.fp8_gemms_fit(16, in_features_, out_features_, dtype);
 }
 
+at::Tensor GroupedLinear::grouped_cast_weights(const OperationContext& ctx) const {
+  for (int64_t i = 0; i < num_weight_params(); ++i) {
+    if (ctx.param(i, "GroupedLinear").key_set().has(c10::DispatchKey::Python)) return {};
+  }
+  return cast_to(grouped_param(ctx, 0, single_weight_, "weight", {out_features_, in_features_}),
+                 ctx.compute_dtype)
+      .reshape({-1, in_features_});
+}
+
 at::Tensor GroupedLinear::fp8_forward(OperationContext& ctx, const at::Tensor& x,
                                       const at::Tensor& sizes,
                                       const std::vector<int64_t>& host_sizes,
                                       const at::Tensor& bias, bool need_x) {
   const int64_t n = num_groups_;
   const bool need_w = ctx.requires_grad && ctx.input_requires_grad;
-  std::vector<at::Tensor> ys, saved(kFp8Slots + 2 * n + 1), scale_inv(kFp8Slots + 2 * n + 1);
+  std::vector<at::Tensor> saved(kFp8Slots + 2 * n + 1), scale_inv(kFp8Slots + 2 * n + 1);
+  // Each group's GEMM writes its rows of y: no concatenation after them.
+  auto y = at::empty({x.size(0), out_features_}, x.options());
+  // Current scaling casts all groups' x (and, as they are plain tensors, all weights) in one
+  // grouped cast each; otherwise each group's tensors are cast by their own quantizers.
+  std::vector<GemmOperand> xs, ws;
+  if (ctx.fp8.takes_produced_amax()) {
+    xs = ctx.fp8.grouped_operands(x, host_sizes, /*backward=*/false, need_x);
+    if (const auto w = grouped_cast_weights(ctx); w.defined()) {
+      ws = ctx.fp8.grouped_operands(w, std::vector<int64_t>(n, out_features_),
+                                    /*backward=*/false, need_w);
+    }
+  }
   int64_t start = 0;
   for (int64_t g = 0; g < n; ++g) {
     // Every group's weight is cast, an empty group's too (a delayed-scaling history advances
     // once per forward, as with one Linear per group).
     const int64_t m = host_sizes[g];
-    const auto wo = ctx.fp8.forward_operand(cast_to(weight_of(ctx, g), ctx.compute_dtype), n + g,
-                                            /*weight=*/true, /*rowwise=*/true, need_w && m > 0);
+    const auto wo =
+        !ws.empty() ? ws[g]
+                    : ctx.fp8.forward_operand(cast_to(weight_of(ctx, g), ctx.compute_dtype), n + g,
+                                              /*weight=*/true, /*rowwise=*/true, need_w && m > 0);
     if (m == 0) continue;
-    const auto xo = ctx.fp8.forward_operand(x.narrow(0, start, m), g, /*weight=*/false,
-                                            /*rowwise=*/true, need_x);
+    const auto xo = !xs.empty()
+                        ? xs[g]
+                        : ctx.fp8.forward_operand(x.narrow(0, start, m), g,
+                                                  /*weight=*/false, /*rowwise=*/true, need_x);
+    gemms::forward_into(
+        xo, wo, bias.defined() ? std::optional<at::Tensor>(bias.select(0, g)) : std::nullopt,
+        y.narrow(0, start, m));
     start += m;
-    ys.push_back(gemms::forward(
-        xo, wo, bias.defined() ? std::optional<at::Tensor>(bias.select(0, g)) : std::nullopt));
     if (need_x) {
       saved[kFp8Slots + g] = xo.columnwise;
       scale_inv[kFp8Slots + g] = xo.columnwise_scale_inv;
@@ -70,16 +95,20 @@ at::Tensor GroupedLinear::fp8_forward(OperationContext& ctx, const at::Tensor& x
     ctx.save_for_backward(std::move(saved));
     ctx.fp8.saved_scale_inv = std::move(scale_inv);
   }
-  return ys.empty() ? at::empty({0, out_features_}, x.options()) : at::cat(ys);
+  return y;
 }
 
 at::Tensor GroupedLinear::fp8_input_grad(const OperationContext& ctx, const Grad& grad) const {
-  std::vector<at::Tensor> parts;
+  auto dx = at::empty({grad.dy.size(0), in_features_}, grad.dy.options());
+  int64_t start = 0;
   for (int64_t g = 0; g < num_groups_; ++g) {
-    if (grad.sizes[g] == 0) continue;
-    parts.push_back(gemms::dgrad(grad.groups[g], saved_fp8(ctx, kFp8Slots + num_groups_ + g)));
+    const int64_t m = grad.sizes[g];
+    if (m == 0) continue;
+    gemms::dgrad_into(grad.groups[g], saved_fp8(ctx, kFp8Slots + num_groups_ + g),
+                      dx.narrow(0, start, m));
+    start += m;
   }
-  return parts.empty() ? at::empty({0, in_features_}, grad.dy.options()) : at::cat(parts);
+  return dx;
 }
 
 std::vector<at::Tensor> GroupedLinear::fp8_weight_grads(const OperationContext& ctx,
