@@ -232,6 +232,8 @@ std::vector<GemmOperand> Fp8Cast::grouped_operands(const at::Tensor& t,
   const auto [data, data_t, scale_inv] =
       kernels::fp8_cast_grouped(t, sizes, format, recipe->margin, columnwise);
   const int64_t k = t.size(1);
+  // Each group's scale_inv 16 bytes apart: cuBLASLt takes only 16-byte aligned scale pointers.
+  const auto scales = scale_inv.view({-1, 1}).expand({-1, 4}).contiguous();
   std::vector<GemmOperand> out(sizes.size());
   int64_t start = 0;
   for (size_t g = 0; g < sizes.size(); ++g) {
@@ -239,7 +241,7 @@ std::vector<GemmOperand> Fp8Cast::grouped_operands(const at::Tensor& t,
     const int64_t m = sizes[g];
     o.dtype = t.scalar_type();
     o.rowwise = data.narrow(0, start, m);
-    o.scale_inv = o.columnwise_scale_inv = scale_inv.narrow(0, static_cast<int64_t>(g), 1);
+    o.scale_inv = o.columnwise_scale_inv = scales[static_cast<int64_t>(g)].narrow(0, 0, 1);
     if (columnwise) o.columnwise = data_t.narrow(0, start * k, m * k).view({k, m});
     start += m;
   }

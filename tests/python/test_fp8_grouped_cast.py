@@ -100,3 +100,16 @@ def test_gemm_out_writes_its_rows_of_a_larger_output(device):
     assert (out[:16] == 7).all() and (out[48:] == 7).all()
     with pytest.raises(RuntimeError, match=r"fp8_gemm_out: expected out of shape \[32, 48\]"):
         F.fp8_gemm_out(a, sa, b, sb, out)
+
+
+@cuda_only
+def test_gemm_takes_a_scale_that_is_not_16_byte_aligned():
+    """cuBLASLt refuses scale pointers off a 16-byte boundary (a group's entry of a grouped cast's
+    scale_inv, say): fp8_gemm then computes the same numbers another way, not an error."""
+    torch.manual_seed(3)
+    a, _, sa = F.fp8_cast(torch.randn(32, 64, device="cuda"), "e4m3")
+    b, _, sb = F.fp8_cast(torch.randn(48, 64, device="cuda"), "e4m3")
+    scales = torch.cat([sb, sb, sa])  # sa at a 8-byte offset
+    want = F.fp8_gemm(a, sa, b, sb, torch.bfloat16)[0].float()
+    got = F.fp8_gemm(a, scales[2:], b, scales[1:2], torch.bfloat16)[0].float()
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)

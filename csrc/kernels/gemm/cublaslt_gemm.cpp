@@ -203,8 +203,12 @@ bool can_run_fp8(const RowMajorGemm& g) {
     }
     if (x->dim() == 2 && (x->size(1) * x->element_size()) % 16 != 0) return false;
   }
+  // cuBLASLt refuses scale pointers that are not 16-byte aligned ("not supported" at the matmul):
+  // such a scale (a view into a larger one) takes the fallback.
   for (const auto* s : {&g.a_scale_inv, &g.b_scale_inv}) {
-    if (!s->is_cuda() || s->scalar_type() != at::kFloat || !s->is_contiguous()) return false;
+    if (!s->is_cuda() || s->scalar_type() != at::kFloat || !s->is_contiguous() || !aligned16(*s)) {
+      return false;
+    }
   }
   if (g.a_block == 0 || g.b_block == 0) {
     if (g.a_block != g.b_block || g.a_scale_inv.numel() != 1 || g.b_scale_inv.numel() != 1) {
