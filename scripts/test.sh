@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Sets up, builds, then runs every test: ctest (GoogleTest) and pytest. CUDA tests skip without a GPU.
+# Sets up, builds (library and docs), then runs every test: ctest (GoogleTest) and pytest (the
+# docs' examples included). CUDA tests skip without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 bash scripts/format_check.sh
 bash scripts/build.sh
+bash scripts/docs.sh  # the documentation, warnings as errors (its examples run in pytest)
 echo "[test] ctest"
 .venv/bin/ctest --test-dir build/main --output-on-failure -j "$(nproc)" | tee build/ctest.log
 echo "[test] pytest"

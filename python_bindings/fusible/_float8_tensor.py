@@ -115,6 +115,7 @@ class Float8Tensor(torch.Tensor):
         return t
 
     def dequantize(self):
+        """The stored values as a plain tensor of this tensor's high-precision dtype."""
         if self._block_dim is None:
             return (self._data.to(torch.float32) * self._scale_inv).to(self.dtype)
         rows, cols = _rows_cols(self._data)

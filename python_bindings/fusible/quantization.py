@@ -75,8 +75,15 @@ def _cpp_recipe(recipe):
 
 @contextlib.contextmanager
 def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=None):
-    """FP8 for the ops called inside (te's `autocast`). enabled=False is an exact no-op; recipe
-    defaults to Float8CurrentScaling() (HYBRID)."""
+    """FP8 for the ops called inside (te's `autocast`).
+
+    Args:
+        enabled (bool): False is an exact no-op.
+        calibrating (bool): te's keyword, accepted at False only (NotImplementedError otherwise).
+        recipe: a `fusible.recipe` recipe; None: Float8CurrentScaling() (HYBRID).
+        amax_reduction_group: te's keyword, accepted at None only (no distributed amax
+            reduction yet; NotImplementedError otherwise).
+    """
     if calibrating:
         raise NotImplementedError("fusible.autocast: calibrating=True is not supported yet")
     if amax_reduction_group is not None:
@@ -147,7 +154,15 @@ def quantized_model_init(enabled=True, recipe=None, preserve_high_precision_init
     """Linear weights built inside are stored in FP8 (te's `quantized_model_init`): fusible's
     Float8Tensor, FP8 data with a per-tensor scale in the recipe's forward format, which FP8 GEMMs
     read as it is and which an optimizer step quantizes again. A weight built on the meta device
-    is quantized when reset_parameters() materializes it. enabled=False is an exact no-op."""
+    is quantized when reset_parameters() materializes it.
+
+    Args:
+        enabled (bool): False is an exact no-op.
+        recipe: the `fusible.recipe` recipe whose forward format and scaling the weights follow
+            (None: Float8CurrentScaling()).
+        preserve_high_precision_init_val: te's keyword, accepted at False only
+            (NotImplementedError otherwise).
+    """
     if not enabled:
         yield
         return

@@ -19,10 +19,12 @@ class Format(enum.Enum):
 
     @property
     def forward_format(self):
+        """The forward tensors' format, "e4m3" or "e5m2"."""
         return self.value[0]
 
     @property
     def backward_format(self):
+        """The gradients' format, "e4m3" or "e5m2"."""
         return self.value[1]
 
 
@@ -66,10 +68,12 @@ class Recipe:
 class Float8CurrentScaling(Recipe):
     """Per-tensor scale = fp8_max / amax of the tensor being cast (no state between steps).
 
-    fp8_min_tokens (fusible's, not te's; every recipe): a Linear or GroupedLinear whose call has
-    fewer input rows (tokens) than this runs without FP8, forward and backward, its GEMMs in the
-    compute dtype: for shapes too small to pay for the casts. 0 (the default): the recipe's
-    numerics everywhere.
+    Args:
+        fp8_format (Format): the FP8 formats, forward and backward (default HYBRID).
+        fp8_min_tokens (int): fusible's, not te's (every recipe has it): a Linear or
+            GroupedLinear whose call has fewer input rows (tokens) than this runs without FP8,
+            forward and backward, its GEMMs in the compute dtype: for shapes too small to pay for
+            the casts. 0 (the default): the recipe's numerics everywhere.
     """
 
     fp8_format: Format = Format.HYBRID
@@ -83,7 +87,21 @@ class Float8CurrentScaling(Recipe):
 @dataclass
 class DelayedScaling(Recipe):
     """Per-tensor scale from an amax history, updated after each step:
-    scale = fp8_max / amax / 2^margin, amax = max of the history or its most recent entry."""
+    scale = fp8_max / amax / 2^margin, amax = max of the history or its most recent entry.
+
+    Args:
+        margin (int): the scale is divided by 2^margin.
+        fp8_format (Format): the FP8 formats, forward and backward (default HYBRID).
+        amax_history_len (int): how many steps of amax each tensor keeps (>= 1).
+        amax_compute_algo (str): "max" (of the history) or "most_recent"; te's callable form is
+            refused by fusible.autocast (NotImplementedError).
+        scaling_factor_compute_algo: te's keyword; fusible.autocast accepts None only.
+        reduce_amax (bool): te's keyword, kept on the recipe but not read (fusible has no
+            distributed amax reduction).
+        fp8_dpa (bool): te's keyword, kept but not read (fusible has no FP8 attention).
+        fp8_mha (bool): likewise.
+        fp8_min_tokens (int): as Float8CurrentScaling's.
+    """
 
     margin: int = 0
     fp8_format: Format = Format.HYBRID
@@ -114,7 +132,15 @@ class DelayedScaling(Recipe):
 @dataclass
 class Float8BlockScaling(Recipe):
     """Block scales: by default 1x128 blocks for inputs and gradients (dim 1), 128x128 for
-    weights (dim 2), each block's scale = fp8_max / its amax rounded down to a power of two."""
+    weights (dim 2), each block's scale = fp8_max / its amax rounded down to a power of two.
+
+    Args:
+        fp8_format (Format): the FP8 formats (default E4M3 both ways).
+        x_block_scaling_dim (int): 1 (1x128 blocks) or 2 (128x128) for the inputs.
+        w_block_scaling_dim (int): likewise for the weights.
+        grad_block_scaling_dim (int): likewise for the gradients.
+        fp8_min_tokens (int): as Float8CurrentScaling's.
+    """
 
     fp8_format: Format = Format.E4M3
     x_block_scaling_dim: int = 1

@@ -96,7 +96,7 @@ class OperationFuser:
 
     @_disable_dynamo
     def __call__(self, input, *extra_inputs, basic_op_kwargs=None):
-        """y = fuser(x, *extra_inputs); with public extra outputs, (y, *extra_outputs).
+        """`y = fuser(x, *extra_inputs)`; with public extra outputs, `(y, *extra_outputs)`.
         basic_op_kwargs: one dict of op_forward keywords per basic op (te.ops)."""
         check_tensors("OperationFuser", input, extra_inputs)
         self._pre_hooks(input, extra_inputs)

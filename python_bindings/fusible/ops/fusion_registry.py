@@ -54,22 +54,26 @@ def _register(f, pass_, prepend):
 
 
 def register_forward_fusion(f, prepend=False):
-    """Registers a forward-only fusion (run on the forward plan)."""
+    """Registers fusion function `f(ops, *, recipe) -> ops`, forward only: it rewrites the
+    forward plan. prepend=True runs it before the fusions already registered (else after)."""
     return _register(f, "forward", prepend)
 
 
 def register_backward_fusion(f, prepend=False):
-    """Registers a backward-only fusion (run on the backward plan)."""
+    """Registers fusion function `f(ops, *, recipe) -> ops`, backward only: it rewrites the
+    backward plan. prepend=True runs it before the fusions already registered (else after)."""
     return _register(f, "backward", prepend)
 
 
 def register_forward_backward_fusion(f, prepend=False):
-    """Registers a joint fusion (runs first; its ops appear in both plans)."""
+    """Registers fusion function `f(ops, *, recipe) -> ops` as a joint fusion: joint fusions
+    run before the forward-only and backward-only ones, and the ops they make appear in both
+    plans. prepend=True runs it before the joint fusions already registered (else after)."""
     return _register(f, "forward_backward", prepend)
 
 
 def unregister_fusion(f):
-    """Removes every registration of a Python fusion; returns whether it was registered."""
+    """Removes every registration of fusion function f; returns whether it was registered."""
     ids = _ids.pop(f, [])
     return any([_C.unregister_fusion(i) for i in ids])
 

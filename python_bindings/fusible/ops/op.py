@@ -98,7 +98,12 @@ class FusibleOperation(torch.nn.Module):
     """Base of every fusible op: a torch.nn.Module over a C++ operation (`_cpp`).
 
     The module's parameters are passed to the C++ op at each call; the C++ op's own registered
-    tensors matter only for materialization and reset."""
+    tensors matter only for materialization and reset.
+
+    Args:
+        cpp_op: the C++ operation (a `fusible._C` object), whose parameters become this
+            module's Parameters.
+    """
 
     is_fused_op = False
     _builtin = True  # a built-in op: the C++ op is one of the library's classes
@@ -294,7 +299,7 @@ class FusibleOperation(torch.nn.Module):
 
     @_disable_dynamo
     def forward(self, input, *extra_inputs):
-        """y = op(x, *extra_inputs); with public extra outputs, (y, *extra_outputs)."""
+        """`y = op(x, *extra_inputs)`; with public extra outputs, `(y, *extra_outputs)`."""
         check_tensors(type(self).__name__, input, extra_inputs)
         refuse_forward_ad(input, extra_inputs)
         if func_active() or torch.jit.is_tracing():
@@ -355,7 +360,11 @@ class BasicOperation(FusibleOperation):
     Subclass it in Python with te.ops' protocol: call super().__init__() with no arguments, size
     extra tensors with the class attributes num_extra_inputs / num_extra_outputs, register
     parameters the usual nn.Module way, and implement op_forward / op_backward (or fuser_forward /
-    fuser_backward for ops with extra tensors)."""
+    fuser_backward for ops with extra tensors).
+
+    Args:
+        cpp_op: the built-in ops' C++ operation; leave it out in a subclass of your own.
+    """
 
     def _fp8_weight_names(self):
         """The parameters quantized_model_init stores in FP8 (where the op has them)."""
@@ -456,8 +465,8 @@ class BasicOperation(FusibleOperation):
 
     @_disable_dynamo
     def forward(self, input, *extra_inputs, **kwargs):
-        """y = op(x, *extra_inputs); keywords go to op_forward (te.ops). With public extra
-        outputs, (y, *extra_outputs)."""
+        """`y = op(x, *extra_inputs)`; keywords go to op_forward (te.ops). With public extra
+        outputs, `(y, *extra_outputs)`."""
         if not kwargs and self._builtin:
             return FusibleOperation.forward(self, input, *extra_inputs)
         self._pre_forward_hooks()(input, extra_inputs)
@@ -566,7 +575,7 @@ class FusedOperation(FusibleOperation):
 
     @_disable_dynamo
     def forward(self, input, *extra_inputs, basic_op_kwargs=None):
-        """y = op(x, *extra_inputs); basic_op_kwargs: one dict of op_forward keywords per basic op
+        """`y = op(x, *extra_inputs)`; basic_op_kwargs: one dict of op_forward keywords per basic op
         (te.ops)."""
         self._pre_forward_hooks()(input, extra_inputs)
         if basic_op_kwargs is None:

@@ -62,8 +62,8 @@ class Sequential(torch.nn.Module):
         *modules: fusible ops and any other torch.nn.Module, in order; or one OrderedDict of
             name -> module (its names become the submodules' names, as torch.nn.Sequential).
 
-    Call: seq(x, *extra_inputs, channel_inputs=None, return_dict=False); channel_inputs feeds bound
-    extra inputs by channel name, return_dict=True returns (y, {channel: named output}).
+    Call: `seq(x, *extra_inputs, channel_inputs=None, return_dict=False)`; channel_inputs feeds
+    bound extra inputs by channel name, return_dict=True returns `(y, {channel: named output})`.
     """
 
     def __init__(self, *modules):
@@ -228,7 +228,7 @@ class Sequential(torch.nn.Module):
         return self._cpp
 
     def forward(self, input, *extra_inputs, op_kwargs=None, channel_inputs=None, return_dict=False):
-        """y = seq(x, *extra_inputs). op_kwargs: {basic op (or its index here): op_forward
+        """`y = seq(x, *extra_inputs)`. op_kwargs: {basic op (or its index here): op_forward
         keywords} (te.ops); channel_inputs: {channel name: tensor} feeding extra inputs by name;
         return_dict: also return the named extra outputs as a dict."""
         _call.check_tensors("Sequential", input, extra_inputs)

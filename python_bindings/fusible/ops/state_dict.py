@@ -36,9 +36,10 @@ def full_state_dict(module):
 
 
 def load_full_state_dict(module, full_state, strict=True):
-    """Loads the single-process model's state dict into this rank's shards: the inverse of
-    full_state_dict (a per-rank bias summand: the bias on rank 0, zeros elsewhere, whose sum is
-    the bias exactly). Needs no communication. Returns load_state_dict's result."""
+    """Loads full_state, the single-process model's state dict, into this rank's shards of
+    module: the inverse of full_state_dict (a per-rank bias summand: the bias on rank 0, zeros
+    elsewhere, whose sum is the bias exactly). Needs no communication. strict is passed to
+    module.load_state_dict, whose result this returns."""
     dist = torch.distributed
     state = dict(full_state)
     for key, dim, group in list(_sharded_entries(module, state)):

@@ -73,7 +73,7 @@ SiTUGLU = make_face(
     "SiTUGLU",
     _doc(
         "SiTU GLU: y = beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2) on halves [a, b]\n"
-        "    (|y| <= beta1 * beta2).",
+        "    (bounded by beta1 * beta2 in absolute value).",
         _SITU_DOC,
         INTERLEAVE_DOC,
         CACHE_DOC,

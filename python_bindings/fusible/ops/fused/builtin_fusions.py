@@ -22,8 +22,14 @@ class _BuiltinFused(FusedOperation):
         return list(self.basic_ops)
 
 
+_MADE_BY_PLANS = (
+    "\n\nA plan makes it (fuser.forward_ops() / backward_ops() show it); not built by hand. "
+    "basic_ops: the user's basic ops it replaces, in forward order."
+)
+
+
 def _fused(name, doc):
-    return type(name, (_BuiltinFused,), {"__doc__": doc, "__module__": __name__})
+    return type(name, (_BuiltinFused,), {"__doc__": doc + _MADE_BY_PLANS, "__module__": __name__})
 
 
 ForwardLinearBiasActivation = _fused(
