@@ -1,6 +1,6 @@
-"""Deferred init (PERF.md): Linear(16384, 16384) fp32 built on meta and materialized (reset on CUDA)
-vs built directly on CUDA. Median wall time of N runs, synchronized, in ms. Writes JSON to
-$BENCH_OUT (default build/bench).
+"""Deferred init: Linear(16384, 16384) fp32 built on meta and materialized (reset on CUDA) vs
+built directly on CUDA. Median wall time of N runs, synchronized, in ms. Writes JSON to $BENCH_OUT
+(default build/bench).
 
 usage: python bench/bench_init.py [--reps N] [--size N]
 """

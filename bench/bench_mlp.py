@@ -1,5 +1,5 @@
-"""MLP block benchmark (PERF.md's workloads): fusible vs PyTorch eager vs torch.compile, one run.
-    y = x + fc2(gelu_tanh(fc1(layernorm(x)))), bf16, biases on; in fusible, PERF.md's
+"""MLP block benchmark (the SHAPES below): fusible vs PyTorch eager vs torch.compile, one run.
+    y = x + fc2(gelu_tanh(fc1(layernorm(x)))), bf16, biases on; in fusible, the
     Sequential(MakeExtraOutput, LayerNorm, Linear, GELU, Linear, AddExtraInput) with the residual
     routed through a channel. `fusible_fp8`: the same Sequential under
     fusible.autocast(recipe=Float8CurrentScaling()) (FP8 GEMMs), against eager and compiled bf16;
@@ -9,7 +9,7 @@
     `fusible_fp8_min_tokens`: Float8CurrentScaling(fp8_min_tokens=1024), the opt-in that keeps
     GEMMs over fewer tokens in bf16.
 Timing: CUDA events per repetition, warm-up first, median of many; every forward+backward starts
-with the parameters' and input's .grad cleared (as PERF.md's baselines.py), outside the timed span,
+with the parameters' and input's .grad cleared (as the eager baselines do), outside the timed span,
 so no gradient accumulation is timed or counted. Memory: the peak allocated during one
 forward+backward minus what was allocated before it. Writes a table to stdout and bench_mlp.json
 to $BENCH_OUT (default build/bench), and merges its rows into latest.json there.
@@ -230,7 +230,7 @@ def run_part(name, reps, profile=False):
         with torch.no_grad():
             fwd = median_ms(lambda: fn(x), reps)
 
-        def zero_grads():  # as PERF.md's baselines: each step starts with no .grad
+        def zero_grads():  # as the eager baselines: each step starts with no .grad
             for p in params:
                 p.grad = None
             xg.grad = None

@@ -1,8 +1,8 @@
-"""Host time per call of PERF.md's small MLP (T=16, H=1024, F=4096, bf16), where the GPU work is
-tiny and the per-call overhead is what counts; CUDA only.
+"""Host time per call of the small MLP (T=16, H=1024, F=4096, bf16), where the GPU work is tiny
+and the per-call overhead is what counts; CUDA only.
 
-Measured as ../shared/perf/baselines.py does: wall time per iteration of a back-to-back loop of
-200 calls, synchronized at the end, median of 5 repeats (fwd+bwd clears .grad inside the loop).
+Measured as the eager baselines are: wall time per iteration of a back-to-back loop of 200 calls,
+synchronized at the end, median of 5 repeats (fwd+bwd clears .grad inside the loop).
 Rows (merged into BENCH_OUT/latest.json, replacing rows of the same workload):
   mlp_small_bf16_fwd, mlp_small_bf16_fwd_bwd   fusible / eager / torch.compile
   mlp_small_bf16_fwd_graphed    CUDA-graph replay of the forward: fusible / eager (the floor) /

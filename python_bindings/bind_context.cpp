@@ -82,9 +82,9 @@ void bind_context(py::module_& m) {
   py::class_<OperationContext, std::shared_ptr<OperationContext>>(
       m, "OperationContext", py::dynamic_attr(),
       "Per-call state of one basic op, from its forward to its backward: "
-      "save_for_backward(*tensors), saved_tensors, requires_grad, "
-      "input_requires_grad, extra_input_requires_grad, compute_dtype, "
-      "input_dtype, and any attribute the op sets.")
+      "``save_for_backward(*tensors)``, ``saved_tensors``, ``requires_grad``, "
+      "``input_requires_grad``, ``extra_input_requires_grad``, ``compute_dtype``, "
+      "``input_dtype``, and any attribute the op sets.")
       .def(py::init([] { return std::make_shared<OperationContext>(); }))
       .def("save_for_backward",
            [](OperationContext& ctx, py::args tensors) { save_from_python(ctx, tensors); })

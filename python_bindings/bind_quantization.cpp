@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "bindings.h"
+#include "kernels/fp8/fp8_support.h"
 
 namespace py = pybind11;
 
@@ -109,6 +110,12 @@ void bind_quantization(py::module_& m) {
     op.set_fp8_state(std::move(s));
   });
 
+  // Which FP8 GEMMs this GPU runs (fusible.fp8_available() and friends; the tests' override).
+  m.def("_fp8_gemm_support", &kernels::fp8_gemm_support, py::arg("major"), py::arg("minor"),
+        py::arg("block"));
+  m.def("_cuda_capability", [] { return kernels::cuda_capability(-1); });
+  m.def("_set_cuda_capability_override", &kernels::set_cuda_capability_override, py::arg("major"),
+        py::arg("minor"));
   m.def("_fp8_amax_handoff", &ops::fp8_amax_handoff);
   m.def("_set_fp8_amax_handoff", &ops::set_fp8_amax_handoff, py::arg("on"));
   m.def("_num_quantizers", [](ops::BasicOperation& op) { return op.num_quantizers(); });

@@ -11,6 +11,8 @@ echo "[test] ctest"
 .venv/bin/ctest --test-dir build/main --output-on-failure -j "$(nproc)" | tee build/ctest.log
 echo "[test] pytest"
 (cd tests/python && ../../.venv/bin/python -m pytest -q -rs -p no:cacheprovider . ) | tee build/pytest.log
+echo "[test] the wheel in a fresh venv"
+bash scripts/wheel_check.sh | tee build/wheel_check.log
 echo "[test] summary"
 grep -E "tests passed|tests failed" build/ctest.log | tail -1
 tail -1 build/pytest.log

@@ -1,6 +1,5 @@
 // Channel routing of a fuser: where each extra input comes from (the caller, an earlier op, or a
-// named tensor from outside) and where each extra output goes, checked once at construction
-// (DESIGN.md section 5).
+// named tensor from outside) and where each extra output goes, checked once at construction.
 #pragma once
 
 #include <memory>

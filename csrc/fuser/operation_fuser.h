@@ -1,5 +1,5 @@
 // OperationFuser: owns a flat list of basic ops, plans forward and backward fusions, and runs the
-// whole list forward and backward inside one autograd node (DESIGN.md section 3).
+// whole list forward and backward inside one autograd node.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -65,7 +65,7 @@ class OperationFuser {
   /// Runs the ops: returns [y, exported extra outputs in (op, slot) order] (see exported()).
   /// named_inputs feeds the external channels, by name. `params` are the parameters the call
   /// computes with and differentiates (parameter_layout() order); without them, the ops'
-  /// registered parameters (DESIGN.md "Parameters are call inputs").
+  /// registered parameters.
   std::vector<at::Tensor> forward(
       const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
       const std::vector<std::pair<std::string, at::Tensor>>& named_inputs = {},

@@ -17,13 +17,17 @@ struct Fp8Side {
   int64_t block;
 };
 
+void check_cast(const Fp8Side& a, const Fp8Side& b) {
+  TORCH_CHECK(
+      a.data.defined() && b.data.defined() && a.scale_inv.defined() && b.scale_inv.defined(),
+      "FP8 GEMM: an operand was not cast for this use");
+}
+
 std::pair<at::Tensor, at::Tensor> fp8(const Fp8Side& a, const Fp8Side& b, at::ScalarType dtype,
                                       const std::optional<at::Tensor>& bias,
                                       const std::optional<at::Tensor>& other, double alpha,
                                       const std::string& act, bool save_pre, bool fast_accum) {
-  TORCH_CHECK(
-      a.data.defined() && b.data.defined() && a.scale_inv.defined() && b.scale_inv.defined(),
-      "FP8 GEMM: an operand was not cast for this use");
+  check_cast(a, b);
   auto [d, pre] = kernels::fp8_gemm(a.data, a.scale_inv, b.data, b.scale_inv, dtype, bias, other,
                                     alpha, act, save_pre, fast_accum, a.block, b.block);
   return {d, save_pre ? pre : at::Tensor()};
@@ -32,9 +36,7 @@ std::pair<at::Tensor, at::Tensor> fp8(const Fp8Side& a, const Fp8Side& b, at::Sc
 // The same written into out (forward_into, dgrad_into).
 void fp8_into(const Fp8Side& a, const Fp8Side& b, const std::optional<at::Tensor>& bias,
               const at::Tensor& out, bool fast_accum) {
-  TORCH_CHECK(
-      a.data.defined() && b.data.defined() && a.scale_inv.defined() && b.scale_inv.defined(),
-      "FP8 GEMM: an operand was not cast for this use");
+  check_cast(a, b);
   kernels::fp8_gemm_out(a.data, a.scale_inv, b.data, b.scale_inv, out, bias, 1.0, fast_accum,
                         a.block, b.block);
 }

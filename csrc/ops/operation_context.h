@@ -38,9 +38,8 @@ struct OperationContext : std::enable_shared_from_this<OperationContext> {
   /// Set once the fuser has moved to_save into saved_tensors (at the end of the forward): before,
   /// saved_tensors holds nothing an op may read.
   bool saved_for_backward = false;
-  /// This call's parameters of the op, in op_parameters() order (DESIGN.md "Parameters are call
-  /// inputs"): ops compute with these, never with a tensor captured earlier. Set for the forward
-  /// only.
+  /// This call's parameters of the op, in op_parameters() order: ops compute with these, never
+  /// with a tensor captured earlier. Set for the forward only.
   std::vector<at::Tensor> params;
   /// Whether each of those parameters needs a gradient (kept for the backward).
   std::vector<bool> param_requires_grad;

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "kernels/dispatch.h"
+#include "kernels/fp8/fp8_support.h"
 
 namespace fusible::ops {
 namespace {
@@ -138,7 +139,8 @@ at::Tensor Fp8Cast::columnwise(const at::Tensor& t, bool backward) const {
   return q.t().contiguous().reshape(t.sizes());
 }
 
-bool Fp8Cast::fp8_gemms_fit(int64_t m, int64_t k, int64_t n, at::ScalarType dtype) const {
+bool Fp8Cast::fp8_gemms_fit(int64_t m, int64_t k, int64_t n, at::ScalarType dtype,
+                            c10::Device device) const {
   if (!on() || recipe->forward_format != "e4m3") return false;
   const bool block = recipe->kind == "block";
   if (dtype != at::kBFloat16 && dtype != at::kHalf && (block || dtype != at::kFloat)) return false;
@@ -147,7 +149,17 @@ bool Fp8Cast::fp8_gemms_fit(int64_t m, int64_t k, int64_t n, at::ScalarType dtyp
       (recipe->x_block_dim == 2 || recipe->grad_block_dim == 2)) {
     return false;
   }
-  return m > 0 && m % 16 == 0 && k % 16 == 0 && n % 16 == 0;
+  if (!(m > 0 && m % 16 == 0 && k % 16 == 0 && n % 16 == 0)) return false;
+  if (device.is_cuda()) {
+    const auto cc = kernels::cuda_capability(device.index());
+    const auto support = kernels::fp8_gemm_support(cc.first, cc.second, block);
+    if (!support.first) {
+      TORCH_WARN_ONCE("fusible: ", support.second, ": the FP8 recipe's casts are emulated (cast ",
+                      "to FP8 and back) and the GEMMs run in ", dtype);
+      return false;
+    }
+  }
+  return true;
 }
 
 int64_t Fp8Cast::gemm_block(bool backward, bool weight) const {
@@ -227,12 +239,15 @@ std::vector<GemmOperand> Fp8Cast::grouped_operands(const at::Tensor& t,
                                                    const std::vector<int64_t>& sizes, bool backward,
                                                    bool columnwise) const {
   TORCH_CHECK(takes_produced_amax(),
-              "Fp8Cast::grouped_operands: expected per-tensor current scaling on FP8 data");
+              "Fp8Cast::grouped_operands: expected per-tensor current scaling on FP8 data, got "
+              "recipe kind '",
+              recipe ? recipe->kind : "none", "' with gemm_fp8=", gemm_fp8);
   const auto& format = backward ? recipe->backward_format : recipe->forward_format;
   const auto [data, data_t, scale_inv] =
       kernels::fp8_cast_grouped(t, sizes, format, recipe->margin, columnwise);
   const int64_t k = t.size(1);
-  // Each group's scale_inv 16 bytes apart: cuBLASLt takes only 16-byte aligned scale pointers.
+  // Each group's scale_inv 16 bytes apart: cuBLASLt takes only 16-byte aligned scale pointers
+  // (fp8_gemm would copy each one otherwise, a launch per GEMM).
   const auto scales = scale_inv.view({-1, 1}).expand({-1, 4}).contiguous();
   std::vector<GemmOperand> out(sizes.size());
   int64_t start = 0;

@@ -1,7 +1,6 @@
-// FP8 autocast (DESIGN.md section 6): the recipe in effect on this thread, and what an op fixes
-// from it at its forward for its backward. The casts are fusible::fp8_quantize_dequantize: the
-// values an FP8 GEMM computes with, so every fusion that goes through BasicLinear's forward and
-// backward stays valid under FP8.
+// FP8 autocast: the recipe in effect on this thread, and what an op fixes from it at its forward
+// for its backward. The casts are fusible::fp8_quantize_dequantize: the values an FP8 GEMM computes
+// with, so every fusion that goes through BasicLinear's forward and backward stays valid under FP8.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -141,8 +140,10 @@ struct Fp8Cast {
   /// Whether FP8 GEMMs take a linear's x [m, k] and w [n, k] in `dtype`: E4M3 forward (E5M2 x
   /// E5M2 has no GEMM); per-tensor scaling in bf16, fp16 or fp32, block scaling (cuBLASLt's
   /// block-scaled GEMMs) in bf16 or fp16; m, k, n multiples of 16 (the FP8 GEMM's 16-byte rows,
-  /// transposes included).
-  bool fp8_gemms_fit(int64_t m, int64_t k, int64_t n, at::ScalarType dtype) const;
+  /// transposes included); on a CUDA `device`, a GPU that runs them (kernels/fp8/fp8_support.h:
+  /// otherwise the casts are emulated, with a warning once per process).
+  bool fp8_gemms_fit(int64_t m, int64_t k, int64_t n, at::ScalarType dtype,
+                     c10::Device device) const;
   /// The block size code of a GEMM operand under this cast (GemmOperand::block): 0 unless block
   /// scaling runs FP8 GEMMs, else the recipe's dim for a gradient, a weight or an input.
   int64_t gemm_block(bool backward, bool weight) const;

@@ -1,6 +1,6 @@
-// Host time per call of PERF.md's small MLP block from C++ (the overhead the C++ path adds when the
-// GPU work is tiny): y = x + fc2(gelu(fc1(layernorm(x)))), T=16, H=1024, F=4096, bf16 on CUDA
-// (fp32 on CPU), the residual through a channel. Prints microseconds per forward (no grad) and per
+// Host time per call of the small MLP block from C++ (the overhead the C++ path adds when the GPU
+// work is tiny): y = x + fc2(gelu(fc1(layernorm(x)))), T=16, H=1024, F=4096, bf16 on CUDA (fp32 on
+// CPU), the residual through a channel. Prints microseconds per forward (no grad) and per
 // forward+backward, each the mean of a timed loop after a warm-up, synchronized at the end; then
 // the same for each op the forward plan runs, called alone, and for the ATen ops eager runs.
 // Usage: time_small_mlp [iterations]

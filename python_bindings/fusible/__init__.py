@@ -4,6 +4,7 @@ Importing the package loads libfusible, which registers the kernel-level ops as 
 """
 
 import ctypes
+import os as _os
 
 import torch  # noqa: F401  (libtorch must be loaded before libfusible)
 
@@ -15,16 +16,26 @@ ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
 
 from . import _C, _inductor_fallbacks, functional, ops, recipe  # noqa: E402  (after the above)
 from ._version import __version__  # noqa: E402
-from .quantization import autocast, fp8_available, quantized_model_init  # noqa: E402
+from .quantization import (  # noqa: E402
+    autocast,
+    fp8_available,
+    fp8_block_scaling_available,
+    quantized_model_init,
+)
 
 cuda_built: bool = _C.cuda_built
+#: Where CMake finds the C++ package of an installed fusible (find_package(fusible)), as
+#: torch.utils.cmake_prefix_path is torch's; it exists in an installed wheel, not in a build tree.
+cmake_prefix_path: str = _os.path.join(_os.path.dirname(__file__), "share", "cmake")
 _inductor_fallbacks.install()
 
 __all__ = [
     "__version__",
     "autocast",
+    "cmake_prefix_path",
     "cuda_built",
     "fp8_available",
+    "fp8_block_scaling_available",
     "functional",
     "ops",
     "quantized_model_init",

@@ -47,8 +47,12 @@ def report():
             )
     else:
         lines.append("GPU: none visible to torch")
-    ok, why = fusible.fp8_available()
-    lines.append(f"FP8 GEMMs: {'available' if ok else 'not available: ' + why}")
+    for name, check in (
+        ("FP8 GEMMs", fusible.fp8_available),
+        ("block-scaled FP8 GEMMs", fusible.fp8_block_scaling_available),
+    ):
+        ok, why = check()
+        lines.append(f"{name}: {'available' if ok else 'not available: ' + why}")
     return lines
 
 

@@ -18,15 +18,42 @@ from . import recipe as _recipe
 from ._float8_tensor import Float8Tensor, cast_with_scale
 
 
-def fp8_available():
-    """(True, "") when this machine's GPU runs FP8 GEMMs (compute capability 8.9 or newer), else
-    (False, the reason)."""
+def _fp8_support(block):
     if not torch.cuda.is_available():
         return False, "FP8 needs a CUDA GPU; none is available"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) < (8, 9):
-        return False, f"FP8 needs compute capability 8.9 or newer, this GPU has {major}.{minor}"
-    return True, ""
+    if not _fusible_cuda_built():
+        return False, "fusible was built without CUDA kernels"
+    major, minor = _C._cuda_capability()
+    return _C._fp8_gemm_support(major, minor, block)
+
+
+def _fusible_cuda_built():
+    import fusible  # the package attribute (tests replace it)
+
+    return fusible.cuda_built
+
+
+def fp8_available():
+    """Whether this machine's GPU runs FP8 GEMMs with per-tensor scales (Float8CurrentScaling,
+    DelayedScaling): compute capability 8.9 or newer.
+
+    Returns:
+        (True, "") or (False, the reason). Where it is False, an FP8 autocast still computes the
+        recipe's numerics on CUDA (casts to FP8 and back, GEMMs in the compute dtype, with a
+        warning) and on CPU (emulated).
+    """
+    return _fp8_support(block=False)
+
+
+def fp8_block_scaling_available():
+    """Whether this machine's GPU runs block-scaled FP8 GEMMs (Float8BlockScaling): Hopper,
+    compute capability 9.x, as cuBLASLt offers them.
+
+    Returns:
+        (True, "") or (False, the reason); where False, Float8BlockScaling is emulated as
+        fp8_available() describes.
+    """
+    return _fp8_support(block=True)
 
 
 def _cpp_recipe(recipe):

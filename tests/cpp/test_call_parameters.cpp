@@ -1,6 +1,6 @@
-// Parameters are call inputs (DESIGN.md section 3): a fuser computes with and differentiates the
-// parameters a call passes; double backward raises; the C++ Sequential slices parameters per group,
-// rejects unused named inputs and runs isolated ops through its `around` callback.
+// Parameters are call inputs: a fuser computes with and differentiates the parameters a call
+// passes; double backward raises; the C++ Sequential slices parameters per group, rejects unused
+// named inputs and runs isolated ops through its `around` callback.
 #include <ATen/ATen.h>
 #include <fusible/fusible.h>
 #include <gtest/gtest.h>

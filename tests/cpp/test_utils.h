@@ -1,4 +1,4 @@
-// Shared gtest helpers: DESIGN.md section 7 tolerances, error-message matching, CUDA skips.
+// Shared gtest helpers: float64-reference tolerances, error-message matching, CUDA skips.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -17,7 +17,8 @@ struct Tolerance {
   double atol;
 };
 
-/// DESIGN.md section 7: tolerance against a float64 reference for a result computed in dtype.
+/// Tolerance against a float64 reference for a result computed in dtype (the same table as
+/// tests/python/conftest.py).
 inline Tolerance tolerance_for(at::ScalarType dtype, bool gemm, bool cuda = false) {
   switch (dtype) {
     case at::kDouble:

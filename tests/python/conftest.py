@@ -1,4 +1,5 @@
-"""Shared pytest fixtures and helpers: devices (CUDA skipped, never faked), DESIGN.md tolerances."""
+"""Shared pytest fixtures and helpers: devices (CUDA skipped, never faked), the tolerances against
+a float64 reference."""
 
 import fusible  # noqa: F401  (registers torch.ops.fusible)
 import pytest
@@ -9,7 +10,7 @@ cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this mach
 
 DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
 
-# DESIGN.md section 7: (rtol, atol) against a float64 reference.
+# (rtol, atol) against a float64 reference, by (dtype, whether a GEMM is involved).
 TOLERANCES = {
     (torch.float64, False): (1e-12, 1e-12),
     (torch.float64, True): (1e-12, 1e-12),

@@ -745,8 +745,8 @@ def _result_names(count, wanted):
 
 
 def _fused_results(case, outs, wanted, dys):
-    """Name -> each output and each wanted gradient (zeros for a None gradient: DESIGN.md
-    section 5) of the fused run."""
+    """Name -> each output and each wanted gradient (zeros for a None gradient: a channel's
+    absent gradient means zero) of the fused run."""
     results = list(outs)
     if dys is not None:
         device_dys = [_with_layout(dy.to(case.device, case.dtype), case.dy_layout) for dy in dys]
@@ -895,7 +895,7 @@ def _reference(case, leaves, params, rounding=None):
 
 def _storage_format(case, step):
     """What the fused run rounds this op's results to: the dtype, or TF32 for a GEMM in float32
-    on CUDA (DESIGN.md section 7 allows it)."""
+    on CUDA (the float64-reference tolerances in conftest.py allow it)."""
     cuda_gemm = step.spec.gemm and str(case.device).startswith("cuda")
     return "tf32" if cuda_gemm and case.dtype == torch.float32 else case.dtype
 
@@ -967,12 +967,12 @@ NOISE_FACTOR = 8
 
 
 def _compare(case, what, got, want, noise):
-    """Against the float64 reference rounded to the dtype, DESIGN.md section 7's tolerance for
-    the dtype (its GEMM row when the chain has a GEMM), with an absolute allowance for the chain's
-    own rounding noise: NOISE_FACTOR times how far the reference moves when it rounds every
-    intermediate value and gradient as the unfused chain must (noise: the largest such move over
-    the tensor). One op's tolerance does not cover a chain: cancellations, norms and
-    scale-invariant gradients amplify the roundings of earlier ops."""
+    """Against the float64 reference rounded to the dtype, the float64-reference tolerance for
+    the dtype (conftest.py's tols(); its GEMM row when the chain has a GEMM), with an absolute
+    allowance for the chain's own rounding noise: NOISE_FACTOR times how far the reference moves
+    when it rounds every intermediate value and gradient as the unfused chain must (noise: the
+    largest such move over the tensor). One op's tolerance does not cover a chain: cancellations,
+    norms and scale-invariant gradients amplify the roundings of earlier ops."""
     rtol, atol = tols(case.dtype, case.gemm, case.device)
     try:
         torch.testing.assert_close(

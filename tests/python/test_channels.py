@@ -1,6 +1,6 @@
-"""Named extra-tensor channels (DESIGN.md section 5, API.md "Channels"): routing, gradients,
-validation, wiring errors, locking, cross-group routing and named inputs/outputs. Every case checks
-values and gradients against plain PyTorch."""
+"""Named extra-tensor channels: routing, gradients, validation, wiring errors, locking,
+cross-group routing and named inputs/outputs. Every case checks values and gradients against plain
+PyTorch."""
 
 import gc
 

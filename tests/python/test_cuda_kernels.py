@@ -1,7 +1,8 @@
 """The native CUDA kernels (norms, activations, GLUs, bias gradients, scale, add) against the CPU
 float64 reference: several shapes (one row, odd widths, widths not a multiple of 8) and every
-dtype, forward and backward, within DESIGN.md section 7. The caching allocator is filled with NaN
-before each call, so an output element a kernel forgets to write shows up. Skipped without CUDA."""
+dtype, forward and backward, within the float64-reference tolerances (conftest.py's tols()). The
+caching allocator is filled with NaN before each call, so an output element a kernel forgets to
+write shows up. Skipped without CUDA."""
 
 import pytest
 import torch

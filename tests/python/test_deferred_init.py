@@ -1,4 +1,4 @@
-"""Deferred initialization: build on meta, materialize in place on first use (DESIGN.md sec. 4)."""
+"""Deferred initialization: build on meta, materialize in place on first use."""
 
 import pytest
 import torch

@@ -123,7 +123,7 @@ def test_api_reference_lists_every_public_name_once():
     with open(os.path.join(ROOT, "docs", "api.md")) as f:
         documented = documented_names(f.read())
     public = [n for n, o in PUBLIC if not inspect.ismodule(o)]
-    public += ["fusible.__version__", "fusible.cuda_built"]
+    public += ["fusible.__version__", "fusible.cuda_built", "fusible.cmake_prefix_path"]
     missing = sorted(set(public) - set(documented))
     assert not missing, f"docs/api.md does not document {missing}"
     twice = sorted({n for n in documented if documented.count(n) > 1})

@@ -372,7 +372,7 @@ class TestFirstCallFaults:
 
 
 def _assert_meta_or_default_initialized(linear):
-    """torch.nn.Linear's init as API.md states it: |weight| <= 1/sqrt(in_features), bias zero."""
+    """Default init, torch.nn.Linear's for weights: |weight| <= 1/sqrt(in_features), bias zero."""
     weight, bias = linear.weight, linear.bias
     if weight.is_meta:
         assert bias.is_meta

@@ -105,11 +105,47 @@ def test_gemm_out_writes_its_rows_of_a_larger_output(device):
 @cuda_only
 def test_gemm_takes_a_scale_that_is_not_16_byte_aligned():
     """cuBLASLt refuses scale pointers off a 16-byte boundary (a group's entry of a grouped cast's
-    scale_inv, say): fp8_gemm then computes the same numbers another way, not an error."""
+    scale_inv, say): fp8_gemm copies such a scale and runs the same GEMM, bit for bit."""
     torch.manual_seed(3)
     a, _, sa = F.fp8_cast(torch.randn(32, 64, device="cuda"), "e4m3")
     b, _, sb = F.fp8_cast(torch.randn(48, 64, device="cuda"), "e4m3")
     scales = torch.cat([sb, sb, sa])  # sa at a 8-byte offset
-    want = F.fp8_gemm(a, sa, b, sb, torch.bfloat16)[0].float()
-    got = F.fp8_gemm(a, scales[2:], b, scales[1:2], torch.bfloat16)[0].float()
-    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    want = F.fp8_gemm(a, sa, b, sb, torch.bfloat16)[0]
+    assert torch.equal(F.fp8_gemm(a, scales[2:], b, scales[1:2], torch.bfloat16)[0], want)
+    out = torch.empty_like(want)
+    F.fp8_gemm_out(a, scales[2:], b, scales[1:2], out)
+    assert torch.equal(out, want)
+
+
+def test_gemm_out_bad_arguments_name_it():
+    a, _, sa = F.fp8_cast(torch.randn(16, 32), "e4m3")
+    b, _, sb = F.fp8_cast(torch.randn(8, 32), "e4m3")
+    out = torch.empty(16, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="fp8_gemm_out: expected a_block and b_block"):
+        F.fp8_gemm_out(a, sa, b, sb, out, None, 1.0, False, 3, 3)
+    with pytest.raises(ValueError, match="fp8_gemm_out: expected out_dtype"):
+        F.fp8_gemm_out(a, sa, b, sb, out.to(torch.int32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "case", ["no_rows", "no_columns", "rows_not_multiple_of_4", "group_over_many_blocks"]
+)
+def test_grouped_cast_edges(device, case):
+    """No rows at all, no columns, a group whose row count the kernel's transpose cannot take
+    (the ATen path), and a bf16 group spanning many amax blocks with its max in the last one."""
+    torch.manual_seed(4)
+    sizes, cols = {
+        "no_rows": ([0, 0], 64),
+        "no_columns": ([3, 5], 0),
+        "rows_not_multiple_of_4": ([6, 10], 64),
+        "group_over_many_blocks": ([4096, 8], 64),
+    }[case]
+    x = torch.randn(sum(sizes), cols, device=device).to(torch.bfloat16)
+    if case == "group_over_many_blocks":
+        x[4095, 63] = 1000.0  # the group's last element: its amax
+    for transpose in (False, True):
+        got = F.fp8_cast_grouped(x, sizes, "e4m3", 0.0, transpose)
+        _assert_same_cast(got, _per_group(x, sizes, "e4m3", 0.0, transpose))
+    if case == "group_over_many_blocks":
+        assert got[2][0].item() == pytest.approx(1000.0 / 448.0)

@@ -187,6 +187,51 @@ def test_block_scaled_fp8_weights_per_group(device):
             torch.testing.assert_close(w.dequantize().double().cpu(), want_w, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_weights_per_group_on_fp8_gemms_under_current_scaling(device):
+    """quantized_model_init weights (Float8Tensor) with FP8 GEMMs per group: each weight hands its
+    stored data to its own cast, while x and dy take one grouped cast; the numbers equal those of
+    the dequantized weights in high precision, over optimizer steps."""
+    r, dt = recipe.Float8CurrentScaling(), torch.bfloat16
+    torch.manual_seed(9)
+    with fusible.quantized_model_init(recipe=r):
+        op = ops.GroupedLinear(2, 64, 32, bias=False, device=device, dtype=dt)
+    assert isinstance(op.weight0, Float8Tensor)
+    plain = copy.deepcopy(op)
+    for g in range(2):
+        name = f"weight{g}"
+        setattr(plain, name, torch.nn.Parameter(getattr(op, name).dequantize()))
+    split = torch.tensor([16, 32], device=device)
+    for step in range(3):
+        x = torch.randn(48, 64, device=device).to(dt)
+        dy = torch.randn(48, 32, device=device).to(dt)
+        outs = []
+        for module in (op, plain):
+            xg = x.clone().requires_grad_()
+
+            def run(module=module, xg=xg):
+                with fusible.autocast(recipe=r):
+                    outs.append(module(xg, split))
+                outs[-1].backward(dy)
+
+            names = _kernel_ops(run)
+            assert "fusible::fp8_cast_grouped" in names and "fusible::fp8_gemm" in names, names
+            if module is op:  # the FP8 weights' own casts (which take their stored data)
+                assert "fusible::fp8_cast" in names, names
+            outs.append(xg.grad)
+        torch.testing.assert_close(outs[0], outs[2], rtol=0, atol=0)
+        torch.testing.assert_close(outs[1], outs[3], rtol=0, atol=0)
+        for g in range(2):
+            w, w_plain = getattr(op, f"weight{g}"), getattr(plain, f"weight{g}")
+            torch.testing.assert_close(w.grad, w_plain.grad, rtol=0, atol=0)
+        sgd(op.parameters())
+        sgd(plain.parameters())
+        for g in range(2):  # the FP8 weight requantized; the plain one as that step left it
+            w, w_plain = getattr(op, f"weight{g}"), getattr(plain, f"weight{g}")
+            with torch.no_grad():
+                w_plain.copy_(w.dequantize())
+
+
 def test_a_single_grouped_weight_under_quantized_model_init_is_refused():
     with pytest.raises(NotImplementedError, match="single_grouped_weight=True"):
         with fusible.quantized_model_init():
@@ -236,9 +281,13 @@ def test_fp8_gemms_per_group_equal_one_linear_per_group(device, kind, single):
             names = _kernel_ops(run_grouped)
             assert "fusible::fp8_gemm" in names and "fusible::grouped_linear_fwd" not in names
             assert "fusible::grouped_linear_wgrad" not in names, names
+            # Each group's GEMM writes its rows of y and dx: no concatenation after them.
+            assert "fusible::fp8_gemm_out" in names, names
             if kind == "current":  # x, W and dy: grouped casts, not one cast per group
                 assert "fusible::fp8_cast_grouped" in names, names
                 assert "fusible::fp8_cast" not in names, names
+            else:  # delayed scaling: each group's quantizer casts its own tensors
+                assert "fusible::fp8_cast_grouped" not in names, names
         else:
             run_grouped()
         y = out["y"]

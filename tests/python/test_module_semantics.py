@@ -1,6 +1,6 @@
-"""What every torch.nn.Module promises (API.md "Module semantics"): parameters read at each call,
-copies, meta and fake inputs, inference-mode materialization, double backward, hooks, compile,
-repr. One test per promise and per defect of the module-semantics issue."""
+"""What every torch.nn.Module promises: parameters read at each call, copies, meta and fake
+inputs, inference-mode materialization, double backward, hooks, compile, repr. One test per
+promise and per defect of the module-semantics issue."""
 
 import copy
 import io

@@ -26,6 +26,12 @@
 
 namespace fusible::kernels {
 
+int64_t leading_rows(const at::Tensor& t) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
+  return rows;
+}
+
 double fp8_max(const char* op, c10::string_view format) {
   if (format == "e4m3") return 448.0;
   TORCH_CHECK_VALUE(format == "e5m2", op, ": expected format 'e4m3' or 'e5m2', got '", format, "'");
@@ -121,7 +127,7 @@ void check_delayed_state_sizes(const char* op, const at::Tensor& amax_history,
 Fp8Cast cast_with(const at::Tensor& xf, const at::Tensor& scale, double max, at::ScalarType fp8,
                   bool transpose) {
   const auto data = (xf * scale).clamp(-max, max).to(fp8).contiguous();
-  const auto data_t = transpose ? data.reshape({-1, data.size(-1)}).t().contiguous()
+  const auto data_t = transpose ? data.reshape({leading_rows(data), data.size(-1)}).t().contiguous()
                                 : at::empty({0}, data.options());
   return {data, data_t, scale.reciprocal().to(at::kFloat).reshape({1})};
 }
@@ -250,8 +256,9 @@ namespace {
 Fp8Cast fp8_cast_meta_outputs(const at::Tensor& x, c10::string_view format, bool transpose) {
   const auto data = at::empty_like(x, x.options().dtype(fp8_dtype("fp8_cast", format)),
                                    at::MemoryFormat::Contiguous);
-  const auto k = x.sym_size(-1);
-  const auto data_t = transpose ? at::empty_symint({k, x.sym_numel() / k}, data.options())
+  c10::SymInt rows = 1;  // from the leading dims: a tensor with no columns still has rows
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.sym_size(d);
+  const auto data_t = transpose ? at::empty_symint({x.sym_size(-1), rows}, data.options())
                                 : at::empty({0}, data.options());
   return {data, data_t, at::empty({1}, x.options().dtype(at::kFloat))};
 }

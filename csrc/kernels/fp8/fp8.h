@@ -1,7 +1,6 @@
-// FP8 casts (DESIGN.md section 6): per-tensor current scaling (the scale comes from the tensor's
-// own amax when it is cast), delayed scaling (from an amax history) and block scaling; each as a
-// cast and back (the values an FP8 GEMM computes with) and, per tensor, as the FP8 data a GEMM
-// reads (fp8_cast).
+// FP8 casts: per-tensor current scaling (the scale comes from the tensor's own amax when it is
+// cast), delayed scaling (from an amax history) and block scaling; each as a cast and back (the
+// values an FP8 GEMM computes with) and, per tensor, as the FP8 data a GEMM reads (fp8_cast).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,6 +11,10 @@
 #include <tuple>
 
 namespace fusible::kernels {
+
+/// The rows of t as [rows, t.size(-1)]: the product of its leading dims (1 for a 1-D t), also
+/// where it has no columns.
+int64_t leading_rows(const at::Tensor& t);
 
 /// The largest finite value of an FP8 format: "e4m3" 448, "e5m2" 57344 (throws naming op on any
 /// other name).

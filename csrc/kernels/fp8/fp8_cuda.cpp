@@ -58,7 +58,7 @@ at::Tensor fp8_qdq_delayed_cuda(const at::Tensor& x, c10::string_view format,
 bool cast_kernel_runs(const at::Tensor& x, bool transpose) {
   const auto t = x.scalar_type();
   if (t != at::kFloat && t != at::kBFloat16 && t != at::kHalf) return false;
-  const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
+  const int64_t cols = x.size(-1), rows = leading_rows(x);
   return cols % 4 == 0 && (!transpose || rows % 4 == 0) &&
          reinterpret_cast<std::uintptr_t>(x.const_data_ptr()) % 16 == 0;
 }
@@ -69,7 +69,7 @@ Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool t
              const at::Tensor* history, const at::Tensor* scale, bool use_max,
              const at::Tensor* amax_given = nullptr) {
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
+  const int64_t cols = x.size(-1), rows = leading_rows(x);
   const auto fp8 = fp8_dtype("fp8_cast", format);
   auto data = at::empty(x.sizes(), x.options().dtype(fp8));
   const std::vector<int64_t> t_shape =
@@ -124,7 +124,7 @@ Fp8Cast fp8_cast_grouped_cuda(const at::Tensor& x, at::IntArrayRef sizes, c10::s
                               double margin, bool transpose) {
   check_fp8_cast_grouped_args(x, sizes, format, margin);
   const auto xc = x.contiguous();
-  bool runs = cast_kernel_runs(xc, false);
+  bool runs = xc.numel() > 0 && cast_kernel_runs(xc, false);  // (no rows or columns: ATen)
   for (const auto m : sizes) runs = runs && (!transpose || m % 4 == 0);
   if (!runs) return reference::fp8_cast_grouped(x, sizes, format, margin, transpose);
   const c10::cuda::CUDAGuard guard(x.device());

@@ -22,8 +22,7 @@ void check_fp8_gemm_args(const at::Tensor& a, const at::Tensor& a_scale_inv, con
                          const at::Tensor& b_scale_inv, at::ScalarType out_dtype,
                          const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& other, c10::string_view act,
-                         bool save_pre, int64_t a_block, int64_t b_block) {
-  constexpr const char* op = "fp8_gemm";
+                         bool save_pre, int64_t a_block, int64_t b_block, const char* op) {
   TORCH_CHECK_VALUE(is_fp8(a) && is_fp8(b), op,
                     ": expected a and b of dtype float8_e4m3fn or float8_e5m2, got ",
                     a.scalar_type(), " and ", b.scalar_type());
@@ -75,10 +74,11 @@ void check_fp8_gemm_args(const at::Tensor& a, const at::Tensor& a_scale_inv, con
 
 void check_fp8_gemm_out_args(const at::Tensor& a, const at::Tensor& a_scale_inv,
                              const at::Tensor& b, const at::Tensor& b_scale_inv,
-                             const at::Tensor& out, const std::optional<at::Tensor>& bias) {
+                             const at::Tensor& out, const std::optional<at::Tensor>& bias,
+                             int64_t a_block, int64_t b_block) {
   constexpr const char* op = "fp8_gemm_out";
   check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, out.scalar_type(), bias, std::nullopt, "none",
-                      false);
+                      false, a_block, b_block, op);
   FUSIBLE_CHECK_SAME_DEVICE(op, "a", a, "out", out);
   auto shape = a.sym_sizes().vec();
   shape.back() = b.sym_size(0);
@@ -134,8 +134,9 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm_meta(const at::Tensor& a, const at::
 
 void fp8_gemm_out_meta(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
                        const at::Tensor& b_scale_inv, const at::Tensor& out,
-                       const std::optional<at::Tensor>& bias, double, bool, int64_t, int64_t) {
-  check_fp8_gemm_out_args(a, a_scale_inv, b, b_scale_inv, out, bias);
+                       const std::optional<at::Tensor>& bias, double, bool, int64_t a_block,
+                       int64_t b_block) {
+  check_fp8_gemm_out_args(a, a_scale_inv, b, b_scale_inv, out, bias, a_block, b_block);
 }
 
 }  // namespace
@@ -171,7 +172,7 @@ void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::
                   const at::Tensor& b_scale_inv, const at::Tensor& out,
                   const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
                   int64_t a_block, int64_t b_block) {
-  check_fp8_gemm_out_args(a, a_scale_inv, b, b_scale_inv, out, bias);
+  check_fp8_gemm_out_args(a, a_scale_inv, b, b_scale_inv, out, bias, a_block, b_block);
   out.copy_(
       std::get<0>(fp8_gemm(a, a_scale_inv, b, b_scale_inv, out.scalar_type(), bias, std::nullopt,
                            alpha, "none", false, fast_accum, a_block, b_block)));
@@ -213,7 +214,8 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
       "save_pre=False, "
       "bool fast_accum=False, int a_block=0, int b_block=0) -> (Tensor, Tensor)");
   // fp8_gemm without activation or other, written into out [..., N] (its dtype the output's):
-  // the GEMMs of row groups filling one output (GroupedLinear), with no copy after them.
+  // the GEMMs of row groups filling one output (GroupedLinear), each in place where cuBLASLt can
+  // write out directly.
   define(m,
          "fp8_gemm_out(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor(a!) out, "
          "Tensor? bias=None, float alpha=1.0, bool fast_accum=False, int a_block=0, int "

@@ -25,12 +25,15 @@ void check_fp8_gemm_args(const at::Tensor& a, const at::Tensor& a_scale_inv, con
                          const at::Tensor& b_scale_inv, at::ScalarType out_dtype,
                          const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& other, c10::string_view act,
-                         bool save_pre, int64_t a_block = 0, int64_t b_block = 0);
+                         bool save_pre, int64_t a_block = 0, int64_t b_block = 0,
+                         const char* op = "fp8_gemm");
 
-/// fp8_gemm_out's checks: fp8_gemm's (no other, no activation) and out [..., N] on a's device.
+/// fp8_gemm_out's checks: fp8_gemm's (no other, no activation; errors naming fp8_gemm_out) and
+/// out [..., N] on a's device.
 void check_fp8_gemm_out_args(const at::Tensor& a, const at::Tensor& a_scale_inv,
                              const at::Tensor& b, const at::Tensor& b_scale_inv,
-                             const at::Tensor& out, const std::optional<at::Tensor>& bias);
+                             const at::Tensor& out, const std::optional<at::Tensor>& bias,
+                             int64_t a_block, int64_t b_block);
 
 namespace reference {
 void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,

@@ -5,6 +5,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <cstdint>
+
 #include "kernels/dispatch.h"
 #include "kernels/fp8/fp8_gemm.h"
 #include "kernels/gemm/cublaslt_gemm.h"
@@ -14,6 +16,35 @@ namespace fusible::kernels {
 namespace {
 
 using gemm::Epilogue;
+
+// A scale_inv as cuBLASLt takes it: 16-byte aligned (a view at another offset, say one group's
+// entry of a grouped cast's, is copied; 4 bytes per tensor, block scales a few more).
+at::Tensor aligned_scale(const at::Tensor& s) {
+  return reinterpret_cast<std::uintptr_t>(s.const_data_ptr()) % 16 == 0 ? s : s.clone();
+}
+
+// The cuBLASLt GEMM alpha * a b^T (+ bias) of fp8_gemm's operands; the caller sets d (and any
+// other epilogue or C).
+gemm::RowMajorGemm fp8_gemm_of(const at::Tensor& a, const at::Tensor& a_scale_inv,
+                               const at::Tensor& b, const at::Tensor& b_scale_inv,
+                               const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
+                               int64_t a_block, int64_t b_block) {
+  gemm::RowMajorGemm g;
+  g.a = gemm::rows(a);
+  g.b = b.contiguous();
+  g.trans_b = true;
+  g.a_scale_inv = aligned_scale(a_scale_inv);
+  g.b_scale_inv = aligned_scale(b_scale_inv);
+  g.a_block = a_block;
+  g.b_block = b_block;
+  g.fast_accum = fast_accum && a_block == 0;  // block-scaled GEMMs take no fast accumulation
+  g.alpha = alpha;
+  if (bias) {
+    g.epilogue = Epilogue::kBias;
+    g.bias = bias->contiguous();
+  }
+  return g;
+}
 
 std::tuple<at::Tensor, at::Tensor> fp8_gemm_cuda(
     const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
@@ -26,21 +57,8 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm_cuda(
     return reference::fp8_gemm(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, alpha, act,
                                save_pre, fast_accum, a_block, b_block);
   };
-  gemm::RowMajorGemm g;
-  g.a = gemm::rows(a);
-  g.b = b.contiguous();
-  g.trans_b = true;
+  auto g = fp8_gemm_of(a, a_scale_inv, b, b_scale_inv, bias, alpha, fast_accum, a_block, b_block);
   g.d = at::empty({g.a.size(0), b.size(0)}, a.options().dtype(out_dtype));
-  g.a_scale_inv = a_scale_inv;
-  g.b_scale_inv = b_scale_inv;
-  g.a_block = a_block;
-  g.b_block = b_block;
-  g.fast_accum = fast_accum && a_block == 0;  // block-scaled GEMMs take no fast accumulation
-  g.alpha = alpha;
-  if (bias) {
-    g.epilogue = Epilogue::kBias;
-    g.bias = bias->contiguous();
-  }
   if (other) {
     g.c = gemm::rows(*other);
     g.beta = 1.0;
@@ -73,23 +91,10 @@ void fp8_gemm_out_cuda(const at::Tensor& a, const at::Tensor& a_scale_inv, const
                        const at::Tensor& b_scale_inv, const at::Tensor& out,
                        const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
                        int64_t a_block, int64_t b_block) {
-  check_fp8_gemm_out_args(a, a_scale_inv, b, b_scale_inv, out, bias);
-  gemm::RowMajorGemm g;
-  g.a = gemm::rows(a);
-  g.b = b.contiguous();
-  g.trans_b = true;
+  check_fp8_gemm_out_args(a, a_scale_inv, b, b_scale_inv, out, bias, a_block, b_block);
+  auto g = fp8_gemm_of(a, a_scale_inv, b, b_scale_inv, bias, alpha, fast_accum, a_block, b_block);
   // cuBLASLt writes out itself where it is one contiguous [M, N] block; else via a copy.
-  g.d = out.is_contiguous() ? out.view({g.a.size(0), b.size(0)}) : at::Tensor();
-  g.a_scale_inv = a_scale_inv;
-  g.b_scale_inv = b_scale_inv;
-  g.a_block = a_block;
-  g.b_block = b_block;
-  g.fast_accum = fast_accum && a_block == 0;
-  g.alpha = alpha;
-  if (bias) {
-    g.epilogue = Epilogue::kBias;
-    g.bias = bias->contiguous();
-  }
+  if (out.is_contiguous()) g.d = out.view({g.a.size(0), b.size(0)});
   if (g.d.defined() && gemm::can_run(g) && gemm::try_run(g)) return;
   out.copy_(
       std::get<0>(fp8_gemm_cuda(a, a_scale_inv, b, b_scale_inv, out.scalar_type(), bias,

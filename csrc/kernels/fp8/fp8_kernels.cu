@@ -23,15 +23,15 @@ using cuda::fp8_pack;
 
 constexpr int kThreads = 256;
 
-// amax over num_vecs vectors of VEC elements (16-byte loads where VEC > 1), kUnroll independent
-// loads in flight per thread: one per thread leaves Hopper's memory system short of requests.
+// This thread's amax of vectors v, v + stride, ... below end (VEC elements each; 16-byte loads
+// where VEC > 1), kUnroll independent loads in flight: one per thread leaves Hopper's memory system
+// short of requests.
 template <typename T, int VEC>
-__global__ void amax_kernel(const T* __restrict__ x, int64_t num_vecs, float* __restrict__ amax) {
+__device__ __forceinline__ float amax_of_vectors(const T* __restrict__ x, int64_t v, int64_t end,
+                                                 int64_t stride) {
   constexpr int kUnroll = 4;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   float m = 0.f;
-  for (; v + (kUnroll - 1) * stride < num_vecs; v += kUnroll * stride) {
+  for (; v + (kUnroll - 1) * stride < end; v += kUnroll * stride) {
     cuda::Vec<T, VEC> xv[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) xv[u] = cuda::load_vec<T, VEC>(x + (v + u * stride) * VEC);
@@ -41,12 +41,20 @@ __global__ void amax_kernel(const T* __restrict__ x, int64_t num_vecs, float* __
       for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv[u].v[j])));
     }
   }
-  for (; v < num_vecs; v += stride) {
+  for (; v < end; v += stride) {
     const auto xv = cuda::load_vec<T, VEC>(x + v * VEC);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv.v[j])));
   }
-  block_amax_into(m, amax);
+  return m;
+}
+
+// amax over num_vecs vectors of VEC elements, grid-strided.
+template <typename T, int VEC>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t num_vecs, float* __restrict__ amax) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  block_amax_into(amax_of_vectors<T, VEC>(x, v, num_vecs, stride), amax);
 }
 
 template <typename T>
@@ -198,7 +206,8 @@ __device__ __forceinline__ int group_of(const int64_t* start, int n, int64_t b) 
   return lo;
 }
 
-// amax of each group into amax[g]: group g's rows are chunks of kAmaxChunk vectors, one per block
+// amax of each group into amax[g]: group g's rows are chunks of kAmaxChunkVecs vectors, one per
+// block
 // (table.block_start: the first block of each group).
 constexpr int64_t kAmaxChunkVecs = kThreads * 8;
 template <typename T, int VEC>
@@ -206,27 +215,10 @@ __global__ void grouped_amax_kernel(const T* __restrict__ x, int64_t cols, FP8Gr
                                     float* __restrict__ amax) {
   const int g = group_of(table.block_start, table.n, blockIdx.x);
   const int64_t end = (table.row_start[g + 1] * cols) / VEC;  // the group's vectors
-  const int64_t first = (table.row_start[g] * cols) / VEC +
-                        (blockIdx.x - table.block_start[g]) * kAmaxChunkVecs + threadIdx.x;
-  const int64_t last = min(end, first - threadIdx.x + kAmaxChunkVecs);
-  float m = 0.f;
-  constexpr int kUnroll = 4;
-  int64_t v = first;
-  for (; v + (kUnroll - 1) * kThreads < last; v += kUnroll * kThreads) {
-    cuda::Vec<T, VEC> xv[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) xv[u] = cuda::load_vec<T, VEC>(x + (v + u * kThreads) * VEC);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv[u].v[j])));
-    }
-  }
-  for (; v < last; v += kThreads) {
-    const auto xv = cuda::load_vec<T, VEC>(x + v * VEC);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv.v[j])));
-  }
+  const int64_t chunk =
+      (table.row_start[g] * cols) / VEC + (blockIdx.x - table.block_start[g]) * kAmaxChunkVecs;
+  const float m =
+      amax_of_vectors<T, VEC>(x, chunk + threadIdx.x, min(end, chunk + kAmaxChunkVecs), kThreads);
   block_amax_into(m, amax + g);
 }
 

@@ -69,7 +69,8 @@ std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContex
   // every fused forward and backward that goes through this op's forward and backward_gemms does.
   const int64_t rows = x.dim() > 0 && in_features_ > 0 ? x.numel() / in_features_ : 0;
   ctx.fp8 = fp8_cast(x, rows);
-  ctx.fp8.gemm_fp8 = ctx.fp8.fp8_gemms_fit(rows, in_features_, out_features_, ctx.compute_dtype);
+  ctx.fp8.gemm_fp8 =
+      ctx.fp8.fp8_gemms_fit(rows, in_features_, out_features_, ctx.compute_dtype, x.device());
   const bool need_x = ctx.requires_grad && ctx.param_requires_grad.at(0);
   const bool need_w = ctx.requires_grad && ctx.input_requires_grad;
   // A producer's amax of x, where it made this very x (the cast uses it only where it applies).

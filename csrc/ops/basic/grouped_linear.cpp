@@ -247,7 +247,8 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
       if (known_host_sizes != nullptr) *known_host_sizes = host_sizes;
     }
   }
-  ctx.fp8.gemm_fp8 = ctx.fp8.on() && fp8_gemms_fit(ctx.fp8, host_sizes, ctx.compute_dtype);
+  ctx.fp8.gemm_fp8 =
+      ctx.fp8.on() && fp8_gemms_fit(ctx.fp8, host_sizes, ctx.compute_dtype, input.device());
   at::Tensor bias;
   if (has_bias_) {
     bias =

@@ -106,10 +106,11 @@ class GroupedLinear : public BasicOperation {
   /// per group (per-tensor recipes; every group's rows, in_features and out_features multiples of
   /// 16 (te.ops' MoE pads the groups so, with Fp8Padding); no per-row bias scales). Else the casts
   /// are emulated and the grouped GEMM runs in the compute dtype. (grouped_linear_fp8.cpp)
-  bool fp8_gemms_fit(const Fp8Cast& cast, const std::vector<int64_t>& sizes,
-                     at::ScalarType dtype) const;
+  bool fp8_gemms_fit(const Fp8Cast& cast, const std::vector<int64_t>& sizes, at::ScalarType dtype,
+                     c10::Device device) const;
   /// The forward's FP8 GEMMs, one per group: y [rows, out]. Saves, after the five slots every
-  /// forward saves, each group's x^T then each group's W^T as FP8 (kFp8Slots), and host_sizes.
+  /// forward saves, each group's x^T then each group's W^T as FP8 (kFp8Slots; under current
+  /// scaling views of one grouped cast's transposes, which stay alive together), and host_sizes.
   at::Tensor fp8_forward(OperationContext& ctx, const at::Tensor& x, const at::Tensor& sizes,
                          const std::vector<int64_t>& host_sizes, const at::Tensor& bias,
                          bool need_x);

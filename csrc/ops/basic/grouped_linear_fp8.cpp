@@ -1,5 +1,7 @@
-// GroupedLinear on FP8 data: one cuBLASLt FP8 GEMM per group (ops/linear_gemms.h), each group's
-// x, W and dy cast by its own quantizer, as one Linear per group computes under FP8.
+// GroupedLinear on FP8 data: one cuBLASLt FP8 GEMM per group (ops/linear_gemms.h) writing its rows
+// of the output, each group's x, W and dy cast with its own scale, as one Linear per group computes
+// under FP8 (current scaling: one grouped cast per tensor for all groups; delayed: a cast per group
+// by its own quantizer).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
@@ -23,13 +25,13 @@ GemmOperand saved_fp8(const OperationContext& ctx, int64_t i) {
 }  // namespace
 
 bool GroupedLinear::fp8_gemms_fit(const Fp8Cast& cast, const std::vector<int64_t>& sizes,
-                                  at::ScalarType dtype) const {
+                                  at::ScalarType dtype, c10::Device device) const {
   // Block scaling's grouped casts stay emulated; so do per-row bias scales (no GEMM epilogue).
   if (scale_bias_ || cast.recipe->kind == "block") return false;
   for (auto m : sizes) {
     if (m % 16 != 0) return false;  // the wgrad's K: FP8 rows of 16 bytes
   }
-  return cast.fp8_gemms_fit(16, in_features_, out_features_, dtype);
+  return cast.fp8_gemms_fit(16, in_features_, out_features_, dtype, device);
 }
 
 at::Tensor GroupedLinear::grouped_cast_weights(const OperationContext& ctx) const {

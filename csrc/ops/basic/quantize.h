@@ -1,5 +1,5 @@
 // Quantize: casts x (forward) and/or dy (backward) to FP8 under an FP8 autocast; identity
-// otherwise (te.ops' Quantize, API.md).
+// otherwise (te.ops' Quantize).
 #pragma once
 
 #include "ops/fusible_operation.h"
