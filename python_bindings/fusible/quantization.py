@@ -21,16 +21,10 @@ from ._float8_tensor import Float8Tensor, cast_with_scale
 def _fp8_support(block):
     if not torch.cuda.is_available():
         return False, "FP8 needs a CUDA GPU; none is available"
-    if not _fusible_cuda_built():
+    if not _C.cuda_built:
         return False, "fusible was built without CUDA kernels"
     major, minor = _C._cuda_capability()
     return _C._fp8_gemm_support(major, minor, block)
-
-
-def _fusible_cuda_built():
-    import fusible  # the package attribute (tests replace it)
-
-    return fusible.cuda_built
 
 
 def fp8_available():

@@ -49,7 +49,7 @@ def test_the_decision_for_each_capability(cc):
 @pytest.mark.parametrize("cc", list(CAPABILITIES), ids=lambda cc: f"sm{cc[0]}{cc[1]}")
 def test_fp8_available_reports_the_mocked_gpu(cc, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(fusible, "cuda_built", True)
+    monkeypatch.setattr(_C, "cuda_built", True)
     want_tensor, want_block = CAPABILITIES[cc]
     with capability(*cc):
         assert fusible.fp8_available()[0] == want_tensor
@@ -61,7 +61,7 @@ def test_fp8_available_without_a_gpu_or_cuda_kernels(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert fusible.fp8_available() == (False, "FP8 needs a CUDA GPU; none is available")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(fusible, "cuda_built", False)
+    monkeypatch.setattr(_C, "cuda_built", False)
     with capability(9, 0):
         assert fusible.fp8_block_scaling_available() == (
             False,

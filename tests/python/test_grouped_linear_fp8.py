@@ -387,8 +387,8 @@ def test_fused_expert_mlp_reads_the_split_sizes_to_the_host_once():
     MLP's two GroupedLinears take the same sizes tensor and read it once per forward."""
     torch.manual_seed(11)
     dt = torch.bfloat16
-    fc1 = randomized(ops.GroupedLinear(3, 32, 64, dtype=dt))
-    fc2 = randomized(ops.GroupedLinear(3, 32, 32, dtype=dt))
+    fc1 = randomized(ops.GroupedLinear(3, 32, 64, device="cpu", dtype=dt))
+    fc2 = randomized(ops.GroupedLinear(3, 32, 32, device="cpu", dtype=dt))
     seq = ops.Sequential(fc1, ops.ScaledSwiGLU(), fc2)
     x, probs = torch.randn(64, 32).to(dt), torch.rand(64).to(dt)
 
@@ -411,7 +411,7 @@ def test_fused_expert_mlp_reads_the_split_sizes_to_the_host_once():
 def test_fp8_gemms_per_group_skip_a_frozen_experts_weight_gradient():
     torch.manual_seed(12)
     dt, split = torch.bfloat16, torch.tensor([16, 32])
-    op = randomized(ops.GroupedLinear(2, 32, 16, dtype=dt))
+    op = randomized(ops.GroupedLinear(2, 32, 16, device="cpu", dtype=dt))
     x, dy = torch.randn(48, 32).to(dt), torch.randn(48, 16).to(dt)
 
     def step():
