@@ -5,11 +5,16 @@
 # capability (fusible.fp8_available() and friends say what runs). Usage, in a venv with torch and
 # the build tools (scripts/setup_env.sh makes one):
 #   bash scripts/release_wheel.sh            # TORCH_CUDA_ARCH_LIST overrides the list
+# The wheel is tagged linux_x86_64 (for direct distribution; PyPI needs a manylinux tag, e.g. from
+# auditwheel with torch's libraries excluded).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-"8.0;8.9;9.0a;10.0;12.0+PTX"}
-mkdir -p dist
+want=$(grep -E '^torch==' requirements.txt | cut -d= -f3)
+have=$("$PYTHON" -c "import torch; print(torch.__version__.split('+')[0])")
+[ "$have" = "$want" ] || { echo "[release] the environment has torch $have, the wheel pins $want"; exit 1; }
+rm -rf dist && mkdir -p dist
 echo "[release] wheel for TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST into dist/"
 "$PYTHON" -m pip wheel --disable-pip-version-check --no-build-isolation --no-deps -w dist \
   -C build-dir=build/release .

@@ -43,3 +43,4 @@ assert fusible.__file__.startswith(sys.prefix), fusible.__file__
 print(f"[wheel] the quickstart's {len(blocks)} Python blocks ran with fusible {fusible.__version__}")
 PY
 "$OLDPWD/$venv/bin/python" -m fusible
+rm -rf "$OLDPWD/$venv"  # several GB

@@ -10,6 +10,33 @@ cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this mach
 
 DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
 
+
+def _gpu_lacks(check):
+    return not HAS_CUDA or not check()[0]
+
+
+# Devices for tests that assert FP8 GEMM kernels run: CUDA where this GPU runs them (elsewhere the
+# recipe is emulated, which other tests cover).
+FP8_GEMM_DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(
+            _gpu_lacks(fusible.fp8_available), reason="no GPU here that runs FP8 GEMMs"
+        ),
+    ),
+]
+FP8_BLOCK_GEMM_DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(
+            _gpu_lacks(fusible.fp8_block_scaling_available),
+            reason="no GPU here that runs block-scaled FP8 GEMMs",
+        ),
+    ),
+]
+
 # (rtol, atol) against a float64 reference, by (dtype, whether a GEMM is involved).
 TOLERANCES = {
     (torch.float64, False): (1e-12, 1e-12),

@@ -2,9 +2,11 @@
 ones on Hopper (9.x) only. The decision for each capability (mocked: the machine's GPU, if any,
 is not asked), what fusible.fp8_available() and fp8_block_scaling_available() report, and, on a
 GPU that has the features, that a Linear under an FP8 recipe launches no FP8 GEMM when the
-capability is overridden to one that lacks them (the recipe is emulated instead)."""
+capability is overridden to one that lacks them (the recipe is emulated instead, with a
+warning)."""
 
 import contextlib
+import warnings
 
 import fusible
 import pytest
@@ -81,7 +83,10 @@ def _kernel_ops(fn):
     [((8, 0), recipe.Float8CurrentScaling), ((10, 0), recipe.Float8BlockScaling)],
     ids=["sm80-current", "sm100-block"],
 )
-def test_a_gpu_without_the_feature_runs_no_fp8_gemm(cc, rec):
+def test_a_gpu_without_the_feature_runs_no_fp8_gemm(cc, rec, capfd):
+    block = rec is recipe.Float8BlockScaling
+    if not (fusible.fp8_block_scaling_available() if block else fusible.fp8_available())[0]:
+        pytest.skip("this GPU lacks the feature itself: nothing to take away")
     torch.manual_seed(0)
     lin = ops.Linear(64, 32, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -91,7 +96,17 @@ def test_a_gpu_without_the_feature_runs_no_fp8_gemm(cc, rec):
             lin(x).sum().backward()
 
     assert "fusible::fp8_gemm" in _kernel_ops(run)  # this GPU has the feature
-    with capability(*cc):
-        names = _kernel_ops(run)
+    warn_always = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)  # the warning is once per process otherwise
+    capfd.readouterr()
+    try:
+        with capability(*cc), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            names = _kernel_ops(run)
+    finally:
+        torch.set_warn_always(warn_always)
     assert "fusible::fp8_gemm" not in names, names
+    # The C++ warning reaches Python's warnings or, outside a warning handler, stderr.
+    said = capfd.readouterr().err + " ".join(str(w.message) for w in caught)
+    assert "casts are emulated" in said and f"{cc[0]}.{cc[1]}" in said, said
     assert any(n.startswith("fusible::fp8_quantize_dequantize") for n in names), names

@@ -172,9 +172,10 @@ def referenced_paths(text):
 
 def test_referenced_paths_exist():
     """Everything the docs refer to exists: each path under examples/, bench/, scripts/, csrc/,
-    tests/, python_bindings/, docs/ or cmake/ that a docs page names."""
+    tests/, python_bindings/, docs/ or cmake/ that README, CHANGELOG or a docs page names, and no
+    specification file outside the repository (API.md, DESIGN.md, PERF.md) is named."""
     missing = []
-    for path in _doc_files()[1:]:
+    for path in _doc_files() + ["CHANGELOG.md"]:
         with open(os.path.join(ROOT, path)) as f:
             text = f.read()
         missing += [
@@ -182,6 +183,7 @@ def test_referenced_paths_exist():
             for p in referenced_paths(text)
             if not os.path.exists(os.path.join(ROOT, p))
         ]
+        missing += [f"{path}: {m}" for m in re.findall(r"\b(?:API|DESIGN|PERF|STYLE)\.md\b", text)]
     assert not missing, "docs name paths that do not exist:\n" + "\n".join(missing)
 
 

@@ -8,7 +8,13 @@ import math
 import fusible
 import pytest
 import torch
-from conftest import DEVICES, assert_close_to_ref, cuda_only
+from conftest import (
+    DEVICES,
+    FP8_BLOCK_GEMM_DEVICES,
+    FP8_GEMM_DEVICES,
+    assert_close_to_ref,
+    cuda_only,
+)
 from fusible import ops, recipe
 
 D = torch.float64
@@ -865,7 +871,7 @@ def _unscaled(fmt):
 class TestFp8Gemms:
     """Linear layers whose shapes fit run FP8 GEMMs on FP8 data (CPU: emulated, fp32 GEMMs)."""
 
-    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("device", FP8_GEMM_DEVICES)
     @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
     @pytest.mark.parametrize("r", [recipe.Float8CurrentScaling(), recipe.DelayedScaling()])
     def test_mlp_runs_fp8_gemms_and_equals_float64_casts(self, device, dt, r):
@@ -915,7 +921,7 @@ class TestFp8Gemms:
                 err = (got.double().cpu() - want).norm() / want.norm()
                 assert err < limit
 
-    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("device", FP8_GEMM_DEVICES)
     def test_hybrid_fp8_gemm_reads_gradients_as_e5m2(self, device):
         # As TestLinear.test_hybrid_gradients_use_e5m2, on the FP8 GEMM path: a dgrad that read the
         # E5M2 bytes of dy as E4M3 (or cast dy with the forward's format) would give other values.
@@ -1514,7 +1520,7 @@ class TestFp8BlockGemms:
         with pytest.raises(ValueError, match="both 0"):
             torch.ops.fusible.fp8_gemm(a, sa, a, sa, torch.bfloat16, a_block=1)
 
-    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("device", FP8_BLOCK_GEMM_DEVICES)
     def test_linear_runs_block_gemms_on_fp8_data(self, device):
         torch.manual_seed(14)
         dt = torch.bfloat16

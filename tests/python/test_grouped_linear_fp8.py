@@ -8,7 +8,7 @@ import copy
 import fusible
 import pytest
 import torch
-from conftest import DEVICES
+from conftest import DEVICES, FP8_GEMM_DEVICES
 from fusible import ops, recipe
 from fusible._float8_tensor import Float8Tensor
 from test_fp8 import qdq, qdq_blocks
@@ -187,7 +187,7 @@ def test_block_scaled_fp8_weights_per_group(device):
             torch.testing.assert_close(w.dequantize().double().cpu(), want_w, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", FP8_GEMM_DEVICES)
 def test_fp8_weights_per_group_on_fp8_gemms_under_current_scaling(device):
     """quantized_model_init weights (Float8Tensor) with FP8 GEMMs per group: each weight hands its
     stored data to its own cast, while x and dy take one grouped cast; the numbers equal those of
@@ -244,7 +244,7 @@ def _kernel_ops(fn):
     return {e.name for e in prof.events() if e.name.startswith("fusible::")}
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", FP8_GEMM_DEVICES)
 @pytest.mark.parametrize("kind", ["current", "delayed"])
 @pytest.mark.parametrize("single", [False, True])
 def test_fp8_gemms_per_group_equal_one_linear_per_group(device, kind, single):
@@ -336,7 +336,7 @@ def test_fp8_gemms_per_group_need_rows_in_multiples_of_16():
     assert "fusible::grouped_linear_fwd" in names and "fusible::fp8_gemm" not in names
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", FP8_GEMM_DEVICES)
 def test_fused_expert_mlp_on_fp8_gemms_equals_its_unfused_plan(device):
     """The MoE expert MLP (GroupedMLP_GroupedGEMMGLU) with FP8 GEMMs per group: fused and unfused
     plans give the same numbers, and the fused backward does not recompute fc2's input (its wgrad
