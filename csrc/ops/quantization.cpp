@@ -144,9 +144,12 @@ bool Fp8Cast::fp8_gemms_fit(int64_t m, int64_t k, int64_t n, at::ScalarType dtyp
   if (!on() || recipe->forward_format != "e4m3") return false;
   const bool block = recipe->kind == "block";
   if (dtype != at::kBFloat16 && dtype != at::kHalf && (block || dtype != at::kFloat)) return false;
-  // Block scaling: 1x128 or 128x128 blocks, never 128x128 on both sides of a GEMM.
-  if (block && recipe->w_block_dim == 2 &&
-      (recipe->x_block_dim == 2 || recipe->grad_block_dim == 2)) {
+  // Block scaling: 1x128 or 128x128 blocks, never 128x128 on both sides of a GEMM (fprop and
+  // dgrad pair the weight with x and the gradient, wgrad pairs x with the gradient).
+  const auto two = [&](int64_t d) { return d == 2; };
+  if (block &&
+      ((two(recipe->w_block_dim) && (two(recipe->x_block_dim) || two(recipe->grad_block_dim))) ||
+       (two(recipe->x_block_dim) && two(recipe->grad_block_dim)))) {
     return false;
   }
   if (!(m > 0 && m % 16 == 0 && k % 16 == 0 && n % 16 == 0)) return false;
@@ -225,8 +228,13 @@ GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, b
   }
   GemmOperand o;
   o.dtype = x.scalar_type();
-  // One cast serves both uses but under block scaling (a delayed state takes one cast per use).
-  const bool own_columnwise = columnwise && needs_columnwise();
+  // One cast serves both uses but under 1x128 block scaling (a delayed state takes one cast per
+  // use): the wgrad GEMM reads the other dim, in blocks of its own. 128x128 blocks are the same
+  // blocks either way, as TransformerEngine's 2-D block scaling.
+  const bool one_d = needs_columnwise() && (backward ? recipe->grad_block_dim
+                                            : weight ? recipe->w_block_dim
+                                                     : recipe->x_block_dim) == 1;
+  const bool own_columnwise = columnwise && one_d;
   if (rowwise || (columnwise && !own_columnwise)) {
     o.rowwise = backward ? this->backward(x, index) : forward(x, index, weight);
   }

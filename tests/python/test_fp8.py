@@ -1633,3 +1633,56 @@ class TestFp8MinTokens:
         want = self._run(model, x, dy, None)  # 16 rows < 32: no FP8
         for a, b in zip(got, want, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_copy_continues_from_the_delayed_scaling_state():
+    # deepcopy, pickle and torch.save(model) keep each op's amax history and scale: the copy
+    # computes what the original does (a fresh state would cast with scale 1).
+    import io
+    import pickle
+
+    torch.manual_seed(0)
+    model = ops.Sequential(ops.LayerNorm(32, device="cpu"), ops.Linear(32, 16, device="cpu"))
+    r = recipe.DelayedScaling(amax_history_len=4)
+    for _ in range(2):
+        with fusible.autocast(recipe=r):
+            model(torch.randn(8, 32) * 5).sum().backward()
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    copies = [
+        copy.deepcopy(model),
+        pickle.loads(pickle.dumps(model)),
+        torch.load(buf, weights_only=False),
+    ]
+    x = torch.randn(8, 32) * 5
+    original = model.state_dict()["1._extra_state"]["ops"]
+    for c in copies:
+        torch.testing.assert_close(c.state_dict()["1._extra_state"]["ops"], original)
+    with fusible.autocast(recipe=r):  # each call rolls its own history: one call each
+        y = model(x)
+        for c in copies:
+            assert torch.equal(c(x), y)
+
+
+@pytest.mark.parametrize("rows", [32, 30])  # FP8 GEMMs on CPU data; emulated (rows % 16 != 0)
+def test_block_scaling_with_2d_x_and_gradient_blocks(rows):
+    # x in 128x128 blocks and the gradient too: the wgrad GEMM pairs them, which cuBLASLt has no
+    # kernel for, so that recipe is emulated; the wgrad reads x in the same 128x128 blocks.
+    torch.manual_seed(0)
+    r = recipe.Float8BlockScaling(
+        x_block_scaling_dim=2, w_block_scaling_dim=1, grad_block_scaling_dim=2
+    )
+    lin = ops.Linear(32, 32, bias=False, device="cpu", dtype=torch.bfloat16)
+    x = (torch.rand(rows, 32) * 0.01 + 0.01).to(torch.bfloat16)
+    x[0, 0] = 4000.0  # sets its 128x128 block's scale: 128x1 blocks would cast the rest finer
+    x.requires_grad_(True)
+    dy = torch.randn(rows, 32).to(torch.bfloat16)
+    with fusible.autocast(recipe=r):
+        y = lin(x)
+    y.backward(dy)
+    qdq_block = torch.ops.fusible.fp8_quantize_dequantize_block
+    xq = qdq_block(x.detach(), "e4m3", 2, True).double()
+    dyq = qdq_block(dy, "e4m3", 2, True).double()  # E4M3 both ways (the default)
+    expected = dyq.T @ xq
+    torch.testing.assert_close(lin.weight.grad.double(), expected, rtol=2e-2, atol=2e-2)

@@ -157,3 +157,73 @@ def test_a_wrong_keyword_names_the_op():
         ops.GELU(approximate="none")
     with pytest.raises(TypeError, match=r"SwiGLU\.__init__\(\) got an unexpected keyword"):
         ops.SwiGLU(limit=1.0)
+
+
+def test_a_parameter_slot_keeps_what_the_op_was_built_with():
+    # A bias assigned to Linear(bias=False) would be held but never added: refused instead, as is
+    # removing one (assigning None); the op keeps computing as before.
+    lin = ops.Linear(4, 3, bias=False, device="cpu", dtype=D)
+    with pytest.raises(RuntimeError, match="built without parameter 'bias'"):
+        lin.bias = torch.nn.Parameter(torch.randn(3, dtype=D))
+    assert lin.bias is None
+    x = torch.randn(2, 4, dtype=D)
+    torch.testing.assert_close(lin(x), x @ lin.weight.T)
+    for op in (ops.Linear(4, 3, device="cpu", dtype=D), ops.LayerNorm(4, device="cpu", dtype=D)):
+        bias = op.bias
+        with pytest.raises(RuntimeError, match="cannot remove parameter 'bias'"):
+            op.bias = None
+        assert op.bias is bias
+
+
+@pytest.mark.parametrize("in_sequential", [False, True])
+def test_writing_training_switches_dropout(in_sequential):
+    # `m.training = False`, as a loop over modules() does, not only m.eval().
+    drop = ops.Dropout(0.5)
+    model = ops.Sequential(drop) if in_sequential else drop
+    x = torch.ones(4096, dtype=D)
+    drop.training = False
+    assert torch.equal(model(x), x)
+    drop.training = True
+    assert (model(x) == 0).any()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda s: s.__setitem__(1, F.relu),
+        lambda s: s.__setitem__(0, 5),
+        lambda s: s.__setitem__(5, ops.ReLU()),
+        lambda s: s.insert(1, "relu"),
+    ],
+)
+def test_a_refused_list_change_leaves_the_sequential_as_it_was(change):
+    s = _model()
+    children = list(s)
+    x = torch.randn(3, 16, dtype=D)
+    before = s(x)
+    with pytest.raises((TypeError, IndexError)):
+        change(s)
+    assert list(s) == children
+    torch.testing.assert_close(s(x), before)
+
+
+def test_setitem_keeps_the_childrens_names():
+    # As torch.nn.Sequential: the new module takes the old one's key (checkpoints keep their keys).
+    from collections import OrderedDict
+
+    s = ops.Sequential(
+        OrderedDict(fc1=ops.Linear(8, 8, device="cpu", dtype=D), act=ops.GELU(), fc2=ops.ReLU())
+    )
+    s[1] = ops.SiLU()
+    assert list(s._modules) == ["fc1", "act", "fc2"] and isinstance(s.act, ops.SiLU)
+    x = torch.randn(2, 8, dtype=D)
+    torch.testing.assert_close(s(x), F.relu(F.silu(s.fc1(x))))
+
+
+@pytest.mark.parametrize("make", [ops.LayerNorm, ops.RMSNorm])
+@pytest.mark.parametrize("eps", [-1e-3, float("nan"), float("inf")])
+def test_a_norm_refuses_an_eps_that_is_negative_or_not_finite(make, eps):
+    with pytest.raises(ValueError, match=f"{make.__name__}: expected eps >= 0"):
+        make(4, eps=eps, device="cpu")
+    with pytest.raises(ValueError, match="L2Normalization: expected eps >= 0"):
+        ops.L2Normalization(eps=eps)

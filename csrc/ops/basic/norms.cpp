@@ -3,6 +3,7 @@
 
 #include <ATen/ops/empty.h>
 
+#include <cmath>
 #include <tuple>
 
 #include "common/checks.h"
@@ -19,6 +20,12 @@ void check_normalized_shape(const char* op, const std::vector<int64_t>& shape) {
   }
 }
 
+void check_eps(const char* op, double eps) {
+  // A negative or NaN eps makes rsqrt's argument negative for small variances: NaN or garbage.
+  TORCH_CHECK_VALUE(eps >= 0.0 && std::isfinite(eps), op, ": expected eps >= 0 and finite, got ",
+                    eps);
+}
+
 void check_trailing_dims(const char* op, const at::Tensor& x, const std::vector<int64_t>& shape) {
   const auto nd = static_cast<int64_t>(shape.size());
   TORCH_CHECK(x.dim() >= nd && x.sizes().slice(x.dim() - nd).equals(shape), op,
@@ -28,6 +35,10 @@ void check_trailing_dims(const char* op, const at::Tensor& x, const std::vector<
 
 }  // namespace
 
+L2Normalization::L2Normalization(double eps) : BasicOperation("L2Normalization"), eps_(eps) {
+  check_eps("L2Normalization", eps_);
+}
+
 LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps,
                      std::optional<c10::Device> device, std::optional<at::ScalarType> dtype,
                      bool zero_centered_gamma)
@@ -36,6 +47,7 @@ LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps,
       eps_(eps),
       zero_centered_gamma_(zero_centered_gamma) {
   check_normalized_shape("LayerNorm", normalized_shape_);
+  check_eps("LayerNorm", eps_);
   const auto opts = param_options(device, dtype);
   // A reference into the parameter dict would dangle once "bias" grows it.
   const bool meta = register_parameter("weight", at::empty(normalized_shape_, opts)).is_meta();
@@ -91,6 +103,7 @@ RMSNorm::RMSNorm(std::vector<int64_t> normalized_shape, double eps,
       eps_(eps),
       zero_centered_gamma_(zero_centered_gamma) {
   check_normalized_shape("RMSNorm", normalized_shape_);
+  check_eps("RMSNorm", eps_);
   const auto& w =
       register_parameter("weight", at::empty(normalized_shape_, param_options(device, dtype)));
   if (!w.is_meta()) reset_parameters();

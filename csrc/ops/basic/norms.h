@@ -58,7 +58,7 @@ class RMSNorm : public BasicOperation {
 class L2Normalization : public BasicOperation {
  public:
   FUSIBLE_CLONEABLE_OP
-  explicit L2Normalization(double eps = 1e-6) : BasicOperation("L2Normalization"), eps_(eps) {}
+  explicit L2Normalization(double eps = 1e-6);
   double eps() const { return eps_; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;

@@ -91,6 +91,21 @@ def _freezing_init(init):
     return wrapped
 
 
+def _check_parameter_slot(op, name, old, value):
+    """A parameter slot keeps what the op was built with: a Parameter (or tensor) where it had one,
+    None where it had none (the op's computation is built around which it holds)."""
+    if old is None and value is not None:
+        raise RuntimeError(
+            f"{type(op).__name__}: built without parameter '{name}'; construct it with that "
+            f"parameter (e.g. bias=True) instead of assigning one"
+        )
+    if old is not None and value is None:
+        raise RuntimeError(
+            f"{type(op).__name__}: cannot remove parameter '{name}' (assign None); construct "
+            f"the op without it (e.g. bias=False) instead"
+        )
+
+
 _MODULE_ATTRIBUTES = frozenset(torch.nn.Module().__dict__)  # nn.Module's own ("training")
 
 
@@ -190,6 +205,8 @@ class FusibleOperation(torch.nn.Module):
             raise AttributeError(_frozen_message(self, name))
         # Linear's weight/bias are also its basic ops' own: keep those aliases on assignment.
         params = self.__dict__.get("_parameters")
+        if params is not None and name in params and self._builtin:
+            _check_parameter_slot(self, name, params[name], value)
         if params is not None and name in params and isinstance(value, torch.nn.Parameter):
             old = params[name]
             if old is not None and value.shape != old.shape:
@@ -201,6 +218,9 @@ class FusibleOperation(torch.nn.Module):
                 if op is not self and name in op._parameters:
                     torch.nn.Module.__setattr__(op, name, value)
         super().__setattr__(name, value)
+        if name == "training" and "_cpp" in self.__dict__:
+            # `m.training = False` (not only m.eval()) switches what the C++ op computes.
+            self._cpp.train(bool(value))
 
     def __delattr__(self, name):
         if name in self.__dict__.get("_frozen", ()):
@@ -233,13 +253,19 @@ class FusibleOperation(torch.nn.Module):
         state.pop("_cpp", None)
         state.pop("_fuser", None)
         state["_channel_state"] = self._channel_state()
+        # A basic op's delayed-scaling state lives in its C++ op: the copy continues from it.
+        basic = self._builtin and self._basic_op_list() == [self]
+        state["_fp8_state"] = _C._fp8_state(self._cpp) if basic else None
         return state
 
     def __setstate__(self, state):
         channels = state.pop("_channel_state", None)
+        fp8_state = state.pop("_fp8_state", None)
         super().__setstate__(state)
         self._attach(self._rebuild_cpp())
         self._cpp.train(self.training)
+        if fp8_state is not None:
+            _C._set_fp8_state(self._cpp, fp8_state)
         self._restore_channels(channels)
 
     def _rebuild_cpp(self):

@@ -3,6 +3,7 @@ groups the ops, routes channels across groups and calls other Python modules bac
 Here: the list API, each call's parameters, forward hooks, and te.ops' call convention."""
 
 import collections
+import operator
 import warnings
 
 import torch
@@ -14,6 +15,12 @@ from .fuser import OperationFuser, basic_wrappers
 from .op import BasicOperation, FusibleOperation
 
 __all__ = ["Sequential"]
+
+
+def _check_modules(modules):
+    for m in modules:
+        if not isinstance(m, torch.nn.Module):
+            raise TypeError(f"Sequential: expected a torch.nn.Module, got {type(m).__name__}")
 
 
 def _hooks(module):
@@ -117,6 +124,7 @@ class Sequential(torch.nn.Module):
         return list(self._modules.values())
 
     def _rebuild(self, modules):
+        _check_modules(modules)  # before anything changes: a refused module leaves self as it was
         for key in list(self._modules.keys()):
             del self._modules[key]
         for i, m in enumerate(modules):
@@ -136,9 +144,15 @@ class Sequential(torch.nn.Module):
         return entries[idx]
 
     def __setitem__(self, idx, module):
-        entries = self._entries()
-        entries[idx] = module
-        self._rebuild(entries)
+        if isinstance(idx, slice):
+            entries = self._entries()
+            entries[idx] = module
+            self._rebuild(entries)
+            return
+        # One position: the module takes that key (as torch.nn.Sequential), names kept.
+        _check_modules([module])
+        keys = list(self._modules.keys())
+        setattr(self, keys[operator.index(idx)], module)
 
     def __delitem__(self, idx):
         entries = self._entries()
