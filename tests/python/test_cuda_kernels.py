@@ -14,6 +14,10 @@ F = torch.ops.fusible
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 # (300, 96): several row chunks in the column reductions (norm and bias gradients); the others one.
 SHAPES = [(1, 8), (7, 33), (64, 1000), (5, 4096), (3, 2, 24), (300, 96)]
+# Norm rows kept in registers (a few vectors per thread: all SHAPES) or, longer, in shared memory
+# (20000 elements: every backward and the float32 and float64 forwards; float64's backward does
+# not fit it and takes the ATen reference).
+NORM_SHAPES = SHAPES + [(2, 20000)]
 ACTS = ["gelu", "qgelu", "relu", "srelu", "silu"]
 GLUS = ["glu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu"]
 
@@ -47,7 +51,7 @@ def _close(actual, ref64, dtype):
         assert_close_to_ref(a, r, a.dtype if a.dtype != torch.float32 else dtype)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", NORM_SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("zero_centered_gamma", [False, True])
 class TestNorms:
@@ -90,6 +94,29 @@ def test_norm_weight_gradients_are_deterministic(dtype):
     second = F.layernorm_bwd(dy, x, mean, rstd, w, False)
     for a, b_ in zip(first, second):
         assert torch.equal(a, b_)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_column_sums_over_many_row_chunks(dtype):
+    # 8192 rows: over a hundred row chunks per column, summed by eight warps (column_sum_kernel);
+    # 100 columns: a partial block of them.
+    dy, pre, x = (
+        _rand((8192, 100), dtype),
+        _rand((8192, 100), dtype, 2.0),
+        _rand((8192, 100), dtype),
+    )
+    w, b = _rand(100, dtype, 0.5), _rand(100, dtype)
+    _close(_cuda(F.bias_bwd, dy), F.bias_bwd(_ref(dy)), dtype)
+    _close(
+        _cuda(F.bias_act_bwd, dy, pre, "gelu"), F.bias_act_bwd(_ref(dy), _ref(pre), "gelu"), dtype
+    )
+    _, mean, rstd = F.layernorm_fwd(x, w, b, 1e-5, False)
+    _, rmean, rrstd = F.layernorm_fwd(_ref(x), _ref(w), _ref(b), 1e-5, False)
+    _close(
+        _cuda(F.layernorm_bwd, dy, x, mean, rstd, w, False),
+        F.layernorm_bwd(_ref(dy), _ref(x), rmean, rrstd, _ref(w), False),
+        dtype,
+    )
 
 
 def test_norm_rows_too_long_for_shared_memory_fall_back():

@@ -37,7 +37,9 @@ at::Tensor bias_grad(const char* op, const at::Tensor& dy, const at::Tensor& pre
   const c10::cuda::CUDAGuard guard(dy.device());
   const int64_t cols = dy.size(-1);
   const int64_t rows = cols == 0 ? 0 : dy.numel() / cols;
-  const int64_t chunks = column_sum_chunks(rows, cols, current_sm_count());
+  const auto dtype = kernel_dtype(op, dy);
+  const int64_t chunks = column_sum_chunks(rows, cols, current_sm_count(),
+                                           bias_grad_blocks_per_sm(pre.defined(), dtype));
   const auto workspace = column_sum_workspace(chunks, cols, dy);
   auto dbias = at::empty({cols}, dy.options());
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -45,10 +47,10 @@ at::Tensor bias_grad(const char* op, const at::Tensor& dy, const at::Tensor& pre
     launch_bias_act_bwd(dy.const_data_ptr(), pre.const_data_ptr(), dpre.mutable_data_ptr(),
                         data_or_null(workspace), dbias.mutable_data_ptr(),
                         amax.defined() ? amax.mutable_data_ptr<float>() : nullptr, rows, cols,
-                        chunks, act, kernel_dtype(op, dy), stream);
+                        chunks, act, dtype, stream);
   } else {
     launch_bias_bwd(dy.const_data_ptr(), data_or_null(workspace), dbias.mutable_data_ptr(), rows,
-                    cols, chunks, kernel_dtype(op, dy), stream);
+                    cols, chunks, dtype, stream);
   }
   return dbias;
 }

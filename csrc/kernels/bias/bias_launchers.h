@@ -14,6 +14,11 @@ void launch_bias_fwd(const void* x,     // [rows, cols]
                      int64_t rows, int64_t cols, KernelDType dtype, int num_sms,
                      cudaStream_t stream);
 
+/// Blocks per SM the (16-byte wide) bias-gradient kernel's row chunks are planned for, with or
+/// without the activation's gradient: those resident at once, times the waves it runs in.
+/// column_sum_chunks' blocks_per_sm for launch_bias_bwd and launch_bias_act_bwd.
+int bias_grad_blocks_per_sm(bool act, KernelDType dtype);
+
 /// Partial column sums of dy over row chunks, then their total: dbias[n] = sum_m dy[m, n].
 /// workspace holds num_chunks * cols accumulator values (float, or double for kFloat64); with one
 /// chunk the sums go straight to dbias and workspace may be null. Chunks: column_sum_chunks.

@@ -200,27 +200,54 @@ void dispatch_dtype(KernelDType dtype, F&& f) {
   throw std::runtime_error("fusible: unsupported kernel dtype");
 }
 
-/// out[c] = sum over chunks of partial[chunk * stride + c], in chunk order (deterministic): the
-/// second pass of the column reductions (bias and norm-weight gradients).
+constexpr int kSumCols = 32;  // columns per block of column_sum_kernel, one per lane
+constexpr int kSumRows = 8;   // warps per block, each over every 8th chunk
+
+/// out[c] = sum over chunks of partial[chunk * stride + c]: the second pass of the column
+/// reductions (bias and norm-weight gradients). Warp w sums chunks w, w + 8, ... in order, then
+/// the warps' sums are added in warp order: deterministic, and many blocks even for few columns
+/// (a thread per column walking every chunk left most SMs idle).
 template <typename T>
 __global__ void column_sum_kernel(const acc_t<T>* __restrict__ partial,  // [chunks, stride]
                                   T* __restrict__ out,                   // [cols]
                                   int64_t cols, int64_t chunks, int64_t stride) {
-  const int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (col >= cols) return;
+  __shared__ acc_t<T> tile[kSumRows][kSumCols];
+  const int64_t col = blockIdx.x * static_cast<int64_t>(kSumCols) + threadIdx.x;
   acc_t<T> sum = 0;
-  for (int64_t c = 0; c < chunks; ++c) sum += partial[c * stride + col];
-  out[col] = from_acc<T>(sum);
+  if (col < cols) {
+#pragma unroll 4
+    for (int64_t c = threadIdx.y; c < chunks; c += kSumRows) sum += partial[c * stride + col];
+  }
+  tile[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    acc_t<T> total = tile[0][threadIdx.x];
+    for (int w = 1; w < kSumRows; ++w) total += tile[w][threadIdx.x];
+    out[col] = from_acc<T>(total);
+  }
 }
 
 template <typename T>
 void launch_column_sum(const void* partial, void* out, int64_t cols, int64_t chunks, int64_t stride,
                        cudaStream_t stream) {
   if (cols == 0) return;
-  constexpr int kThreads = 256;
-  column_sum_kernel<T><<<(cols + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+  const dim3 block(kSumCols, kSumRows);
+  column_sum_kernel<T><<<(cols + kSumCols - 1) / kSumCols, block, 0, stream>>>(
       static_cast<const acc_t<T>*>(partial), static_cast<T*>(out), cols, chunks, stride);
   check_launch("column_sum_kernel");
+}
+
+/// Blocks of kernel (threads each, smem bytes of dynamic shared memory) resident on one SM at once,
+/// at least 1: sizes grids of fixed work per block to whole waves.
+template <typename Kernel>
+int resident_blocks(Kernel kernel, int threads, size_t smem = 0) {
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) !=
+      cudaSuccess) {
+    cudaGetLastError();  // clear it: a guess of one block costs speed, not correctness
+    return 1;
+  }
+  return blocks > 0 ? blocks : 1;
 }
 
 /// Grid size for a grid-stride loop over n items of block threads: enough blocks to fill every SM.
