@@ -227,3 +227,37 @@ def test_a_norm_refuses_an_eps_that_is_negative_or_not_finite(make, eps):
         make(4, eps=eps, device="cpu")
     with pytest.raises(ValueError, match="L2Normalization: expected eps >= 0"):
         ops.L2Normalization(eps=eps)
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: ops.Linear(4.9, 3, device="cpu"), "Linear: in_features"),
+        (lambda: ops.BasicLinear(4, 2.5, device="cpu"), "BasicLinear: out_features"),
+        (lambda: ops.GroupedLinear(2.0, 4, 3, device="cpu"), "GroupedLinear: num_groups"),
+        (lambda: ops.LayerNorm(4.5, device="cpu"), "LayerNorm: normalized_shape"),
+        (lambda: ops.RMSNorm([4, 2.0], device="cpu"), "RMSNorm: normalized_shape"),
+        (lambda: ops.Bias(3.2, device="cpu"), "Bias: size"),
+        (lambda: ops.Reshape((2.5, 4)), "Reshape: shape"),
+    ],
+)
+def test_a_size_that_is_not_an_int_is_refused_not_truncated(make, name):
+    # torch.nn.Linear(4.9, 3) fails too; truncating to 4 built a model of another shape.
+    with pytest.raises(TypeError, match=f"{name} must be an int, got float"):
+        make()
+
+
+def test_sizes_take_any_integer_type():
+    import numpy as np
+
+    lin = ops.Linear(np.int64(4), torch.tensor(3), device="cpu")
+    assert (lin.in_features, lin.out_features) == (4, 3)
+    assert type(lin.in_features) is int and lin.weight.shape == (3, 4)
+    assert ops.LayerNorm(torch.Size([4]), device="cpu").normalized_shape == (4,)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_grouped_linear_repr_says_whether_it_has_a_bias(bias):
+    assert repr(ops.GroupedLinear(2, 4, 3, bias=bias, device="cpu")) == (
+        f"GroupedLinear(num_groups=2, in_features=4, out_features=3, bias={bias})"
+    )

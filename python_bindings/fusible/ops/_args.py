@@ -1,6 +1,8 @@
 """Constructor arguments as the C++ ops take them: device and dtype defaults, te.ops keywords that
 are accepted only at their defaults, shapes and GLU layouts."""
 
+import operator
+
 import torch
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext
@@ -43,9 +45,22 @@ def reject_unsupported(op_name, **keywords):
             raise NotImplementedError(f"{op_name}: {name}={value!r} is not supported yet")
 
 
-def as_shape(shape):
-    """An int or a sequence of ints as a tuple of ints (normalized_shape)."""
-    return (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
+def size_arg(op_name, name, value):
+    """A size as an int. A float (4.9) or anything else that is not an integer is refused, as
+    torch.nn.Linear refuses it, not truncated."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{op_name}: {name} must be an int, got {type(value).__name__} {value!r}"
+        ) from None
+
+
+def as_shape(shape, op_name):
+    """An int or a sequence of ints as a tuple of ints (normalized_shape); sizes as size_arg."""
+    if isinstance(shape, (list, tuple, torch.Size)):
+        return tuple(size_arg(op_name, "normalized_shape", s) for s in shape)
+    return (size_arg(op_name, "normalized_shape", shape),)
 
 
 def interleave_size(name, glu_interleave_size):

@@ -5,7 +5,7 @@ ops."""
 import torch
 
 from .. import _C
-from ._args import device_arg, dtype_arg, reject_unsupported
+from ._args import device_arg, dtype_arg, reject_unsupported, size_arg
 from ._distributed import sum_over_group, tensor_parallel_args
 from .basic.basic_linear import BasicLinear, sharded_weight
 from .basic.bias import Bias
@@ -61,7 +61,8 @@ class Linear(FusedOperation):
             "Linear",
             rng_state_tracker_function=(rng_state_tracker_function, None),
         )
-        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.in_features = size_arg("Linear", "in_features", in_features)
+        self.out_features = size_arg("Linear", "out_features", out_features)
         tp = tensor_parallel_args(
             "Linear", tensor_parallel_mode, tensor_parallel_group, sequence_parallel
         )

@@ -2,7 +2,7 @@
 
 from ... import _C, quantization
 from .. import _fp8_weights, _main_grad
-from .._args import device_arg, dtype_arg, reject_unsupported
+from .._args import device_arg, dtype_arg, reject_unsupported, size_arg
 from .._distributed import tensor_parallel_args
 from ..op import BasicOperation
 
@@ -63,7 +63,8 @@ class BasicLinear(BasicOperation):
             rng_state_tracker_function=(rng_state_tracker_function, None),
             userbuffers_options=(userbuffers_options, None),
         )
-        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.in_features = size_arg("BasicLinear", "in_features", in_features)
+        self.out_features = size_arg("BasicLinear", "out_features", out_features)
         self.accumulate_into_main_grad = bool(accumulate_into_main_grad)
         self._tp_args = tensor_parallel_args(
             "BasicLinear", tensor_parallel_mode, tensor_parallel_group, sequence_parallel

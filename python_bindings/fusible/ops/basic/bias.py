@@ -1,7 +1,7 @@
 """Bias: y = x + bias over the last dim (csrc/ops/basic/bias)."""
 
 from ... import _C
-from .._args import device_arg, dtype_arg
+from .._args import device_arg, dtype_arg, size_arg
 from .._distributed import grad_reduction_spec, group_spec, with_grad_reduction
 from ..op import BasicOperation
 
@@ -37,7 +37,7 @@ class Bias(BasicOperation):
         sequence_parallel=False,
         _cpp=None,
     ):
-        self.size = int(size)
+        self.size = size_arg("Bias", "size", size)
         if tensor_parallel and sequence_parallel:
             raise ValueError(
                 "Bias: sequence_parallel is for a replicated bias; a tensor_parallel bias is "

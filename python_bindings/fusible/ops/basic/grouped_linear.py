@@ -2,7 +2,7 @@
 
 from ... import _C, quantization
 from .. import _fp8_weights, _main_grad
-from .._args import device_arg, dtype_arg, reject_unsupported
+from .._args import device_arg, dtype_arg, reject_unsupported, size_arg
 from ..op import BasicOperation
 
 
@@ -35,7 +35,11 @@ class GroupedLinear(BasicOperation):
 
     _buffer_keywords = ("output", "grad_input")
 
-    _repr_fields = ("num_groups", "in_features", "out_features")
+    def extra_repr(self):
+        return (
+            f"num_groups={self.num_groups}, in_features={self.in_features}, "
+            f"out_features={self.out_features}, bias={self.use_bias}"
+        )
 
     def _fp8_weight_names(self):
         return [f"weight{g}" for g in range(self.num_groups)]
@@ -61,8 +65,10 @@ class GroupedLinear(BasicOperation):
             rng_state_tracker_function=(rng_state_tracker_function, None),
             delay_wgrad_compute=(delay_wgrad_compute, False),
         )
-        self.num_groups, self.in_features = int(num_groups), int(in_features)
-        self.out_features, self.use_bias = int(out_features), bool(bias)
+        self.num_groups = size_arg("GroupedLinear", "num_groups", num_groups)
+        self.in_features = size_arg("GroupedLinear", "in_features", in_features)
+        self.out_features = size_arg("GroupedLinear", "out_features", out_features)
+        self.use_bias = bool(bias)
         self._scale_bias = bool(scale_bias) and self.use_bias  # te.ops' attribute
         self._accumulate_into_main_grad = bool(accumulate_into_main_grad)
         self.single_grouped_weight = bool(single_grouped_weight)  # te.ops' attributes

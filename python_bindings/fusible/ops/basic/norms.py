@@ -26,7 +26,7 @@ class _Norm(BasicOperation):
         tensor_parallel_group=None,
     ):
         reject_unsupported(type(self).__name__, sm_margin=(sm_margin, 0))
-        self.normalized_shape = as_shape(normalized_shape)
+        self.normalized_shape = as_shape(normalized_shape, type(self).__name__)
         self.eps = float(eps)
         self.zero_centered_gamma = bool(zero_centered_gamma)
         self._grad_reduction = grad_reduction_spec(

@@ -1,10 +1,11 @@
 """Identity, Reshape and ConstantScale (csrc/ops/basic/simple_ops)."""
 
+from .._args import size_arg
 from ._faces import arg, as_float, make_face
 
 
 def _shape(shape):
-    return tuple(int(s) for s in shape)
+    return tuple(size_arg("Reshape", "shape", s) for s in shape)
 
 
 Identity = make_face("Identity", "y = x. Saves nothing for backward.", module=__name__)
