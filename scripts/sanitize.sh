@@ -52,7 +52,8 @@ cp -r python_bindings/fusible/. "$BUILD/python/fusible/"
 # ASan's exception interceptor finds no __cxa_throw to forward to otherwise. PYTHONMALLOC=malloc
 # lets ASan see Python's allocations.
 preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
-(cd tests/python && PYTHONPATH="$PWD/../../$BUILD/python" LD_PRELOAD="$preload" PYTHONMALLOC=malloc \
+# FUSIBLE_SANITIZE: the tensor-parallel tests run two ranks, not also four (test_tensor_parallel.py).
+(cd tests/python && FUSIBLE_SANITIZE=1 PYTHONPATH="$PWD/../../$BUILD/python" LD_PRELOAD="$preload" PYTHONMALLOC=malloc \
   "$PY" -m pytest -q -p no:cacheprovider "${@:-.}") >"$LOGS/pytest.txt" 2>&1
 pytest_rc=$?
 tail -1 "$LOGS/pytest.txt"
