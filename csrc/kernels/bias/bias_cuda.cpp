@@ -77,7 +77,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act(const char* op, const at
                                                         bool with_amax) {
   check_bias_act_args(op, dy, pre, act, /*in_place=*/false);
   auto dpre = at::empty(pre.sizes(), pre.options());
-  auto amax = with_amax ? at::zeros({1}, pre.options().dtype(at::kFloat)) : at::Tensor();
+  auto amax = with_amax ? zeroed_amax(pre.device()) : at::Tensor();
   auto dbias = bias_grad(op, dy.to(pre.scalar_type()).contiguous(), pre.contiguous(), dpre,
                          reference::parse_activation(op, act), amax);
   return {dpre, dbias, amax};
@@ -93,7 +93,7 @@ std::pair<at::Tensor, at::Tensor> bias_act_in_place(const char* op, const at::Te
     dy.copy_(dpre);
     return {dbias, amax};
   }
-  auto amax = with_amax ? at::zeros({1}, dy.options().dtype(at::kFloat)) : at::Tensor();
+  auto amax = with_amax ? zeroed_amax(dy.device()) : at::Tensor();
   auto dbias = bias_grad(op, dy, pre.contiguous(), dy, reference::parse_activation(op, act), amax);
   return {dbias, amax};
 }

@@ -165,14 +165,11 @@ int bias_grad_blocks_per_sm(bool act, KernelDType dtype) {
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = cuda::kVec16<T>;
-    // Per kernel, once: the occupancy query is a driver call.
-    static const int with_act =
-        cuda::resident_blocks(bias_grad_kernel<T, V, true>, kColThreads * kRowThreads);
-    static const int plain =
-        cuda::resident_blocks(bias_grad_kernel<T, V, false>, kColThreads * kRowThreads);
-    blocks = (act ? with_act : plain) * kWaves;
+    constexpr int threads = kColThreads * kRowThreads;
+    blocks = act ? cuda::resident_blocks_here(bias_grad_kernel<T, V, true>, threads)
+                 : cuda::resident_blocks_here(bias_grad_kernel<T, V, false>, threads);
   });
-  return blocks;
+  return blocks * kWaves;
 }
 
 void launch_bias_fwd(const void* x, const void* bias, void* y, int64_t rows, int64_t cols,

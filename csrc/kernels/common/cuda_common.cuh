@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -248,6 +250,21 @@ int resident_blocks(Kernel kernel, int threads, size_t smem = 0) {
     return 1;
   }
   return blocks > 0 ? blocks : 1;
+}
+
+/// resident_blocks of kernel on the current device, asked once per kernel and device: the
+/// occupancy query is a driver call, and GPUs of one machine may differ.
+template <typename Kernel>
+int resident_blocks_here(Kernel kernel, int threads) {
+  int device = 0;
+  cudaGetDevice(&device);
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+  auto it = known.find(key);
+  if (it == known.end()) it = known.emplace(key, resident_blocks(kernel, threads)).first;
+  return it->second;
 }
 
 /// Grid size for a grid-stride loop over n items of block threads: enough blocks to fill every SM.

@@ -2,6 +2,9 @@
 #pragma once
 
 #include <ATen/cuda/CUDAContextLight.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 namespace fusible::kernels {
 
@@ -17,5 +20,15 @@ inline int current_max_smem() {
 
 /// The current device's compute capability major version (9: Hopper, 10: Blackwell).
 inline int current_sm_major() { return at::cuda::getCurrentDeviceProperties()->major; }
+
+/// A [1] fp32 amax on `device`, zeroed on the current stream for a kernel that max-reduces into
+/// it: a memset, not at::zeros (a dispatched fill and its launch, on every FP8 cast's host path).
+inline at::Tensor zeroed_amax(const c10::Device& device) {
+  const c10::cuda::CUDAGuard guard(device);
+  auto amax = at::empty({1}, at::TensorOptions().dtype(at::kFloat).device(device));
+  C10_CUDA_CHECK(cudaMemsetAsync(amax.mutable_data_ptr(), 0, sizeof(float),
+                                 c10::cuda::getCurrentCUDAStream()));
+  return amax;
+}
 
 }  // namespace fusible::kernels

@@ -2,7 +2,6 @@
 // are whole 16-byte vectors (partial 128x128 tiles included); other shapes and dtypes take the ATen
 // version.
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -33,11 +32,11 @@ Fp8BlockCast fp8_cast_block_cuda(const at::Tensor& x, c10::string_view format, i
   const auto f32 = x.options().dtype(at::kFloat);
   auto data = rowwise ? at::empty(x.sizes(), fp8) : at::empty({0}, fp8);
   auto data_t = columnwise ? at::empty({cols, rows}, fp8) : at::empty({0}, fp8);
-  // Zeros: the padding entries of the scale layouts.
+  // The kernel writes every entry of the scale layouts, their zero padding too.
   auto scale_inv =
-      rowwise ? at::zeros(block_scale_shape(rows, cols, block_dim), f32) : at::empty({0}, f32);
+      rowwise ? at::empty(block_scale_shape(rows, cols, block_dim), f32) : at::empty({0}, f32);
   auto scale_inv_t =
-      columnwise ? at::zeros(block_scale_shape(cols, rows, block_dim), f32) : at::empty({0}, f32);
+      columnwise ? at::empty(block_scale_shape(cols, rows, block_dim), f32) : at::empty({0}, f32);
   launch_fp8_cast_block(xc.const_data_ptr(), rowwise ? data.mutable_data_ptr() : nullptr,
                         rowwise ? scale_inv.mutable_data_ptr<float>() : nullptr,
                         columnwise ? data_t.mutable_data_ptr() : nullptr,

@@ -112,6 +112,15 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
       row_scale[0] = s;
       if (scale_inv) scale_inv[rb * round4(col_tiles) + cb] = 1.f / s;
       if (scale_inv_t) scale_inv_t[cb * round4(row_tiles) + rb] = 1.f / s;
+      // The layouts' padding (up to 3 entries per row of scales) is zero: the last tile of a row
+      // (column) of tiles writes it, so the scales need no zeroed allocation.
+      for (int64_t p = col_tiles; scale_inv && cb == col_tiles - 1 && p < round4(col_tiles); ++p) {
+        scale_inv[rb * round4(col_tiles) + p] = 0.f;
+      }
+      for (int64_t p = row_tiles; scale_inv_t && rb == row_tiles - 1 && p < round4(row_tiles);
+           ++p) {
+        scale_inv_t[cb * round4(row_tiles) + p] = 0.f;
+      }
     }
   } else if (t < kTile) {  // thread t: row t's and column t's scales
     float mc = col_part[0][t];
@@ -119,8 +128,14 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
     const float sr = pow2_scale(row_scale[t], fmax), sc = pow2_scale(mc, fmax);
     row_scale[t] = sr;
     col_scale[t] = sc;
-    if (scale_inv && r0 + t < rows) scale_inv[cb * round4(rows) + r0 + t] = 1.f / sr;
-    if (scale_inv_t && c0 + t < cols) scale_inv_t[rb * round4(cols) + c0 + t] = 1.f / sc;
+    // Rows (columns) past the end up to the next multiple of 4 are the layout's padding, zero;
+    // they fall in the last tile (tiles start at multiples of 128).
+    if (scale_inv && r0 + t < round4(rows)) {
+      scale_inv[cb * round4(rows) + r0 + t] = r0 + t < rows ? 1.f / sr : 0.f;
+    }
+    if (scale_inv_t && c0 + t < round4(cols)) {
+      scale_inv_t[rb * round4(cols) + c0 + t] = c0 + t < cols ? 1.f / sc : 0.f;
+    }
   }
   __syncthreads();
 

@@ -54,7 +54,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
   const auto stat_opts = x.options().dtype(acc_dtype(x.scalar_type()));
   auto mean = layernorm ? at::empty(s.stats, stat_opts) : at::Tensor();
   auto rstd = at::empty(s.stats, stat_opts);
-  auto amax = with_amax ? at::zeros({1}, x.options().dtype(at::kFloat)) : at::Tensor();
+  auto amax = with_amax ? zeroed_amax(x.device()) : at::Tensor();
   launch_norm_fwd(
       xc.const_data_ptr(), wc.const_data_ptr(), layernorm ? bc.const_data_ptr() : nullptr,
       y.mutable_data_ptr(), layernorm ? mean.mutable_data_ptr() : nullptr, rstd.mutable_data_ptr(),
@@ -75,7 +75,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
   auto dx = at::empty(x.sizes(), x.options());
   auto dw = at::empty(weight.sizes(), weight.options());
   auto db = layernorm ? at::empty(weight.sizes(), weight.options()) : at::Tensor();
-  const int64_t chunks = column_sum_chunks(s.rows, s.cols, current_sm_count());
+  const int64_t chunks = column_sum_chunks(s.rows, s.cols, current_sm_count(),
+                                           norm_params_blocks_per_sm(layernorm, dtype));
   const auto workspace = column_sum_workspace(chunks, 2 * s.cols, x);
   launch_norm_bwd(
       dyc.const_data_ptr(), xc.const_data_ptr(), layernorm ? mean->const_data_ptr() : nullptr,

@@ -43,6 +43,27 @@ __device__ __forceinline__ int64_t reg_offset(int k) {
   return (static_cast<int64_t>(k) * blockDim.x + threadIdx.x) * VEC;
 }
 
+// The per-element formulas both row layouts (registers, shared memory) share.
+// Forward: (x - mu) * rs * (gamma + shift), plus beta for LayerNorm (b: 0 for RMSNorm).
+template <typename A>
+__device__ __forceinline__ A norm_value(A x, A mu, A rs, A w, A shift, A b) {
+  return (x - mu) * rs * (w + shift) + b;
+}
+// Backward: xhat and g = dy * (gamma + shift) of one element; dx from them and the row's means
+// c1 of g (LayerNorm; 0 for RMSNorm) and c2 of g * xhat.
+template <typename A>
+struct NormGradTerms {
+  A xh, g;
+};
+template <typename A>
+__device__ __forceinline__ NormGradTerms<A> norm_grad_terms(A x, A dy, A w, A mu, A rs, A shift) {
+  return {(x - mu) * rs, dy * (w + shift)};
+}
+template <typename A>
+__device__ __forceinline__ A norm_dx(NormGradTerms<A> t, A rs, A c1, A c2) {
+  return rs * (t.g - c1 - t.xh * c2);
+}
+
 template <typename T, int VEC, bool kLayerNorm>
 __global__ void __launch_bounds__(kMaxThreads)
     norm_fwd_kernel(const T* __restrict__ x,       // [rows, cols]
@@ -100,9 +121,8 @@ __global__ void __launch_bounds__(kMaxThreads)
       Vec<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        A o = (to_acc(xv[k].v[j]) - mu) * rs * (to_acc(w.v[j]) + shift);
-        if (kLayerNorm) o += to_acc(b.v[j]);
-        out.v[j] = from_acc<T>(o);
+        out.v[j] = from_acc<T>(norm_value(to_acc(xv[k].v[j]), mu, rs, to_acc(w.v[j]), shift,
+                                          kLayerNorm ? to_acc(b.v[j]) : A(0)));
         m = cuda::amax_with(m, static_cast<float>(to_acc(out.v[j])));
       }
       store_vec<T, VEC>(yr + i, out);
@@ -141,9 +161,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     Vec<T, VEC> out;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      A o = (row[i + j] - mu) * rs * (to_acc(w.v[j]) + shift);
-      if (kLayerNorm) o += to_acc(b.v[j]);
-      out.v[j] = from_acc<T>(o);
+      out.v[j] = from_acc<T>(
+          norm_value(row[i + j], mu, rs, to_acc(w.v[j]), shift, kLayerNorm ? to_acc(b.v[j]) : A(0)));
       m = cuda::amax_with(m, static_cast<float>(to_acc(out.v[j])));
     }
     store_vec<T, VEC>(yr + i, out);
@@ -191,10 +210,10 @@ __global__ void __launch_bounds__(kMaxThreads)
       if (reg_offset<VEC>(k) >= cols) continue;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const A xh = (to_acc(xv[k].v[j]) - mu) * rs;
-        const A gg = to_acc(dv[k].v[j]) * (to_acc(wv[k].v[j]) + shift);
-        sum_g += gg;
-        sum_gx += gg * xh;
+        const auto t = norm_grad_terms(to_acc(xv[k].v[j]), to_acc(dv[k].v[j]),
+                                       to_acc(wv[k].v[j]), mu, rs, shift);
+        sum_g += t.g;
+        sum_gx += t.g * t.xh;
       }
     }
     const A c1 = kLayerNorm ? cuda::block_sum(sum_g) * inv : A(0);
@@ -206,9 +225,9 @@ __global__ void __launch_bounds__(kMaxThreads)
       Vec<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const A xh = (to_acc(xv[k].v[j]) - mu) * rs;
-        const A gg = to_acc(dv[k].v[j]) * (to_acc(wv[k].v[j]) + shift);
-        A o = rs * (gg - c1 - xh * c2);
+        const auto t = norm_grad_terms(to_acc(xv[k].v[j]), to_acc(dv[k].v[j]),
+                                       to_acc(wv[k].v[j]), mu, rs, shift);
+        A o = norm_dx(t, rs, c1, c2);
         if (dextra != nullptr) o += to_acc(ev[k].v[j]);
         out.v[j] = from_acc<T>(o);
       }
@@ -223,12 +242,12 @@ __global__ void __launch_bounds__(kMaxThreads)
     const auto wv = load_vec<T, VEC>(weight + i);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const A xh = (to_acc(xv.v[j]) - mu) * rs;
-      const A gg = to_acc(dv.v[j]) * (to_acc(wv.v[j]) + shift);
-      xhat[i + j] = xh;
-      g[i + j] = gg;
-      sum_g += gg;
-      sum_gx += gg * xh;
+      const auto t =
+          norm_grad_terms(to_acc(xv.v[j]), to_acc(dv.v[j]), to_acc(wv.v[j]), mu, rs, shift);
+      xhat[i + j] = t.xh;
+      g[i + j] = t.g;
+      sum_g += t.g;
+      sum_gx += t.g * t.xh;
     }
   }
   const A c1 = kLayerNorm ? cuda::block_sum(sum_g) * inv : A(0);
@@ -239,7 +258,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     Vec<T, VEC> out;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      A o = rs * (g[i + j] - c1 - xhat[i + j] * c2);
+      A o = norm_dx(NormGradTerms<A>{xhat[i + j], g[i + j]}, rs, c1, c2);
       if (dextra != nullptr) o += to_acc(e.v[j]);
       out.v[j] = from_acc<T>(o);
     }
@@ -306,6 +325,22 @@ __global__ void norm_bwd_params_kernel(
     __syncthreads();
   }
 }
+
+}  // namespace
+
+int norm_params_blocks_per_sm(bool layernorm, KernelDType dtype) {
+  int blocks = 0;
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = cuda::kVec16<T>;
+    constexpr int threads = kColThreads * kRowThreads;
+    blocks = layernorm ? cuda::resident_blocks_here(norm_bwd_params_kernel<T, V, true>, threads)
+                       : cuda::resident_blocks_here(norm_bwd_params_kernel<T, V, false>, threads);
+  });
+  return blocks;
+}
+
+namespace {
 
 // Threads per row's block: enough for nv vectors each where a block of at most kMaxThreads holds
 // the row so, else one vector each (up to kMaxThreads, the rest looped) with the row in shared

@@ -13,6 +13,10 @@ namespace fusible::kernels {
 /// opt-in limit); else the caller falls back.
 bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem);
 
+/// Blocks per SM the weight- and bias-gradient pass's row chunks are planned for (those resident
+/// at once): column_sum_chunks' blocks_per_sm for launch_norm_bwd.
+int norm_params_blocks_per_sm(bool layernorm, KernelDType dtype);
+
 void launch_norm_fwd(const void* x,       // [rows, cols]
                      const void* weight,  // [cols]
                      const void* bias,    // [cols], LayerNorm only
