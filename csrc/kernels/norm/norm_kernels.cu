@@ -161,8 +161,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     Vec<T, VEC> out;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      out.v[j] = from_acc<T>(
-          norm_value(row[i + j], mu, rs, to_acc(w.v[j]), shift, kLayerNorm ? to_acc(b.v[j]) : A(0)));
+      out.v[j] = from_acc<T>(norm_value(row[i + j], mu, rs, to_acc(w.v[j]), shift,
+                                        kLayerNorm ? to_acc(b.v[j]) : A(0)));
       m = cuda::amax_with(m, static_cast<float>(to_acc(out.v[j])));
     }
     store_vec<T, VEC>(yr + i, out);
@@ -210,8 +210,8 @@ __global__ void __launch_bounds__(kMaxThreads)
       if (reg_offset<VEC>(k) >= cols) continue;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const auto t = norm_grad_terms(to_acc(xv[k].v[j]), to_acc(dv[k].v[j]),
-                                       to_acc(wv[k].v[j]), mu, rs, shift);
+        const auto t = norm_grad_terms(to_acc(xv[k].v[j]), to_acc(dv[k].v[j]), to_acc(wv[k].v[j]),
+                                       mu, rs, shift);
         sum_g += t.g;
         sum_gx += t.g * t.xh;
       }
@@ -225,8 +225,8 @@ __global__ void __launch_bounds__(kMaxThreads)
       Vec<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const auto t = norm_grad_terms(to_acc(xv[k].v[j]), to_acc(dv[k].v[j]),
-                                       to_acc(wv[k].v[j]), mu, rs, shift);
+        const auto t = norm_grad_terms(to_acc(xv[k].v[j]), to_acc(dv[k].v[j]), to_acc(wv[k].v[j]),
+                                       mu, rs, shift);
         A o = norm_dx(t, rs, c1, c2);
         if (dextra != nullptr) o += to_acc(ev[k].v[j]);
         out.v[j] = from_acc<T>(o);
