@@ -61,6 +61,7 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
   at::Tensor x = input;
   const auto& plan = call.plan->forward;
   const bool amax_handoff = per_tensor_current_scaling();
+  const bool fp8_on = ops::fp8_autocast().enabled;
   for (size_t k = 0; k < plan.size(); ++k) {
     const auto& p = plan[k];
     auto ctxs = contexts_of(call, p);
@@ -68,6 +69,10 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
     const bool next_takes_amax =
         amax_handoff && k + 1 < plan.size() && plan[k + 1].op->takes_input_amax();
     ctxs.back()->want_output_amax = next_takes_amax;
+    // Under FP8 the next op casts this output: an activation hands over act(pre) instead.
+    const bool next_takes_act =
+        fp8_on && k + 1 < plan.size() && plan[k + 1].op->takes_input_act();
+    ctxs.back()->want_output_act = next_takes_act;
     // Defaults for every covered op (a fused forward may not know its inner ops' inputs); the
     // first op's are exact.
     for (auto* c : ctxs) c->input_dtype = x.scalar_type();
@@ -102,6 +107,11 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
           std::move(ctxs.back()->output_amax);
     }
     ctxs.back()->output_amax = {};
+    ctxs.front()->input_act = {};  // resolved by now
+    if (next_takes_act) {
+      call.ctxs[plan[k + 1].basic_indices.front()]->input_act = std::move(ctxs.back()->output_act);
+    }
+    ctxs.back()->output_act = {};
     TORCH_CHECK(sub_out.size() == p.basic_indices.size(), p.op->type_name(),
                 ": expected extra outputs for ", p.basic_indices.size(), " basic ops, got ",
                 sub_out.size());

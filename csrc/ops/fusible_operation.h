@@ -82,6 +82,11 @@ class FusibleOperation : public torch::nn::Module {
   /// the op before it computed (OperationContext::input_amax): the fuser then asks that op for it.
   /// A fused op answers for its first basic op.
   virtual bool takes_input_amax() const { return false; }
+  /// Whether the forward takes its input as a deferred activation (OperationContext::input_act):
+  /// the op before it then hands over act(pre) without computing it, and this op either casts
+  /// act(pre) to FP8 in one pass or computes it first. Only ops whose every read of the input goes
+  /// through that resolution answer yes.
+  virtual bool takes_input_act() const { return false; }
   /// Whether this op implements the forward / backward of its basic ops as one. A fused op that
   /// leaves a direction out is split into its basic ops in that direction's plan, so channels
   /// between them are still routed by the fuser.
@@ -242,6 +247,9 @@ class FusedOperation : public FusibleOperation {
   bool takes_input_amax() const override {
     return !basic_ops_.empty() && basic_ops_.front()->takes_input_amax();
   }
+  bool takes_input_act() const override {
+    return input_through_front_op_ && basic_ops_.front()->takes_input_act();
+  }
   bool fuses_forward() const override { return fuses_forward_; }
   bool fuses_backward() const override { return fuses_backward_; }
 
@@ -252,9 +260,15 @@ class FusedOperation : public FusibleOperation {
     fuses_backward_ = backward;
   }
 
+  /// For fused forwards that hand their input only to the first basic op's forward preparation
+  /// (BasicLinear::prepare_forward, which resolves a deferred activation): takes_input_act then
+  /// answers for that op.
+  void set_input_through_front_op() { input_through_front_op_ = !basic_ops_.empty(); }
+
   std::vector<std::shared_ptr<BasicOperation>> basic_ops_;
   bool fuses_forward_ = true;
   bool fuses_backward_ = true;
+  bool input_through_front_op_ = false;
 
  private:
   std::string type_name_;

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ops/quantization.h"
@@ -21,6 +22,17 @@ struct ProducedAmax {
   at::Tensor for_tensor(const at::Tensor& t) const {
     return amax.defined() && t.is_same(of) ? amax : at::Tensor();
   }
+};
+
+/// An activation's output handed to the next op as act(pre), not computed (FP8: the next linear
+/// casts act(pre) to FP8 in one pass; no tensor of the output is written or read). `of` stands
+/// in for the output the fuser passes along: its shape, dtype and device, no data of its own
+/// (one NaN, broadcast), so a reader that skipped the resolution would see NaN, not numbers.
+struct DeferredActivation {
+  at::Tensor of, pre;
+  std::string act;  // an activation_fwd kind
+  /// Whether t is the stand-in of this deferred output.
+  bool for_tensor(const at::Tensor& t) const { return pre.defined() && t.is_same(of); }
 };
 
 /// One per basic op per fuser call. The fuser moves every context's `to_save` into one flat
@@ -72,6 +84,11 @@ struct OperationContext : std::enable_shared_from_this<OperationContext> {
   /// A consumer uses an amax only for the very tensor it was computed of (ProducedAmax).
   bool want_output_amax = false, want_grad_input_amax = false, takes_grad_output_amax = false;
   ProducedAmax output_amax, input_amax, grad_input_amax, grad_output_amax;
+  /// The deferred-activation handoff under an FP8 autocast (set by the fuser where the next op
+  /// takes_input_act): want_output_act asks an activation to return a stand-in and put act(pre)
+  /// in output_act; the fuser moves it to the next op's input_act, which must resolve it.
+  bool want_output_act = false;
+  DeferredActivation output_act, input_act;
   /// Shape of the input as it arrived (Reshape's backward needs it).
   std::vector<int64_t> input_shape;
   /// Free-form op state that is not a tensor (scalars).

@@ -172,9 +172,10 @@ int64_t Fp8Cast::gemm_block(bool backward, bool weight) const {
 
 namespace {
 
+// act: "none", or the activation applied to x on the way in (the casts' act).
 GemmOperand fp8_data(const Fp8Cast& c, const at::Tensor& x, const std::string& format,
                      const std::vector<DelayedScaling>* states, size_t index, bool transpose,
-                     const at::Tensor& amax) {
+                     const at::Tensor& amax, const std::string& act) {
   GemmOperand o;
   o.dtype = x.scalar_type();
   at::Tensor data_t;
@@ -183,12 +184,12 @@ GemmOperand fp8_data(const Fp8Cast& c, const at::Tensor& x, const std::string& f
         kernels::fp8_cast_with_amax(x, format, amax, c.recipe->margin, transpose);
   } else if (states == nullptr) {
     std::tie(o.rowwise, data_t, o.scale_inv) =
-        kernels::fp8_cast(x, format, c.recipe->margin, transpose);
+        kernels::fp8_cast(x, format, c.recipe->margin, transpose, act);
   } else {
     const auto& s = state_at(*states, index);
     std::tie(o.rowwise, data_t, o.scale_inv) =
         kernels::fp8_cast_delayed(x, format, s.amax_history, s.scale, c.recipe->margin,
-                                  c.recipe->amax_compute_algo, transpose);
+                                  c.recipe->amax_compute_algo, transpose, act);
   }
   if (transpose) o.columnwise = data_t;
   o.columnwise_scale_inv = o.scale_inv;  // one per-tensor scale for both uses
@@ -197,12 +198,12 @@ GemmOperand fp8_data(const Fp8Cast& c, const at::Tensor& x, const std::string& f
 
 // Block scaling: the rows and the transpose cast in their own blocks, each with its scales.
 GemmOperand fp8_block_data(const at::Tensor& x, const std::string& format, int64_t block,
-                           bool rowwise, bool columnwise) {
+                           bool rowwise, bool columnwise, const std::string& act) {
   GemmOperand o;
   o.dtype = x.scalar_type();
   o.block = block;
   auto [data, scale_inv, data_t, scale_inv_t] =
-      kernels::fp8_cast_block(x, format, block, rowwise, columnwise);
+      kernels::fp8_cast_block(x, format, block, rowwise, columnwise, act);
   if (rowwise) {
     o.rowwise = data;
     o.scale_inv = scale_inv;
@@ -217,14 +218,19 @@ GemmOperand fp8_block_data(const at::Tensor& x, const std::string& format, int64
 }  // namespace
 
 GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, bool weight,
-                             bool rowwise, bool columnwise, const at::Tensor& amax) const {
+                             bool rowwise, bool columnwise, const at::Tensor& amax,
+                             const std::string& act) const {
+  TORCH_CHECK(act.empty() || (gemm_fp8 && !amax.defined()),
+              "FP8 cast: an activation on load needs FP8 GEMMs and no given amax");
+  const std::string cast_act = act.empty() ? "none" : act;
   if (gemm_fp8) {
     const auto& format = backward ? recipe->backward_format : recipe->forward_format;
     if (recipe->kind == "block") {
-      return fp8_block_data(x, format, gemm_block(backward, weight), rowwise, columnwise);
+      return fp8_block_data(x, format, gemm_block(backward, weight), rowwise, columnwise,
+                            cast_act);
     }
     const auto* states = state ? (backward ? &state->backward : &state->forward) : nullptr;
-    return fp8_data(*this, x, format, states, index, columnwise, amax);
+    return fp8_data(*this, x, format, states, index, columnwise, amax, cast_act);
   }
   GemmOperand o;
   o.dtype = x.scalar_type();

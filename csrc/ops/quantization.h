@@ -152,9 +152,12 @@ struct Fp8Cast {
   /// `columnwise`: which uses to fill.
   /// `amax`: max |x| where the kernel that wrote x computed it (ProducedAmax), else undefined;
   /// per-tensor current scaling then casts without its own amax pass.
+  /// `act` (gemm_fp8 only, no amax): the operand is act(x) in x's dtype, cast from x in one pass
+  /// (a deferred activation, DeferredActivation).
   GemmOperand forward_operand(const at::Tensor& x, size_t index, bool weight, bool rowwise,
-                              bool columnwise, const at::Tensor& amax = {}) const {
-    return operand(x, /*backward=*/false, index, weight, rowwise, columnwise, amax);
+                              bool columnwise, const at::Tensor& amax = {},
+                              const std::string& act = "") const {
+    return operand(x, /*backward=*/false, index, weight, rowwise, columnwise, amax, act);
   }
   /// A gradient as the backward's GEMMs take it (the backward format); `amax` as above.
   GemmOperand backward_operand(const at::Tensor& dy, size_t index, bool rowwise, bool columnwise,
@@ -184,7 +187,7 @@ struct Fp8Cast {
 
  private:
   GemmOperand operand(const at::Tensor& x, bool backward, size_t index, bool weight, bool rowwise,
-                      bool columnwise, const at::Tensor& amax) const;
+                      bool columnwise, const at::Tensor& amax, const std::string& act = "") const;
 };
 
 /// The cast for an op's forward now: the autocast's recipe when enabled, else off. Under

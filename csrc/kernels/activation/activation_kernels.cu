@@ -20,10 +20,10 @@ using cuda::store_vec;
 using cuda::to_acc;
 using cuda::Vec;
 
-template <typename A>
+template <typename A, bool kFast>
 struct ActFwd {
   ActKind kind;
-  __device__ A operator()(A x, A) const { return act_value(kind, x); }
+  __device__ A operator()(A x, A) const { return act_value<A, kFast>(kind, x); }
 };
 template <typename A>
 struct ActBwd {  // (dy, x) -> dy * act'(x)
@@ -186,7 +186,9 @@ void launch_activation_fwd(const void* x, void* y, int64_t n, ActKind act, Kerne
                            int num_sms, cudaStream_t stream) {
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    cuda::launch_map<T>(x, nullptr, y, n, ActFwd<acc_t<T>>{act}, num_sms, stream,
+    // 16-bit data: the fast forms (activation_math.cuh), as the FP8 casts that apply the
+    // activation on load (the same bytes either way).
+    cuda::launch_map<T>(x, nullptr, y, n, ActFwd<acc_t<T>, sizeof(T) == 2>{act}, num_sms, stream,
                         "activation_fwd kernel");
   });
 }

@@ -22,6 +22,7 @@
 #include <limits>
 
 #include "common/checks.h"
+#include "kernels/activation/activation.h"
 #include "kernels/op_schema.h"
 
 namespace fusible::kernels {
@@ -49,6 +50,16 @@ void check_fp8_cast_args(const char* op, const at::Tensor& x, c10::string_view f
   FUSIBLE_CHECK_MIN_DIM(op, "x", x, 1);
   fp8_max(op, format);
   TORCH_CHECK_VALUE(std::isfinite(margin), op, ": expected a finite margin, got ", margin);
+}
+
+std::optional<ActKind> cast_activation(const char* op, c10::string_view act) {
+  if (act == "none") return std::nullopt;
+  return reference::parse_activation(op, std::string_view(act.data(), act.size()));
+}
+
+at::Tensor cast_source(const char* op, const at::Tensor& x, c10::string_view act) {
+  if (!cast_activation(op, act)) return x;
+  return activation_fwd(x, std::string(act));
 }
 
 void check_fp8_amax_arg(const char* op, const at::Tensor& x, const at::Tensor& amax) {
@@ -214,8 +225,10 @@ at::Tensor amax_of(const at::Tensor& x) {
   return m.to(at::kFloat).reshape({1});
 }
 
-Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose) {
-  check_fp8_cast_args("fp8_cast", x, format, margin);
+Fp8Cast fp8_cast(const at::Tensor& x_in, c10::string_view format, double margin, bool transpose,
+                 c10::string_view act) {
+  check_fp8_cast_args("fp8_cast", x_in, format, margin);
+  const auto x = cast_source("fp8_cast", x_in, act);
   const double max = fp8_max("fp8_cast", format);
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
   const auto amax = x.numel() > 0 ? xf.abs().amax() : at::zeros({}, xf.options());
@@ -235,13 +248,15 @@ Fp8Cast fp8_cast_with_amax(const at::Tensor& x, c10::string_view format, const a
   return cast_with(xf, scale.to(at::kFloat), max, fp8_dtype(op, format), transpose);
 }
 
-Fp8Cast fp8_cast_delayed(const at::Tensor& x, c10::string_view format,
+Fp8Cast fp8_cast_delayed(const at::Tensor& x_in, c10::string_view format,
                          const at::Tensor& amax_history, const at::Tensor& scale, double margin,
-                         c10::string_view amax_compute_algo, bool transpose) {
+                         c10::string_view amax_compute_algo, bool transpose,
+                         c10::string_view act) {
   constexpr const char* op = "fp8_cast_delayed";
-  check_fp8_cast_args(op, x, format, margin);
-  check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
+  check_fp8_cast_args(op, x_in, format, margin);
+  check_fp8_qdq_delayed_args(x_in, format, amax_history, scale, margin, amax_compute_algo);
   check_delayed_state_sizes(op, amax_history, scale);
+  const auto x = cast_source(op, x_in, act);
   const double max = fp8_max(op, format);
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
   auto out = cast_with(xf, scale.reshape({}).clone(), max, fp8_dtype(op, format), transpose);
@@ -263,8 +278,10 @@ Fp8Cast fp8_cast_meta_outputs(const at::Tensor& x, c10::string_view format, bool
   return {data, data_t, at::empty({1}, x.options().dtype(at::kFloat))};
 }
 
-Fp8Cast fp8_cast_meta(const at::Tensor& x, c10::string_view format, double margin, bool transpose) {
+Fp8Cast fp8_cast_meta(const at::Tensor& x, c10::string_view format, double margin, bool transpose,
+                      c10::string_view act) {
   check_fp8_cast_args("fp8_cast", x, format, margin);
+  cast_activation("fp8_cast", act);
   return fp8_cast_meta_outputs(x, format, transpose);
 }
 
@@ -277,8 +294,10 @@ Fp8Cast fp8_cast_with_amax_meta(const at::Tensor& x, c10::string_view format,
 
 Fp8Cast fp8_cast_delayed_meta(const at::Tensor& x, c10::string_view format,
                               const at::Tensor& amax_history, const at::Tensor& scale,
-                              double margin, c10::string_view amax_compute_algo, bool transpose) {
+                              double margin, c10::string_view amax_compute_algo, bool transpose,
+                              c10::string_view act) {
   check_fp8_cast_args("fp8_cast_delayed", x, format, margin);
+  cast_activation("fp8_cast_delayed", act);
   check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
   return fp8_cast_meta_outputs(x, format, transpose);
 }
@@ -320,8 +339,8 @@ at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, const std::string&
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast(const at::Tensor& x,
                                                         const std::string& format, double margin,
-                                                        bool transpose) {
-  FUSIBLE_DISPATCH(fp8_cast, x, format, margin, transpose);
+                                                        bool transpose, const std::string& act) {
+  FUSIBLE_DISPATCH(fp8_cast, x, format, margin, transpose, act);
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_with_amax(const at::Tensor& x,
                                                                   const std::string& format,
@@ -331,9 +350,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_with_amax(const at::Tens
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_delayed(
     const at::Tensor& x, const std::string& format, const at::Tensor& amax_history,
-    const at::Tensor& scale, double margin, const std::string& amax_compute_algo, bool transpose) {
+    const at::Tensor& scale, double margin, const std::string& amax_compute_algo, bool transpose,
+    const std::string& act) {
   FUSIBLE_DISPATCH(fp8_cast_delayed, x, format, amax_history, scale, margin, amax_compute_algo,
-                   transpose);
+                   transpose, act);
 }
 
 // The schemas of the ops this file implements (torch.ops.fusible.<name>).
@@ -353,11 +373,12 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
       "fp8_quantize_dequantize_block(Tensor x, str format, int block_dim, bool power_2_scale=True)"
       " -> Tensor");
   // FP8 data for a GEMM (current scaling): -> (data in x's shape, data_t [K, M] for x as [M, K]
-  // rows (empty unless transpose), scale_inv [1] fp32); data = fp8(x * scale).
-  define(
-      m,
-      "fp8_cast(Tensor x, str format, float margin=0.0, bool transpose=False) -> (Tensor, Tensor, "
-      "Tensor)");
+  // rows (empty unless transpose), scale_inv [1] fp32); data = fp8(x * scale). act: "none", or
+  // an elementwise activation ("gelu", ...) applied to x on the way in: the cast of an
+  // activation's output from its input, no tensor of the output written.
+  define(m,
+         "fp8_cast(Tensor x, str format, float margin=0.0, bool transpose=False, str act=\"none\") "
+         "-> (Tensor, Tensor, Tensor)");
   // fp8_cast with amax(x) given ([1] fp32, as the kernel that wrote x computed it: NaN or inf
   // gives scale 1): the cast without its own amax pass.
   define(m,
@@ -366,7 +387,8 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
   // The same with delayed scaling's scale, then its history and scale updated.
   define(m,
          "fp8_cast_delayed(Tensor x, str format, Tensor(a!) amax_history, Tensor(b!) scale, "
-         "float margin, str amax_compute_algo, bool transpose=False) -> (Tensor, Tensor, Tensor)");
+         "float margin, str amax_compute_algo, bool transpose=False, str act=\"none\") -> (Tensor, "
+         "Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {

@@ -10,6 +10,8 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/common/launcher_types.h"
+
 namespace fusible::kernels {
 
 /// The rows of t as [rows, t.size(-1)]: the product of its leading dims (1 for a 1-D t), also
@@ -37,6 +39,14 @@ void check_fp8_qdq_block_args(const at::Tensor& x, c10::string_view format, int6
 /// The argument checks of fp8_cast (and of fp8_cast_delayed's x, format and margin).
 void check_fp8_cast_args(const char* op, const at::Tensor& x, c10::string_view format,
                          double margin);
+
+/// The `act` argument of the casts: "none" (nullopt), or an elementwise activation (gelu, qgelu,
+/// relu, srelu, silu) whose output the cast reads in place of x, computed from x on the way in.
+std::optional<ActKind> cast_activation(const char* op, c10::string_view act);
+
+/// The tensor a cast with `act` reads where no kernel applies the activation on load: x itself, or
+/// activation_fwd(x) in x's dtype (on x's device).
+at::Tensor cast_source(const char* op, const at::Tensor& x, c10::string_view act);
 
 /// fp8_cast_with_amax's amax: float32 [1] on x's device.
 void check_fp8_amax_arg(const char* op, const at::Tensor& x, const at::Tensor& amax);
@@ -74,8 +84,9 @@ at::Tensor block_scales(const at::Tensor& x2d, double max, int64_t block_dim, bo
 at::Tensor expand_block_scales(const at::Tensor& scale, int64_t rows, int64_t cols,
                                int64_t block_dim);
 /// x's FP8 data with current scaling (scale = fp8_max / amax(x) / 2^margin, 1 where amax is 0 or
-/// not finite), its transpose as [K, M] when `transpose`, and 1 / scale.
-Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose);
+/// not finite), its transpose as [K, M] when `transpose`, and 1 / scale; of act(x) with `act`.
+Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose,
+                 c10::string_view act);
 /// max |x| as [1] float32 (NaN where x holds one; 0 for an empty x): what a kernel producing x
 /// hands to fp8_cast_with_amax.
 at::Tensor amax_of(const at::Tensor& x);
@@ -83,10 +94,11 @@ at::Tensor amax_of(const at::Tensor& x);
 Fp8Cast fp8_cast_with_amax(const at::Tensor& x, c10::string_view format, const at::Tensor& amax,
                            double margin, bool transpose);
 /// The same with the given scale [1]; then amax_history and scale are updated as by
-/// fp8_quantize_dequantize_delayed (scale_inv is the inverse of the scale the cast used).
+/// fp8_quantize_dequantize_delayed (scale_inv is the inverse of the scale the cast used); of
+/// act(x) with `act`.
 Fp8Cast fp8_cast_delayed(const at::Tensor& x, c10::string_view format,
                          const at::Tensor& amax_history, const at::Tensor& scale, double margin,
-                         c10::string_view amax_compute_algo, bool transpose);
+                         c10::string_view amax_compute_algo, bool transpose, c10::string_view act);
 /// fp8_cast of each group of consecutive rows (sizes) into one data [T, K], the transposes back
 /// to back in data_t [T * K], scale_inv [groups]. (fp8_grouped.cpp)
 Fp8Cast fp8_cast_grouped(const at::Tensor& x, at::IntArrayRef sizes, c10::string_view format,
@@ -110,10 +122,13 @@ at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, const std::strin
 /// Block scaling: 1x128 (block_dim 1) or 128x128 (2) blocks, each with its own scale.
 at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, const std::string& format,
                                          int64_t block_dim, bool power_2_scale = true);
-/// -> (FP8 data, its [K, M] transpose or empty, scale_inv [1]); current scaling.
+/// -> (FP8 data, its [K, M] transpose or empty, scale_inv [1]); current scaling. With `act`
+/// ("gelu", ...): of act(x), without a tensor of act(x) (an activation's output cast from its
+/// input).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast(const at::Tensor& x,
                                                         const std::string& format, double margin,
-                                                        bool transpose);
+                                                        bool transpose,
+                                                        const std::string& act = "none");
 /// fp8_cast with amax(x) given ([1] float32, computed by the kernel that wrote x): no amax pass.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_with_amax(const at::Tensor& x,
                                                                   const std::string& format,
@@ -122,7 +137,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_with_amax(const at::Tens
 /// fp8_cast with delayed scaling's scale; amax_history and scale updated in place.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_delayed(
     const at::Tensor& x, const std::string& format, const at::Tensor& amax_history,
-    const at::Tensor& scale, double margin, const std::string& amax_compute_algo, bool transpose);
+    const at::Tensor& scale, double margin, const std::string& amax_compute_algo, bool transpose,
+    const std::string& act = "none");
 
 /// Current-scaling FP8 data of groups of consecutive rows, each group with its own scale -> (data
 /// [T, K], each group's [K, rows_g] transpose at K * its first row of data_t [T * K] (empty

@@ -57,10 +57,11 @@ void check_fp8_cast_block_args(const at::Tensor& x, c10::string_view format, int
 
 namespace reference {
 
-Fp8BlockCast fp8_cast_block(const at::Tensor& x, c10::string_view format, int64_t block_dim,
-                            bool rowwise, bool columnwise) {
+Fp8BlockCast fp8_cast_block(const at::Tensor& x_in, c10::string_view format, int64_t block_dim,
+                            bool rowwise, bool columnwise, c10::string_view act) {
   constexpr const char* op = "fp8_cast_block";
-  check_fp8_cast_block_args(x, format, block_dim, rowwise, columnwise);
+  check_fp8_cast_block_args(x_in, format, block_dim, rowwise, columnwise);
+  const auto x = cast_source(op, x_in, act);
   const double max = fp8_max(op, format);
   const auto fp8 = fp8_dtype(op, format);
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
@@ -109,8 +110,9 @@ std::vector<c10::SymInt> block_scale_sym_shape(const c10::SymInt& rows, const c1
 }
 
 Fp8BlockCast fp8_cast_block_meta(const at::Tensor& x, c10::string_view format, int64_t block_dim,
-                                 bool rowwise, bool columnwise) {
+                                 bool rowwise, bool columnwise, c10::string_view act) {
   check_fp8_cast_block_args(x, format, block_dim, rowwise, columnwise);
+  cast_activation("fp8_cast_block", act);
   const auto fp8 = x.options().dtype(fp8_dtype("fp8_cast_block", format));
   const auto f32 = x.options().dtype(at::kFloat);
   const auto cols = x.sym_size(-1), rows = x.sym_numel() / cols;
@@ -126,12 +128,10 @@ Fp8BlockCast fp8_cast_block_meta(const at::Tensor& x, c10::string_view format, i
 
 // ---- Entry points for C++ callers (declared in fp8_block.h).
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_cast_block(const at::Tensor& x,
-                                                                          const std::string& format,
-                                                                          int64_t block_dim,
-                                                                          bool rowwise,
-                                                                          bool columnwise) {
-  FUSIBLE_DISPATCH(fp8_cast_block, x, format, block_dim, rowwise, columnwise);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_cast_block(
+    const at::Tensor& x, const std::string& format, int64_t block_dim, bool rowwise,
+    bool columnwise, const std::string& act) {
+  FUSIBLE_DISPATCH(fp8_cast_block, x, format, block_dim, rowwise, columnwise, act);
 }
 
 // The schemas of the ops this file implements (torch.ops.fusible.<name>).
@@ -140,9 +140,10 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
   // [M, K] in 1x128 (block_dim 1) or 128x128 (2) blocks with power-of-two scales -> (data,
   // scale_inv [ceil(K/128), M rounded up to 4] or [ceil(M/128), ceil(K/128) rounded up to 4],
   // data_t [K, M] (columnwise: x^T cast the same way), its scale_inv); parts not asked for [0].
+  // act: as fp8_cast's.
   define(m,
          "fp8_cast_block(Tensor x, str format, int block_dim, bool rowwise=True, bool "
-         "columnwise=False) -> (Tensor, Tensor, Tensor, Tensor)");
+         "columnwise=False, str act=\"none\") -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) { m.impl("fp8_cast_block", &reference::fp8_cast_block); }

@@ -30,9 +30,10 @@ namespace reference {
 /// x as [M, K] cast to FP8 in 1x128 (block_dim 1) or 128x128 (block_dim 2) blocks with power-of-two
 /// scales (as fp8_quantize_dequantize_block): rowwise, the data and its scale_inv laid out by
 /// block_scale_shape(M, K); columnwise, x^T [K, M] cast the same way (1x128 blocks along M; the
-/// same 128x128 tiles) with block_scale_shape(K, M). ATen, any device.
+/// same 128x128 tiles) with block_scale_shape(K, M). ATen, any device. With `act`, of act(x)
+/// (fp8.h's cast_source).
 Fp8BlockCast fp8_cast_block(const at::Tensor& x, c10::string_view format, int64_t block_dim,
-                            bool rowwise, bool columnwise);
+                            bool rowwise, bool columnwise, c10::string_view act);
 /// a [M, K] as the FP8 GEMM sees it: data times its block scale_inv (layout above), in fp32.
 at::Tensor dequantize_block(const at::Tensor& data, const at::Tensor& scale_inv, int64_t block_dim);
 }  // namespace reference
@@ -44,11 +45,10 @@ at::Tensor dequantize_block(const at::Tensor& data, const at::Tensor& scale_inv,
 // fp8_block.cpp.
 namespace fusible::kernels {
 
-/// Block-scaled FP8 cast -> (data, scale_inv, data_t, scale_inv_t) (kernels/fp8/fp8_block.h).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_cast_block(const at::Tensor& x,
-                                                                          const std::string& format,
-                                                                          int64_t block_dim,
-                                                                          bool rowwise,
-                                                                          bool columnwise);
+/// Block-scaled FP8 cast -> (data, scale_inv, data_t, scale_inv_t) (kernels/fp8/fp8_block.h);
+/// with `act` ("gelu", ...), of act(x) without a tensor of it (fp8_cast's act).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_cast_block(
+    const at::Tensor& x, const std::string& format, int64_t block_dim, bool rowwise,
+    bool columnwise, const std::string& act = "none");
 
 }  // namespace fusible::kernels

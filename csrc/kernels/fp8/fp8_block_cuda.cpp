@@ -17,15 +17,16 @@ namespace fusible::kernels {
 namespace {
 
 Fp8BlockCast fp8_cast_block_cuda(const at::Tensor& x, c10::string_view format, int64_t block_dim,
-                                 bool rowwise, bool columnwise) {
+                                 bool rowwise, bool columnwise, c10::string_view act) {
   check_fp8_cast_block_args(x, format, block_dim, rowwise, columnwise);
+  const auto kind = cast_activation("fp8_cast_block", act);
   const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
   const auto t = x.scalar_type();
   const auto xc = x.contiguous();
   const bool aligned = reinterpret_cast<std::uintptr_t>(xc.const_data_ptr()) % 16 == 0;
   if ((t != at::kBFloat16 && t != at::kHalf) || rows == 0 || cols % 8 != 0 ||
       (columnwise && rows % 8 != 0) || !aligned) {
-    return reference::fp8_cast_block(x, format, block_dim, rowwise, columnwise);
+    return reference::fp8_cast_block(x, format, block_dim, rowwise, columnwise, act);
   }
   const c10::cuda::CUDAGuard guard(x.device());
   const auto fp8 = x.options().dtype(fp8_dtype("fp8_cast_block", format));
@@ -42,7 +43,7 @@ Fp8BlockCast fp8_cast_block_cuda(const at::Tensor& x, c10::string_view format, i
                         columnwise ? data_t.mutable_data_ptr() : nullptr,
                         columnwise ? scale_inv_t.mutable_data_ptr<float>() : nullptr, rows, cols,
                         block_dim, format == "e4m3", kernel_dtype("fp8_cast_block", x),
-                        c10::cuda::getCurrentCUDAStream());
+                        c10::cuda::getCurrentCUDAStream(), kind ? &*kind : nullptr);
   return {data, scale_inv, data_t, scale_inv_t};
 }
 

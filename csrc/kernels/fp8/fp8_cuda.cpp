@@ -65,9 +65,10 @@ bool cast_kernel_runs(const at::Tensor& x, bool transpose) {
 
 // x: contiguous, and passing cast_kernel_runs.
 // amax_given: amax(x) as the kernel that wrote x computed it (current scaling, no amax pass).
+// act: an activation applied on load (16-bit x; fp8.h's cast_activation).
 Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose,
              const at::Tensor* history, const at::Tensor* scale, bool use_max,
-             const at::Tensor* amax_given = nullptr) {
+             const at::Tensor* amax_given = nullptr, std::optional<ActKind> act = std::nullopt) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t cols = x.size(-1), rows = leading_rows(x);
   const auto fp8 = fp8_dtype("fp8_cast", format);
@@ -84,15 +85,24 @@ Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool t
       amax_given != nullptr, scale ? scale->mutable_data_ptr<float>() : nullptr,
       scale_inv.mutable_data_ptr<float>(), history ? history->mutable_data_ptr<float>() : nullptr,
       history ? history->size(0) : 0, use_max, kernel_dtype("fp8_cast", x), current_sm_count(),
-      c10::cuda::getCurrentCUDAStream());
+      c10::cuda::getCurrentCUDAStream(), act ? &*act : nullptr);
   return {data, data_t, scale_inv};
 }
 
-Fp8Cast fp8_cast_cuda(const at::Tensor& x, c10::string_view format, double margin, bool transpose) {
+// The kernels apply an activation on load to 16-bit data only.
+bool act_runs(const at::Tensor& x, const std::optional<ActKind>& act) {
+  return !act || x.element_size() == 2;
+}
+
+Fp8Cast fp8_cast_cuda(const at::Tensor& x, c10::string_view format, double margin, bool transpose,
+                      c10::string_view act) {
   check_fp8_cast_args("fp8_cast", x, format, margin);
+  const auto kind = cast_activation("fp8_cast", act);
   const auto xc = x.contiguous();
-  if (!cast_kernel_runs(xc, transpose)) return reference::fp8_cast(x, format, margin, transpose);
-  return cast(xc, format, margin, transpose, nullptr, nullptr, false);
+  if (!cast_kernel_runs(xc, transpose) || !act_runs(xc, kind)) {
+    return reference::fp8_cast(x, format, margin, transpose, act);
+  }
+  return cast(xc, format, margin, transpose, nullptr, nullptr, false, nullptr, kind);
 }
 
 Fp8Cast fp8_cast_with_amax_cuda(const at::Tensor& x, c10::string_view format,
@@ -108,16 +118,19 @@ Fp8Cast fp8_cast_with_amax_cuda(const at::Tensor& x, c10::string_view format,
 
 Fp8Cast fp8_cast_delayed_cuda(const at::Tensor& x, c10::string_view format,
                               const at::Tensor& amax_history, const at::Tensor& scale,
-                              double margin, c10::string_view amax_compute_algo, bool transpose) {
+                              double margin, c10::string_view amax_compute_algo, bool transpose,
+                              c10::string_view act) {
   check_fp8_cast_args("fp8_cast_delayed", x, format, margin);
   check_fp8_qdq_delayed_args(x, format, amax_history, scale, margin, amax_compute_algo);
+  const auto kind = cast_activation("fp8_cast_delayed", act);
   const auto xc = x.contiguous();
-  if (!cast_kernel_runs(xc, transpose) || amax_history.numel() < 1 || scale.numel() != 1 ||
-      !amax_history.is_contiguous()) {
+  if (!cast_kernel_runs(xc, transpose) || !act_runs(xc, kind) || amax_history.numel() < 1 ||
+      scale.numel() != 1 || !amax_history.is_contiguous()) {
     return reference::fp8_cast_delayed(x, format, amax_history, scale, margin, amax_compute_algo,
-                                       transpose);
+                                       transpose, act);
   }
-  return cast(xc, format, margin, transpose, &amax_history, &scale, amax_compute_algo == "max");
+  return cast(xc, format, margin, transpose, &amax_history, &scale, amax_compute_algo == "max",
+              nullptr, kind);
 }
 
 Fp8Cast fp8_cast_grouped_cuda(const at::Tensor& x, at::IntArrayRef sizes, c10::string_view format,

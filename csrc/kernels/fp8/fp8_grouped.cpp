@@ -57,7 +57,7 @@ Fp8Cast fp8_cast_grouped(const at::Tensor& x, at::IntArrayRef sizes, c10::string
   int64_t start = 0;
   for (size_t g = 0; g < sizes.size(); ++g) {
     const int64_t m = sizes[g];
-    const auto [d, dt, si] = fp8_cast(x.narrow(0, start, m), format, margin, transpose);
+    const auto [d, dt, si] = fp8_cast(x.narrow(0, start, m), format, margin, transpose, "none");
     data.narrow(0, start, m).copy_(d);
     if (transpose) data_t.narrow(0, start * cols, m * cols).copy_(dt.reshape({-1}));
     scale_inv.narrow(0, g, 1).copy_(si);

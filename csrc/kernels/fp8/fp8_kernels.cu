@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <stdexcept>
+#include <type_traits>
 
+#include "kernels/activation/activation_math.cuh"
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/fp8/fp8_launchers.h"
 #include "kernels/fp8/fp8_math.cuh"
@@ -23,12 +26,26 @@ using cuda::fp8_pack;
 
 constexpr int kThreads = 256;
 
+// One element as a cast reads it: with kAct, act(x) rounded to T, the bytes activation_fwd would
+// have written (an activation deferred to the cast of its output: no tensor of it is written);
+// else x.
+template <typename T, bool kAct>
+__device__ __forceinline__ float cast_input(T v, ActKind act) {
+  if constexpr (kAct) {
+    using A = cuda::acc_t<T>;
+    return static_cast<float>(
+        cuda::to_acc(cuda::from_acc<T>(cuda::act_value<A, sizeof(T) == 2>(act, cuda::to_acc(v)))));
+  } else {
+    return static_cast<float>(cuda::to_acc(v));
+  }
+}
+
 // This thread's amax of vectors v, v + stride, ... below end (VEC elements each; 16-byte loads
 // where VEC > 1), kUnroll independent loads in flight: one per thread leaves Hopper's memory system
 // short of requests.
-template <typename T, int VEC>
+template <typename T, int VEC, bool kAct = false>
 __device__ __forceinline__ float amax_of_vectors(const T* __restrict__ x, int64_t v, int64_t end,
-                                                 int64_t stride) {
+                                                 int64_t stride, ActKind act = ActKind::kGelu) {
   constexpr int kUnroll = 4;
   float m = 0.f;
   for (; v + (kUnroll - 1) * stride < end; v += kUnroll * stride) {
@@ -38,32 +55,44 @@ __device__ __forceinline__ float amax_of_vectors(const T* __restrict__ x, int64_
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv[u].v[j])));
+      for (int j = 0; j < VEC; ++j) m = amax_with(m, cast_input<T, kAct>(xv[u].v[j], act));
     }
   }
   for (; v < end; v += stride) {
     const auto xv = cuda::load_vec<T, VEC>(x + v * VEC);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) m = amax_with(m, static_cast<float>(cuda::to_acc(xv.v[j])));
+    for (int j = 0; j < VEC; ++j) m = amax_with(m, cast_input<T, kAct>(xv.v[j], act));
   }
   return m;
 }
 
-// amax over num_vecs vectors of VEC elements, grid-strided.
-template <typename T, int VEC>
-__global__ void amax_kernel(const T* __restrict__ x, int64_t num_vecs, float* __restrict__ amax) {
+// amax over num_vecs vectors of VEC elements (of act(x) with kAct), grid-strided.
+template <typename T, int VEC, bool kAct = false>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t num_vecs, float* __restrict__ amax,
+                            ActKind act) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  block_amax_into(amax_of_vectors<T, VEC>(x, v, num_vecs, stride), amax);
+  block_amax_into(amax_of_vectors<T, VEC, kAct>(x, v, num_vecs, stride, act), amax);
 }
 
+// The activation on load only for 16-bit data (the casts of a deferred activation's output).
 template <typename T>
-void launch_amax(const T* x, int64_t n, float* amax, int num_sms, cudaStream_t stream) {
+constexpr bool kActLoads = sizeof(T) == 2;
+
+template <typename T>
+void launch_amax(const T* x, int64_t n, float* amax, int num_sms, cudaStream_t stream,
+                 const ActKind* act) {
   cuda::dispatch_vec<T>(n, {x}, [&](auto vec) {
     constexpr int V = decltype(vec)::value;
     const int64_t vecs = n / V;
-    amax_kernel<T, V>
-        <<<cuda::grid_for(vecs, kThreads, num_sms), kThreads, 0, stream>>>(x, vecs, amax);
+    const int64_t blocks = cuda::grid_for(vecs, kThreads, num_sms);
+    if constexpr (kActLoads<T>) {
+      if (act != nullptr) {
+        amax_kernel<T, V, true><<<blocks, kThreads, 0, stream>>>(x, vecs, amax, *act);
+        return;
+      }
+    }
+    amax_kernel<T, V><<<blocks, kThreads, 0, stream>>>(x, vecs, amax, ActKind::kGelu);
   });
   cuda::check_launch("amax_kernel");
 }
@@ -111,12 +140,13 @@ constexpr int kTileRows = 128, kTileCols = 64, kTilePitch = kTileCols + 1;
 // scale s to FP8 data [rows, cols] and, where data_t is given, its transpose [cols, rows], through
 // shared memory; each thread moves V-element vectors (V = 8: 16-byte bf16 loads, 8-byte FP8
 // stores). Returns this thread's amax of what it read.
-template <typename T, int V>
+template <typename T, int V, bool kAct = false>
 __device__ __forceinline__ float cast_transpose_tile(const T* __restrict__ x,
                                                      uint8_t* __restrict__ data,
                                                      uint8_t* __restrict__ data_t, int64_t rows,
                                                      int64_t cols, int64_t tile, int64_t col_tiles,
-                                                     float s, bool e4m3) {
+                                                     float s, bool e4m3,
+                                                     ActKind act = ActKind::kGelu) {
   constexpr int kLanes = kTileCols / V;            // threads per tile row
   constexpr int kRowsPerPass = kThreads / kLanes;  // tile rows per pass
   constexpr int kLanesT = kTileRows / V;           // threads per transposed row (a tile column)
@@ -134,7 +164,7 @@ __device__ __forceinline__ float cast_transpose_tile(const T* __restrict__ x,
       float f[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        f[j] = static_cast<float>(cuda::to_acc(v.v[j]));
+        f[j] = cast_input<T, kAct>(v.v[j], act);
         m = amax_with(m, f[j]);
         f[j] *= s;
       }
@@ -164,19 +194,20 @@ __device__ __forceinline__ float cast_transpose_tile(const T* __restrict__ x,
 }
 
 // x [rows, cols] (cols and, with data_t, rows multiples of V) to FP8 data and, where data_t is
-// given, its transpose, one tile per block. The scale is *scale (delayed scaling; the tile's amax
-// then goes into *amax) or comes from *amax (current scaling); block 0 writes 1 / scale.
-template <typename T, int V>
+// given, its transpose, one tile per block (of act(x) with kAct). The scale is *scale (delayed
+// scaling; the tile's amax then goes into *amax) or comes from *amax (current scaling); block 0
+// writes 1 / scale.
+template <typename T, int V, bool kAct = false>
 __global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restrict__ data,
                                       uint8_t* __restrict__ data_t, int64_t rows, int64_t cols,
                                       int64_t col_tiles, float* __restrict__ amax,
                                       const float* __restrict__ scale,
                                       float* __restrict__ scale_inv, float fmax,
-                                      float margin_factor, bool e4m3) {
+                                      float margin_factor, bool e4m3, ActKind act) {
   const float s = scale != nullptr ? *scale : scale_from(*amax, fmax, margin_factor, 1.f);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.f / s;
-  const float m =
-      cast_transpose_tile<T, V>(x, data, data_t, rows, cols, blockIdx.x, col_tiles, s, e4m3);
+  const float m = cast_transpose_tile<T, V, kAct>(x, data, data_t, rows, cols, blockIdx.x,
+                                                  col_tiles, s, e4m3, act);
   if (scale != nullptr) block_amax_into(m, amax);
 }
 
@@ -281,7 +312,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
 void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int64_t cols, bool e4m3,
                      double margin, float* amax, bool amax_given, float* scale, float* scale_inv,
                      float* history, int64_t history_len, bool use_max, KernelDType dtype,
-                     int num_sms, cudaStream_t stream) {
+                     int num_sms, cudaStream_t stream, const ActKind* act) {
   const float fmax = fp8_max_of(e4m3);
   const float margin_factor = exp2f(-static_cast<float>(margin));
   const bool amax_pass = scale == nullptr && !amax_given;  // current scaling: amax(x) first
@@ -290,21 +321,36 @@ void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int6
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const auto* tx = static_cast<const T*>(x);
-    if (n > 0 && amax_pass) launch_amax(tx, n, amax, num_sms, stream);
+    if (n > 0 && amax_pass) launch_amax(tx, n, amax, num_sms, stream, act);
     const int64_t col_tiles = cols > 0 ? (cols + kTileCols - 1) / kTileCols : 1;
     const int64_t blocks = n > 0 ? (rows + kTileRows - 1) / kTileRows * col_tiles : 1;
     // 16-bit inputs in 8-element vectors (16 bytes) where the rows (and, transposing, the row
     // count) allow; else 4.
     const bool wide = sizeof(T) <= 2 && cols % 8 == 0 && (data_t == nullptr || rows % 8 == 0);
     const auto launch = [&](auto kernel) {
-      kernel<<<blocks, kThreads, 0, stream>>>(tx, static_cast<uint8_t*>(data),
-                                              static_cast<uint8_t*>(data_t), rows, cols, col_tiles,
-                                              amax, scale, scale_inv, fmax, margin_factor, e4m3);
+      kernel<<<blocks, kThreads, 0, stream>>>(
+          tx, static_cast<uint8_t*>(data), static_cast<uint8_t*>(data_t), rows, cols, col_tiles,
+          amax, scale, scale_inv, fmax, margin_factor, e4m3, act ? *act : ActKind::kGelu);
     };
-    if (wide) {
-      launch(cast_transpose_kernel<T, 8>);
+    const auto launch_vec = [&](auto with_act) {
+      constexpr bool kAct = decltype(with_act)::value;
+      if (wide) {
+        launch(cast_transpose_kernel<T, 8, kAct>);
+      } else {
+        launch(cast_transpose_kernel<T, 4, kAct>);
+      }
+    };
+    if constexpr (kActLoads<T>) {
+      if (act != nullptr) {
+        launch_vec(std::true_type{});
+      } else {
+        launch_vec(std::false_type{});
+      }
     } else {
-      launch(cast_transpose_kernel<T, 4>);
+      if (act != nullptr) {
+        throw std::invalid_argument("launch_fp8_cast: an activation on load needs 16-bit data");
+      }
+      launch_vec(std::false_type{});
     }
     cuda::check_launch("cast_transpose_kernel");
   });
@@ -325,7 +371,7 @@ void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin,
     using T = decltype(tag);
     const auto* tx = static_cast<const T*>(x);
     if (n > 0) {
-      launch_amax(tx, n, amax, num_sms, stream);
+      launch_amax(tx, n, amax, num_sms, stream, nullptr);
       cuda::dispatch_vec<T>(n, {x, y}, [&](auto vec) {
         constexpr int V = decltype(vec)::value;
         const int64_t vecs = n / V;

@@ -21,11 +21,12 @@ void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin,
 /// the scale used. Current scaling (scale null): scale from amax(x) as launch_fp8_qdq; with
 /// amax_given, *amax already holds amax(x) (the kernel that wrote x computed it) and the cast is
 /// one pass. Delayed (scale given): cast with *scale, amax(x) into *amax, then the history and
-/// scale update as there.
+/// scale update as there. With `act` (16-bit data only), everything above reads act(x) rounded to
+/// x's dtype instead of x: the cast of an activation's output, from its input.
 void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int64_t cols, bool e4m3,
                      double margin, float* amax, bool amax_given, float* scale, float* scale_inv,
                      float* history, int64_t history_len, bool use_max, KernelDType dtype,
-                     int num_sms, cudaStream_t stream);
+                     int num_sms, cudaStream_t stream, const ActKind* act = nullptr);
 /// Per-tensor current-scaling casts of groups of consecutive rows of x [T, cols], each with the
 /// scale of its own amax: group g is rows [row_start[g], row_start[g + 1]) (row_start: num_groups
 /// + 1 host values), cast to data [T, cols] and, where data_t is not null, its transpose [cols,
@@ -40,9 +41,10 @@ void launch_fp8_cast_grouped(const void* x, void* data, void* data_t, const int6
 /// 1x128 (block_dim 1) or 128x128 (2) blocks with power-of-two scales: where not null, data [rows,
 /// cols] with scale_inv in block_scale_shape(rows, cols) layout, and data_t [cols, rows] (x^T cast
 /// the same way) with scale_inv_t in block_scale_shape(cols, rows) layout (kernels/fp8/fp8_block.h;
-/// padding entries left as they are).
+/// their padding entries zero). With `act`, of act(x) rounded to x's dtype (launch_fp8_cast).
 void launch_fp8_cast_block(const void* x, void* data, float* scale_inv, void* data_t,
                            float* scale_inv_t, int64_t rows, int64_t cols, int64_t block_dim,
-                           bool e4m3, KernelDType dtype, cudaStream_t stream);
+                           bool e4m3, KernelDType dtype, cudaStream_t stream,
+                           const ActKind* act = nullptr);
 
 }  // namespace fusible::kernels

@@ -2,10 +2,12 @@
 #include "ops/basic/activations.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/tanh.h>
 
 #include <cmath>
+#include <limits>
 
 #include "common/checks.h"
 #include "kernels/activation/activation.h"
@@ -49,9 +51,22 @@ void ElementwiseActivation::fill_context(OperationContext& ctx, const at::Tensor
   if (ctx.requires_grad) save_input(ctx, saves_output() ? y : x);
 }
 
+at::Tensor ElementwiseActivation::defer_output(OperationContext& ctx, const at::Tensor& x) const {
+  // One NaN broadcast to the output's shape: no memory, and NaN to any reader that skipped the
+  // resolution (DeferredActivation).
+  auto stand_in =
+      at::full({1}, std::numeric_limits<double>::quiet_NaN(), x.options()).expand(x.sizes());
+  ctx.output_act = {stand_in, x, kind_};
+  return stand_in;
+}
+
 at::Tensor ElementwiseActivation::op_forward(OperationContext& ctx, const at::Tensor& x,
                                              const ForwardArgs& args) {
   const auto xc = cast_to(x, activation_dtype(type_name().c_str(), x, args));
+  if (defers(ctx)) {  // the next op casts act(xc) to FP8 from xc
+    fill_context(ctx, xc, xc, args);
+    return defer_output(ctx, xc);
+  }
   auto y = kernels::activation_fwd(xc, kind_);
   fill_context(ctx, xc, y, args);
   return y;

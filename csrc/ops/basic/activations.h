@@ -45,6 +45,12 @@ class ElementwiseActivation : public BasicOperation, public QuantizedInputCache 
   /// Whether the backward reads the output (ReLU) rather than the input (a cached quantized input
   /// is always the input).
   bool saves_output() const { return kind_ == "relu" && !caches_quantized_input(); }
+  /// Whether the forward may hand act(x) to the next op deferred (want_output_act): its backward
+  /// must not need the output.
+  bool defers(const OperationContext& ctx) const { return ctx.want_output_act && !saves_output(); }
+  /// The deferred output of act(x): puts it in ctx.output_act and returns its stand-in (the
+  /// forward's context filled by the caller, with x).
+  at::Tensor defer_output(OperationContext& ctx, const at::Tensor& x) const;
   std::pair<at::Tensor, std::vector<at::Tensor>> op_backward(OperationContext& ctx,
                                                              const at::Tensor& dy) override;
 

@@ -73,10 +73,23 @@ std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContex
       ctx.fp8.fp8_gemms_fit(rows, in_features_, out_features_, ctx.compute_dtype, x.device());
   const bool need_x = ctx.requires_grad && ctx.param_requires_grad.at(0);
   const bool need_w = ctx.requires_grad && ctx.input_requires_grad;
+  // x may stand for act(pre), deferred by the op before: the FP8 cast reads pre and applies act
+  // on the way in; otherwise act(pre) is computed here (and x is never read).
+  const auto& deferred = ctx.input_act;
+  const bool is_deferred = deferred.for_tensor(x);
+  const bool cast_deferred = is_deferred && ctx.fp8.gemm_fp8 &&
+                             deferred.pre.scalar_type() == ctx.compute_dtype;
+  const auto xc = cast_to(is_deferred && !cast_deferred
+                              ? kernels::activation_fwd(deferred.pre, deferred.act)
+                              : x,
+                          ctx.compute_dtype);
   // A producer's amax of x, where it made this very x (the cast uses it only where it applies).
-  const auto xc = cast_to(x, ctx.compute_dtype);
-  auto xo = ctx.fp8.forward_operand(xc, 0, /*weight=*/false, /*rowwise=*/true,
-                                    /*columnwise=*/need_x, ctx.input_amax.for_tensor(xc));
+  auto xo = cast_deferred
+                ? ctx.fp8.forward_operand(deferred.pre, 0, /*weight=*/false, /*rowwise=*/true,
+                                          /*columnwise=*/need_x, {}, deferred.act)
+                : ctx.fp8.forward_operand(xc, 0, /*weight=*/false, /*rowwise=*/true,
+                                          /*columnwise=*/need_x, ctx.input_amax.for_tensor(xc));
+  ctx.input_act = {};
   // A row-parallel linear under sequence parallelism casts dy after gathering it.
   ctx.takes_grad_output_amax = ctx.requires_grad && ctx.fp8.takes_produced_amax() &&
                                !(tp_.mode == "row" && tp_.sequence_parallel);
@@ -135,6 +148,10 @@ at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,
 
 bool BasicLinear::takes_input_amax() const {
   return !(tp_.mode == "column" && tp_.sequence_parallel);  // that one casts the gathered input
+}
+
+bool BasicLinear::takes_input_act() const {
+  return !(tp_.mode == "column" && tp_.sequence_parallel);  // that one gathers the input first
 }
 
 std::string BasicLinear::plan_label(bool backward) const {

@@ -46,6 +46,7 @@ class BasicLinear : public BasicOperation {
   /// parallel forward), "BasicLinear[all-reduce dgrad, overlapped]" (column backward), ...
   std::string plan_label(bool backward) const override;
   bool takes_input_amax() const override;
+  bool takes_input_act() const override;
   /// The registered weight (a call computes with the call's own, OperationContext::params).
   at::Tensor& weight() { return *parameters_.find("weight"); }
   void reset_parameters() override;

@@ -17,6 +17,7 @@ ForwardLinearBiasActivation::ForwardLinearBiasActivation(
       bias_(std::move(bias)),
       activation_(std::move(activation)) {
   set_fused_directions(/*forward=*/true, /*backward=*/false);
+  set_input_through_front_op();  // the input goes only to linear_->prepare_forward
 }
 
 at::Tensor ForwardLinearBiasActivation::fuser_forward(const std::vector<OperationContext*>& ctxs,
@@ -30,6 +31,14 @@ at::Tensor ForwardLinearBiasActivation::fuser_forward(const std::vector<Operatio
   const auto b = bias_->prepare_forward(bias_ctx, args);
   if (!activation_) return gemms::forward(x, w, b);
   ctxs.at(2)->input_dtype = bias_ctx.compute_dtype;
+  // FP8 GEMMs here and a linear next: it casts act(pre) to FP8 from pre, so the GEMM writes pre
+  // alone and nothing writes act(pre). (Where this GEMM is not FP8, say below fp8_min_tokens, the
+  // epilogue below keeps the arithmetic of a run without FP8.)
+  if (activation_->defers(*ctxs.at(2)) && linear_ctx.fp8.gemm_fp8) {
+    auto pre = gemms::forward(x, w, b);
+    activation_->fill_context(*ctxs.at(2), pre, pre, args);
+    return activation_->defer_output(*ctxs.at(2), pre);
+  }
   // ReLU's backward needs only y; without a backward nothing needs the pre-activation.
   if (activation_->saves_output() || !ctxs.at(2)->requires_grad) {
     auto y = gemms::forward_act(x, w, b, activation_->kind(), /*save_pre=*/false).first;

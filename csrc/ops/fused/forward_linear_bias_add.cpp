@@ -16,6 +16,7 @@ ForwardLinearBiasAdd::ForwardLinearBiasAdd(std::shared_ptr<BasicLinear> linear,
       bias_(std::move(bias)),
       add_(std::move(add)) {
   set_fused_directions(/*forward=*/true, /*backward=*/false);
+  set_input_through_front_op();  // the input goes only to linear_->prepare_forward
 }
 
 at::Tensor linear_then_add(AddExtraInput& add, OperationContext& add_ctx, const GemmOperand& x,

@@ -14,6 +14,7 @@ ForwardLinearScaleAdd::ForwardLinearScaleAdd(std::shared_ptr<BasicLinear> linear
       scale_(std::move(scale)),
       add_(std::move(add)) {
   set_fused_directions(/*forward=*/true, /*backward=*/false);
+  set_input_through_front_op();  // the input goes only to linear_->prepare_forward
 }
 
 at::Tensor ForwardLinearScaleAdd::fuser_forward(const std::vector<OperationContext*>& ctxs,
