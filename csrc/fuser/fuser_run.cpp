@@ -22,6 +22,15 @@ bool per_tensor_current_scaling() {
          ops::fp8_amax_handoff();
 }
 
+// Whether an activation before a linear hands over act(pre) (OperationContext::want_output_act):
+// under delayed scaling, whose one-pass cast applies the activation on the way in. Current scaling
+// would compute it twice (the amax pass, then the cast), and the block-scaled tile kernel slows
+// down by more than the activation kernel it saves (measured on the H200: bench/RESULTS.md).
+bool defers_activations() {
+  const auto& autocast = ops::fp8_autocast();
+  return autocast.enabled && autocast.recipe && autocast.recipe->kind == "delayed";
+}
+
 std::vector<ops::OperationContext*> contexts_of(FuserCall& call, const PlannedOp& p) {
   std::vector<ops::OperationContext*> out;
   out.reserve(p.basic_indices.size());
@@ -61,7 +70,7 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
   at::Tensor x = input;
   const auto& plan = call.plan->forward;
   const bool amax_handoff = per_tensor_current_scaling();
-  const bool fp8_on = ops::fp8_autocast().enabled;
+  const bool act_handoff = defers_activations();
   for (size_t k = 0; k < plan.size(); ++k) {
     const auto& p = plan[k];
     auto ctxs = contexts_of(call, p);
@@ -69,9 +78,9 @@ std::vector<at::Tensor> run_forward(FuserCall& call, const at::Tensor& input,
     const bool next_takes_amax =
         amax_handoff && k + 1 < plan.size() && plan[k + 1].op->takes_input_amax();
     ctxs.back()->want_output_amax = next_takes_amax;
-    // Under FP8 the next op casts this output: an activation hands over act(pre) instead.
+    // The next op casts this output to FP8: an activation hands over act(pre) instead.
     const bool next_takes_act =
-        fp8_on && k + 1 < plan.size() && plan[k + 1].op->takes_input_act();
+        act_handoff && k + 1 < plan.size() && plan[k + 1].op->takes_input_act();
     ctxs.back()->want_output_act = next_takes_act;
     // Defaults for every covered op (a fused forward may not know its inner ops' inputs); the
     // first op's are exact.

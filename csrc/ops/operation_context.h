@@ -84,7 +84,7 @@ struct OperationContext : std::enable_shared_from_this<OperationContext> {
   /// A consumer uses an amax only for the very tensor it was computed of (ProducedAmax).
   bool want_output_amax = false, want_grad_input_amax = false, takes_grad_output_amax = false;
   ProducedAmax output_amax, input_amax, grad_input_amax, grad_output_amax;
-  /// The deferred-activation handoff under an FP8 autocast (set by the fuser where the next op
+  /// The deferred-activation handoff under FP8 delayed scaling (set by the fuser where the next op
   /// takes_input_act): want_output_act asks an activation to return a stand-in and put act(pre)
   /// in output_act; the fuser moves it to the next op's input_act, which must resolve it.
   bool want_output_act = false;
