@@ -226,8 +226,7 @@ GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, b
   if (gemm_fp8) {
     const auto& format = backward ? recipe->backward_format : recipe->forward_format;
     if (recipe->kind == "block") {
-      return fp8_block_data(x, format, gemm_block(backward, weight), rowwise, columnwise,
-                            cast_act);
+      return fp8_block_data(x, format, gemm_block(backward, weight), rowwise, columnwise, cast_act);
     }
     const auto* states = state ? (backward ? &state->backward : &state->forward) : nullptr;
     return fp8_data(*this, x, format, states, index, columnwise, amax, cast_act);

@@ -250,8 +250,7 @@ Fp8Cast fp8_cast_with_amax(const at::Tensor& x, c10::string_view format, const a
 
 Fp8Cast fp8_cast_delayed(const at::Tensor& x_in, c10::string_view format,
                          const at::Tensor& amax_history, const at::Tensor& scale, double margin,
-                         c10::string_view amax_compute_algo, bool transpose,
-                         c10::string_view act) {
+                         c10::string_view amax_compute_algo, bool transpose, c10::string_view act) {
   constexpr const char* op = "fp8_cast_delayed";
   check_fp8_cast_args(op, x_in, format, margin);
   check_fp8_qdq_delayed_args(x_in, format, amax_history, scale, margin, amax_compute_algo);

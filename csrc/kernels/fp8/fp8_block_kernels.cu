@@ -79,8 +79,8 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           // The fast forms for 16-bit data, as activation_fwd's (the same bytes).
-          xv.v[j] = cuda::from_acc<T>(
-              cuda::act_value<cuda::acc_t<T>, true>(act, cuda::to_acc(xv.v[j])));
+          xv.v[j] =
+              cuda::from_acc<T>(cuda::act_value<cuda::acc_t<T>, true>(act, cuda::to_acc(xv.v[j])));
         }
       }
     } else {
@@ -196,8 +196,7 @@ __global__ void cast_block_kernel(const T* __restrict__ x, uint8_t* __restrict__
 
 void launch_fp8_cast_block(const void* x, void* data, float* scale_inv, void* data_t,
                            float* scale_inv_t, int64_t rows, int64_t cols, int64_t block_dim,
-                           bool e4m3, KernelDType dtype, cudaStream_t stream,
-                           const ActKind* act) {
+                           bool e4m3, KernelDType dtype, cudaStream_t stream, const ActKind* act) {
   const int64_t blocks = (rows + kTile - 1) / kTile * ((cols + kTile - 1) / kTile);
   if (blocks == 0) return;
   const auto launch = [&](auto tag) {

@@ -77,12 +77,11 @@ std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContex
   // on the way in; otherwise act(pre) is computed here (and x is never read).
   const auto& deferred = ctx.input_act;
   const bool is_deferred = deferred.for_tensor(x);
-  const bool cast_deferred = is_deferred && ctx.fp8.gemm_fp8 &&
-                             deferred.pre.scalar_type() == ctx.compute_dtype;
-  const auto xc = cast_to(is_deferred && !cast_deferred
-                              ? kernels::activation_fwd(deferred.pre, deferred.act)
-                              : x,
-                          ctx.compute_dtype);
+  const bool cast_deferred =
+      is_deferred && ctx.fp8.gemm_fp8 && deferred.pre.scalar_type() == ctx.compute_dtype;
+  const auto xc = cast_to(
+      is_deferred && !cast_deferred ? kernels::activation_fwd(deferred.pre, deferred.act) : x,
+      ctx.compute_dtype);
   // A producer's amax of x, where it made this very x (the cast uses it only where it applies).
   auto xo = cast_deferred
                 ? ctx.fp8.forward_operand(deferred.pre, 0, /*weight=*/false, /*rowwise=*/true,
