@@ -6,9 +6,7 @@
 # through our code (libfusible, fusible._C) other than a Python object's: Python and torch keep
 # memory until exit by design (Python objects alive at exit are not freed, nor what they own: the
 # indirect leaks), so those are not ours to report. Logs in build/sanitize/logs.
-#   bash scripts/sanitize.sh [pytest args...]     (default: the tests/python suite but
-#   test_cmake_package.py, which builds a C++ consumer of the installed package: a packaging test
-#   whose cmake and compiler would run under the preloaded ASan runtime, not fusible's code)
+#   bash scripts/sanitize.sh [pytest args...]     (default: the whole tests/python suite)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=$(command -v "${PY:-$PWD/.venv/bin/python}")
@@ -49,8 +47,6 @@ gtest_rc=$?
 tail -3 "$LOGS/gtest.txt"
 
 echo "[sanitize] pytest"
-pytest_args=("$@")
-[ ${#pytest_args[@]} -eq 0 ] && pytest_args=(. --ignore=test_cmake_package.py)
 cp -r python_bindings/fusible/. "$BUILD/python/fusible/"
 # The ASan runtime must come first, and libstdc++ with it: python does not link libstdc++, and
 # ASan's exception interceptor finds no __cxa_throw to forward to otherwise. PYTHONMALLOC=malloc
@@ -58,7 +54,7 @@ cp -r python_bindings/fusible/. "$BUILD/python/fusible/"
 preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
 # FUSIBLE_SANITIZE: the tensor-parallel tests run two ranks, not also four (test_tensor_parallel.py).
 (cd tests/python && FUSIBLE_SANITIZE=1 PYTHONPATH="$PWD/../../$BUILD/python" LD_PRELOAD="$preload" PYTHONMALLOC=malloc \
-  "$PY" -m pytest -q -p no:cacheprovider "${pytest_args[@]}") >"$LOGS/pytest.txt" 2>&1
+  "$PY" -m pytest -q -p no:cacheprovider "${@:-.}") >"$LOGS/pytest.txt" 2>&1
 pytest_rc=$?
 tail -1 "$LOGS/pytest.txt"
 
