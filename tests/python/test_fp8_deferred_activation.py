@@ -170,16 +170,24 @@ def test_an_op_that_does_not_take_it_gets_the_activation():
     dt = torch.bfloat16
     fc1 = ops.Linear(64, 128, device="cpu", dtype=dt)
     seq = ops.Sequential(fc1, ops.GELU(), Record(), ops.Linear(128, 64, device="cpu", dtype=dt))
+    with torch.no_grad():  # every parameter random
+        for p in seq.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
     x = torch.randn(32, 64).to(torch.bfloat16)
-    with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
+    # Delayed scaling: the recipe under which a GELU before a linear would be deferred.
+    with fusible.autocast(recipe=recipe.DelayedScaling()):
         seq(x)
     assert torch.isfinite(seen["x"]).all()
+
+    def first_cast(t):  # a fresh delayed state casts with scale 1
+        return F.fp8_quantize_dequantize_delayed(
+            t, "e4m3", torch.zeros(4), torch.ones(1), 0.0, "max"
+        )
+
     want = torch.nn.functional.gelu(
         torch.nn.functional.linear(
-            F.fp8_quantize_dequantize(x, "e4m3"),
-            F.fp8_quantize_dequantize(fc1.weight, "e4m3"),
-            fc1.bias,
-        ).float(),
+            first_cast(x).double(), first_cast(fc1.weight).double(), fc1.bias.double()
+        ),
         approximate="tanh",
     )
     assert _rel(seen["x"], want) < 1e-2
