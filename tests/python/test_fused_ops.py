@@ -343,6 +343,68 @@ class TestInPlaceSemantics:
         torch.testing.assert_close(x1.grad, dy, rtol=0, atol=0)
         torch.testing.assert_close(x2.grad, dy, rtol=0, atol=0)
 
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("in_place", [False, True])
+    @pytest.mark.parametrize("x_dtype,extra_dtype", [(torch.float32, D), (D, torch.float32)])
+    def test_add_extra_input_promotes_as_torch(self, x_dtype, extra_dtype, in_place, device):
+        """Out of place y = x + extra in torch's promoted dtype (te.ops adds with `+`); in place,
+        extra's storage and dtype. Each gradient comes back in its tensor's dtype."""
+        x = torch.randn(4, 8, dtype=x_dtype, device=device, requires_grad=True)
+        extra = torch.randn(4, 8, dtype=extra_dtype, device=device, requires_grad=not in_place)
+        expected = x.detach() + extra.detach() if not in_place else extra.detach() + x.detach()
+        y = ops.AddExtraInput(in_place=in_place)(x, extra if not in_place else extra.clone())
+        want = extra_dtype if in_place else torch.promote_types(x_dtype, extra_dtype)
+        assert y.dtype == want
+        torch.testing.assert_close(y, expected.to(want), rtol=0, atol=0)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        assert x.grad.dtype == x_dtype
+        torch.testing.assert_close(x.grad, dy.to(x_dtype), rtol=0, atol=0)
+        if not in_place:
+            assert extra.grad.dtype == extra_dtype
+            torch.testing.assert_close(extra.grad, dy.to(extra_dtype), rtol=0, atol=0)
+
+    @pytest.mark.parametrize("bias", [False, True])
+    def test_bf16_block_output_added_to_a_float32_residual_stays_float32(self, bias):
+        """A Linear in bf16 then AddExtraInput with an fp32 residual (fused as
+        ForwardLinearBiasAdd where dtypes agree): y is fp32, the residual is not rounded to bf16,
+        and three SGD steps match the same model in plain torch."""
+        torch.manual_seed(0)
+        linear = ops.Linear(8, 8, bias=bias, dtype=torch.bfloat16, device="cpu")
+        with torch.no_grad():
+            for p in linear.parameters():
+                p.uniform_(-0.5, 0.5)
+        ref = {
+            n: p.detach().double().clone().requires_grad_() for n, p in linear.named_parameters()
+        }
+        seq = ops.Sequential(linear, ops.AddExtraInput())
+        opt = torch.optim.SGD(seq.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(ref.values(), lr=0.1)
+        for _ in range(3):
+            x = torch.randn(4, 8, dtype=torch.bfloat16)
+            residual = (torch.randn(4, 8) + 1000.0).requires_grad_()  # bf16 would round it
+            y = seq(x, residual)
+            assert y.dtype == torch.float32
+            # The linear's output rounds to bf16 (ulp <= 2^-6 here); the residual, near 1000, would
+            # round by up to 2 in bf16.
+            with torch.no_grad():
+                torch.testing.assert_close(y, linear(x).float() + residual, rtol=0, atol=2**-5)
+            h = x.double() @ ref["weight"].T + (ref["bias"] if bias else 0)
+            torch.testing.assert_close(y.double(), h + residual.double(), rtol=0, atol=2**-5)
+            dy = torch.randn_like(y)
+            opt.zero_grad()
+            y.backward(dy)
+            torch.testing.assert_close(residual.grad, dy, rtol=0, atol=0)
+            (h * dy.double()).sum().backward()
+            opt.step()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            for n, p in linear.named_parameters():
+                # bf16 gradients: lr x one bf16 ulp of a gradient of up to ~5.
+                torch.testing.assert_close(p.double(), ref[n].detach(), rtol=2**-7, atol=5e-3)
+                with torch.no_grad():
+                    ref[n].copy_(p.double())  # bf16 parameters: continue from the same bits
+
     @pytest.mark.parametrize("in_place", [False, True])
     def test_make_extra_output(self, in_place):
         x = torch.randn(4, 8, dtype=D, requires_grad=True)

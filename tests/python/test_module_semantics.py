@@ -84,6 +84,31 @@ class TestParametersReadPerCall:
         assert lin.parametrizations.weight.original0.grad is not None
         assert lin.parametrizations.weight.original1.grad is not None
 
+    def test_deepcopy_under_weight_norm(self):
+        """copy.deepcopy of a parametrized op (torch.nn.Linear's behaviour): an independent copy
+        that computes the same and trains on its own; pickling it is refused as torch refuses it."""
+        torch.manual_seed(0)
+        model = ops.Sequential(ops.Linear(8, 4, dtype=D, device="cpu"), ops.GELU())
+        torch.nn.utils.parametrizations.weight_norm(model[0])
+        with torch.no_grad():
+            model[0].bias.uniform_(-1, 1)
+            model[0].parametrizations.weight.original0.mul_(2.0)
+        clone = copy.deepcopy(model)
+        x = torch.randn(3, 8, dtype=D, device="cpu")
+        torch.testing.assert_close(clone(x), model(x), rtol=0, atol=0)
+        original = clone[0].parametrizations.weight.original1
+        assert original is not model[0].parametrizations.weight.original1
+        clone(x).sum().backward()
+        assert original.grad is not None and model[0].parametrizations.weight.original1.grad is None
+        with torch.no_grad():
+            original.add_(1.0)
+        lin = clone[0]
+        ref = torch.nn.functional.gelu(x @ lin.weight.T + lin.bias, approximate="tanh")
+        torch.testing.assert_close(clone(x), ref)
+        assert not torch.allclose(clone(x), model(x))
+        with pytest.raises(RuntimeError, match="state_dict"):
+            pickle.dumps(model[0])
+
     def test_load_state_dict_assign(self):
         model = _mlp()
         x = torch.randn(3, 8, dtype=D, device="cpu")
@@ -306,6 +331,51 @@ class TestHooks:
         assert not torch.allclose(y, ref)
         torch.testing.assert_close(model(x), ref)  # removing the hook restores fusion and values
         assert y.shape == ref.shape and fc2 is model[3]
+
+    def test_global_forward_hooks_run_for_each_op_as_in_torch_sequential(self):
+        """register_module_forward_(pre_)hook: torch.nn.Sequential's children run them, so every
+        op of ours does too, with its real input and output; removing them restores fusion."""
+        model = _mlp()
+        x = torch.randn(3, 8, dtype=D, device="cpu")
+        model(x)
+        fused_groups = len(model.fusion_plan())
+        seen, order = {}, []
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+
+        def after(m, args, out):
+            order.append(("post", m))
+            seen[id(m)] = out
+
+        pre = register_module_forward_pre_hook(lambda m, args: order.append(("pre", m)))
+        post = register_module_forward_hook(after)
+        try:
+            y = model(x)
+            groups = len(model.fusion_plan())
+            order_eager = list(order)
+            # Compiled, the Sequential is one call: the global hooks run for it alone.
+            order.clear()
+            y_compiled = torch.compile(model, backend="eager")(x)
+            compiled_order = [m for kind, m in order if kind == "pre"]
+        finally:
+            pre.remove()
+            post.remove()
+        assert [m for kind, m in order_eager if kind == "pre"] == [model, *model]
+        assert [m for kind, m in order_eager if kind == "post"] == [*model, model]
+        assert model in compiled_order and not any(m in compiled_order for m in model)
+        torch.testing.assert_close(y_compiled, y)
+        ln, fc1 = model[0], model[1]
+        h = torch.nn.functional.layer_norm(x, (8,), ln.weight, ln.bias, ln.eps)
+        torch.testing.assert_close(seen[id(ln)], h)
+        torch.testing.assert_close(seen[id(fc1)], h @ fc1.weight.T + fc1.bias)
+        fc2 = model[3]
+        ref = torch.nn.functional.gelu(seen[id(fc1)], approximate="tanh") @ fc2.weight.T + fc2.bias
+        torch.testing.assert_close(y, ref)
+        assert groups == len(model) and fused_groups < groups
+        model(x)
+        assert len(model.fusion_plan()) == fused_groups  # fused again once the hooks are gone
 
     def test_backward_hook_warns(self):
         model = _mlp()

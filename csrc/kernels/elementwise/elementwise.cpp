@@ -26,10 +26,11 @@ at::Tensor add_fwd(const at::Tensor& x, const at::Tensor& other) {
   return (upcast(x) + upcast(other)).to(x.scalar_type());
 }
 
-// self += other, in self's storage and dtype.
+// self += other, in self's storage and dtype: the sum in the promoted dtype, rounded once to self's
+// (torch's `self += other`, which te.ops' in-place add runs).
 void add_(const at::Tensor& self, const at::Tensor& other) {
   check_add_args("add_", self, other);
-  self.add_(other.to(self.scalar_type()));
+  self.add_(other);
 }
 
 }  // namespace reference

@@ -2,6 +2,7 @@
 #include "ops/basic/extra_io.h"
 
 #include <ATen/ExpandUtils.h>
+#include <ATen/ops/result_type.h>
 #include <ATen/ops/sum_to_size.h>
 
 #include <vector>
@@ -36,19 +37,28 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ct
               input.device(), ", got ", extra.device());
   auto& ctx = *ctxs.at(0);
   ctx.state = c10::IValue();
-  if (!extra.sizes().equals(input.sizes())) {
-    // te.ops adds with broadcasting: y has the broadcast shape; the backward sums each gradient
-    // back to its tensor's shape.
-    const auto shape = broadcast_shape(input, extra);
+  const bool same_shape = extra.sizes().equals(input.sizes());
+  const bool in_place = writes_in_place(ctx, input, extra);
+  // Out of place, te.ops adds as torch does: y in the promoted dtype (a bf16 block's output added
+  // to an fp32 residual stays fp32). In place, y is extra's storage and dtype.
+  const auto dtype = in_place ? extra.scalar_type() : at::result_type(input, extra);
+  if (!same_shape || extra.scalar_type() != dtype) {
+    // The backward sums each gradient back to its tensor's shape and returns extra's in its dtype.
     ctx.input_shape = input.sizes().vec();
-    ctx.state = c10::IValue(extra.sizes().vec());
-    if (writes_in_place(ctx, input, extra) && extra.sizes().equals(shape)) {
+    ctx.state = c10::IValue(
+        std::make_tuple(extra.sizes().vec(), static_cast<int64_t>(extra.scalar_type())));
+  }
+  if (!same_shape) {
+    // te.ops adds with broadcasting: y has the broadcast shape.
+    const auto shape = broadcast_shape(input, extra);
+    if (in_place && extra.sizes().equals(shape)) {
       kernels::add_(extra, input.expand(shape).contiguous());
       return extra;
     }
-    return kernels::add_fwd(input.expand(shape).contiguous(), extra.expand(shape).contiguous());
+    return kernels::add_fwd(cast_to(input, dtype).expand(shape).contiguous(),
+                            cast_to(extra, dtype).expand(shape).contiguous());
   }
-  if (!writes_in_place(ctx, input, extra)) return kernels::add_fwd(input, extra);
+  if (!in_place) return kernels::add_fwd(cast_to(input, dtype), cast_to(extra, dtype));
   kernels::add_(extra, input);
   return extra;
 }
@@ -66,9 +76,14 @@ BackwardResult AddExtraInput::fuser_backward(const std::vector<OperationContext*
                                              const at::Tensor& grad_output, const TensorLists&) {
   const auto& ctx = *ctxs.at(0);
   if (ctx.state.isNone()) return {grad_output, {{}}, {{grad_output}}};
-  // Broadcast in the forward: each gradient summed back to its tensor's shape.
-  const auto extra_shape = ctx.state.toIntVector();
-  return {grad_output.sum_to_size(ctx.input_shape), {{}}, {{grad_output.sum_to_size(extra_shape)}}};
+  // Broadcast or promoted in the forward: each gradient summed back to its tensor's shape, extra's
+  // in its dtype (the fuser returns the input's in the input's dtype).
+  const auto extra = ctx.state.toTuple();
+  const auto extra_shape = extra->elements().at(0).toIntVector();
+  const auto extra_dtype = static_cast<at::ScalarType>(extra->elements().at(1).toInt());
+  return {grad_output.sum_to_size(ctx.input_shape),
+          {{}},
+          {{cast_to(grad_output.sum_to_size(extra_shape), extra_dtype)}}};
 }
 
 at::Tensor MakeExtraOutput::fuser_forward(const std::vector<OperationContext*>&,

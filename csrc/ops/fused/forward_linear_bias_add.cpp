@@ -32,9 +32,11 @@ at::Tensor linear_then_add(AddExtraInput& add, OperationContext& add_ctx, const 
   if (extra.scalar_type() != x.dtype || !same_shape) {
     // The add op's own forward casts and broadcasts as it needs (rare: a residual in another
     // dtype or shape).
-    auto y = gemms::forward(x, w, std::nullopt);
+    // The bias in the GEMM's epilogue where nothing comes between, as the unfused Linear adds it
+    // (one rounding to the compute dtype, the same bits).
+    auto y = gemms::forward(x, w, alpha == 1.0 ? b : std::nullopt);
     if (alpha != 1.0) y = kernels::scale_fwd(y, alpha);
-    if (b) y = kernels::bias_fwd(y, *b);
+    if (b && alpha != 1.0) y = kernels::bias_fwd(y, *b);
     TensorLists unused_out(1);
     return add.fuser_forward({&add_ctx}, y, {{extra}}, unused_out, args);
   }

@@ -3,6 +3,7 @@ operation. Its Parameters start as the C++ op's own tensors (one autograd leaf, 
 each call passes the module's current ones ("parameters are call inputs"), so assignment,
 functional_call and FSDP's unsharded parameters take effect."""
 
+import copy
 import weakref
 
 import torch
@@ -257,6 +258,19 @@ class FusibleOperation(torch.nn.Module):
         basic = self._builtin and self._basic_op_list() == [self]
         state["_fp8_state"] = _C._fp8_state(self._cpp) if basic else None
         return state
+
+    def __deepcopy__(self, memo):
+        # What copy.deepcopy does through __reduce_ex__, written out: torch's parametrizations
+        # (weight_norm, ...) put a subclass in front whose __getstate__ refuses pickling and whose
+        # default __deepcopy__ would copy the C++ op itself; ours (the first __getstate__ past
+        # that subclass) leaves it out and __setstate__ rebuilds it.
+        cls = type(self)
+        if torch.nn.utils.parametrize.is_parametrized(self):
+            cls = cls.__bases__[0]
+        replica = type(self).__new__(type(self))
+        memo[id(self)] = replica
+        replica.__setstate__(copy.deepcopy(cls.__getstate__(self), memo))
+        return replica
 
     def __setstate__(self, state):
         channels = state.pop("_channel_state", None)

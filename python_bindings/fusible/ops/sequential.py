@@ -23,12 +23,22 @@ def _check_modules(modules):
             raise TypeError(f"Sequential: expected a torch.nn.Module, got {type(m).__name__}")
 
 
-def _hooks(module):
-    """1 when a fusible op has forward hooks (it then runs unfused, as its own group), 2 when it
-    has backward hooks (which cannot run inside a fuser: a warning), else 0."""
+def _global_forward_hooks():
+    """Whether forward hooks registered for every module (register_module_forward_hook and
+    register_module_forward_pre_hook) are set: torch.nn.Sequential's children run them, so ours
+    do too."""
+    from torch.nn.modules import module
+
+    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+
+
+def _hooks(module, global_forward=False):
+    """1 when a fusible op has forward hooks, its own or `global_forward` ones (it then runs
+    unfused, as its own group), 2 when it has backward hooks (which cannot run inside a fuser: a
+    warning), else 0."""
     if not isinstance(module, FusibleOperation):
         return 0
-    forward = bool(module._forward_hooks or module._forward_pre_hooks)
+    forward = bool(global_forward or module._forward_hooks or module._forward_pre_hooks)
     backward = bool(module._backward_hooks or module._backward_pre_hooks)
     return forward | 2 * backward
 
@@ -195,8 +205,13 @@ class Sequential(torch.nn.Module):
         return self.extend(list(other))
 
     # ---- running: the C++ Sequential groups and routes; this passes parameters and runs hooks
-    def _engine(self):
-        """The C++ Sequential, with its hook flags brought up to date."""
+    def _engine(self, global_forward=None):
+        """The C++ Sequential, with its hook flags brought up to date. global_forward: whether
+        global forward hooks isolate the ops (an eager call passes whether any are set, a compiled
+        one False); None keeps the last call's choice."""
+        if global_forward is None:
+            global_forward = self.__dict__.get("_global_forward", False)
+        self.__dict__["_global_forward"] = global_forward
         if self._cpp is None:
             cpp = _C.Sequential()
             for m in self._modules.values():
@@ -229,8 +244,8 @@ class Sequential(torch.nn.Module):
                 )
             )
             self._cpp, self._hook_flags = cpp, None  # last: a failure above leaves no engine
-        if self._hook_flags is None or self._any_hook or any(self._hook_dicts):
-            hooks = tuple(_hooks(m) for m in self._modules.values())
+        if self._hook_flags is None or self._any_hook or global_forward or any(self._hook_dicts):
+            hooks = tuple(_hooks(m, global_forward) for m in self._modules.values())
             if hooks != self._hook_flags:
                 for m, h in zip(self._modules.values(), hooks):
                     if h & 2:
@@ -258,7 +273,8 @@ class Sequential(torch.nn.Module):
         if func_active():  # torch.func: a custom op it can transform (_func_support)
             return _func_support.forward(self, input, extra_inputs, channel_inputs, return_dict)
         # Dynamo never gets here (the branch above), so no _disable_dynamo wrapper on this path.
-        cpp = self._engine()  # also sets _param_sources, _basic and _pre_hooks
+        # Also sets _param_sources, _basic and _pre_hooks.
+        cpp = self._engine(global_forward=_global_forward_hooks())
         quantize_last = self._quantize_last  # its C++ op, or None
         scale = quantization.output_scale(quantize_last) if quantize_last is not None else None
         if self._quantize_first is not None:
