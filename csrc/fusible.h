@@ -5,6 +5,7 @@
 #include "fuser/operation_fuser.h"
 #include "fuser/sequential.h"
 #include "kernels/dispatch.h"
+#include "ops/amax_reduction.h"
 #include "ops/basic/activations.h"
 #include "ops/basic/basic_linear.h"
 #include "ops/basic/bias.h"

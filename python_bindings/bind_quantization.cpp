@@ -19,23 +19,41 @@ void bind_quantization(py::module_& m) {
       .def(py::init([](std::string kind, std::string forward_format, std::string backward_format,
                        double margin, int64_t amax_history_len, std::string amax_compute_algo,
                        int64_t x_block_dim, int64_t w_block_dim, int64_t grad_block_dim,
-                       int64_t min_tokens) {
+                       int64_t min_tokens,
+                       std::optional<std::tuple<std::string, int64_t, int64_t>> amax_group) {
+             ops::ProcessGroupSpec group;
+             if (amax_group) {
+               group = {std::get<0>(*amax_group), std::get<1>(*amax_group),
+                        std::get<2>(*amax_group)};
+             }
              return std::make_shared<Fp8Recipe>(
                  Fp8Recipe{std::move(kind), std::move(forward_format), std::move(backward_format),
                            margin, amax_history_len, std::move(amax_compute_algo), x_block_dim,
-                           w_block_dim, grad_block_dim, min_tokens});
+                           w_block_dim, grad_block_dim, min_tokens, std::move(group)});
            }),
            py::arg("kind"), py::arg("forward_format"), py::arg("backward_format"),
            py::arg("margin"), py::arg("amax_history_len") = 1024,
            py::arg("amax_compute_algo") = "max", py::arg("x_block_dim") = 1,
-           py::arg("w_block_dim") = 2, py::arg("grad_block_dim") = 1, py::arg("min_tokens") = 0)
+           py::arg("w_block_dim") = 2, py::arg("grad_block_dim") = 1, py::arg("min_tokens") = 0,
+           py::arg("amax_group") = py::none())
       .def_readonly("amax_history_len", &Fp8Recipe::amax_history_len)
       .def_readonly("amax_compute_algo", &Fp8Recipe::amax_compute_algo)
       .def_readonly("kind", &Fp8Recipe::kind)
       .def_readonly("forward_format", &Fp8Recipe::forward_format)
       .def_readonly("backward_format", &Fp8Recipe::backward_format)
       .def_readonly("margin", &Fp8Recipe::margin)
-      .def_readonly("min_tokens", &Fp8Recipe::min_tokens);
+      .def_readonly("min_tokens", &Fp8Recipe::min_tokens)
+      .def_property_readonly("amax_group", [](const Fp8Recipe& r) -> py::object {
+        const auto& g = r.amax_reduction_group;
+        if (g.size <= 1) return py::none();
+        return py::make_tuple(g.name, g.size, g.rank);
+      });
+  // DelayedScaling's amax reduction across ranks (a collective; ops/amax_reduction.h): at
+  // fusible.autocast's entry and exit.
+  m.def(
+      "_reduce_delayed_amaxes",
+      [](const std::shared_ptr<Fp8Recipe>& recipe) { ops::reduce_delayed_amaxes(*recipe); },
+      py::arg("recipe"), py::call_guard<py::gil_scoped_release>());
   // (enabled, recipe or None) in, the previous pair out: Python's autocast restores it on exit.
   m.def(
       "_exchange_fp8_autocast",

@@ -43,10 +43,11 @@ at::Tensor reduce_scatter_start(const char* op, const at::Tensor& x,
   return scatter.call(x.contiguous(), "sum", group.size, group.name);
 }
 
-at::Tensor all_reduce_start(const char*, const at::Tensor& x, const ProcessGroupSpec& group) {
-  static const auto reduce =
+at::Tensor all_reduce_start(const char*, const at::Tensor& x, const ProcessGroupSpec& group,
+                            const char* reduce) {
+  static const auto all_reduce =
       c10d_op<at::Tensor(CT, std::string, std::string)>("_c10d_functional::all_reduce");
-  return reduce.call(x.contiguous(), "sum", group.name);
+  return all_reduce.call(x.contiguous(), reduce, group.name);
 }
 
 at::Tensor wait(const at::Tensor& started) {

@@ -25,8 +25,9 @@ void check_process_group(const char* op, const ProcessGroupSpec& group);
 at::Tensor all_gather_start(const char* op, const at::Tensor& x, const ProcessGroupSpec& group);
 /// Sums x over the ranks and keeps this rank's slice of dim 0 (which the group size must divide).
 at::Tensor reduce_scatter_start(const char* op, const at::Tensor& x, const ProcessGroupSpec& group);
-/// Sums x over the ranks.
-at::Tensor all_reduce_start(const char* op, const at::Tensor& x, const ProcessGroupSpec& group);
+/// Sums x over the ranks (`reduce` "sum"), or takes their elementwise "max".
+at::Tensor all_reduce_start(const char* op, const at::Tensor& x, const ProcessGroupSpec& group,
+                            const char* reduce = "sum");
 /// The collective's result, once written.
 at::Tensor wait(const at::Tensor& started);
 

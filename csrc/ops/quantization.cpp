@@ -10,12 +10,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <iomanip>
 #include <sstream>
 #include <tuple>
 
 #include "kernels/dispatch.h"
 #include "kernels/fp8/fp8_support.h"
+#include "ops/amax_reduction.h"
 
 namespace fusible::ops {
 namespace {
@@ -49,6 +51,9 @@ void check(const Fp8Autocast& a) {
         "fusible.autocast: expected amax_compute_algo 'max' or 'most_recent', got '",
         a.recipe->amax_compute_algo, "'");
   }
+  if (a.recipe->amax_reduction_group.size > 1) {
+    check_process_group("fusible.autocast", a.recipe->amax_reduction_group);
+  }
   for (const auto* f : {&a.recipe->forward_format, &a.recipe->backward_format}) {
     TORCH_CHECK_VALUE(*f == "e4m3" || *f == "e5m2",
                       "fusible.autocast: expected FP8 formats 'e4m3' or 'e5m2', got '", *f, "'");
@@ -66,9 +71,23 @@ Fp8Autocast exchange_fp8_autocast(Fp8Autocast autocast) {
 }
 
 Fp8AutocastGuard::Fp8AutocastGuard(bool enabled, std::shared_ptr<const Fp8Recipe> recipe)
-    : saved_(exchange_fp8_autocast({enabled, std::move(recipe)})) {}
+    : saved_(exchange_fp8_autocast({enabled, std::move(recipe)})),
+      exceptions_(std::uncaught_exceptions()) {
+  // The previous step's backward casts, reduced before this step casts with their scales.
+  if (current.enabled) reduce_delayed_amaxes(*current.recipe);
+}
 
-Fp8AutocastGuard::~Fp8AutocastGuard() { current = std::move(saved_); }
+Fp8AutocastGuard::~Fp8AutocastGuard() {
+  // Not while an exception unwinds: the other ranks may never reach this collective.
+  if (current.enabled && std::uncaught_exceptions() == exceptions_) {
+    try {
+      reduce_delayed_amaxes(*current.recipe);
+    } catch (const std::exception& e) {
+      TORCH_WARN("fusible: the FP8 autocast's amax reduction failed on exit: ", e.what());
+    }
+  }
+  current = std::move(saved_);
+}
 
 namespace {
 
@@ -117,16 +136,37 @@ void move_to(std::vector<DelayedScaling>& states, c10::Device device) {
 
 }  // namespace
 
+namespace {
+
+// After a delayed cast into c's state: its history joins the amax reduction (if any). A replayed
+// forward's states are throwaway copies (Fp8ReplayGuard): not those.
+void track(const Fp8Cast& c, bool backward, size_t index) {
+  if (!c.state || c.recipe->amax_reduction_group.size <= 1) return;
+  if (!backward) {
+    for (const auto& r : replaying) {
+      if (r.second == c.state) return;
+    }
+  }
+  const auto& states = backward ? c.state->backward : c.state->forward;
+  track_delayed_amax(*c.recipe, state_at(states, index), backward);
+}
+
+}  // namespace
+
 at::Tensor Fp8Cast::forward(const at::Tensor& x, size_t index, bool weight) const {
   if (!on()) return x;
-  return cast(*this, x, recipe->forward_format, state ? &state->forward : nullptr, index,
-              weight ? recipe->w_block_dim : recipe->x_block_dim);
+  auto y = cast(*this, x, recipe->forward_format, state ? &state->forward : nullptr, index,
+                weight ? recipe->w_block_dim : recipe->x_block_dim);
+  track(*this, /*backward=*/false, index);
+  return y;
 }
 
 at::Tensor Fp8Cast::backward(const at::Tensor& dy, size_t index) const {
   if (!on()) return dy;
-  return cast(*this, dy, recipe->backward_format, state ? &state->backward : nullptr, index,
-              recipe->grad_block_dim);
+  auto y = cast(*this, dy, recipe->backward_format, state ? &state->backward : nullptr, index,
+                recipe->grad_block_dim);
+  track(*this, /*backward=*/true, index);
+  return y;
 }
 
 at::Tensor Fp8Cast::columnwise(const at::Tensor& t, bool backward) const {
@@ -229,7 +269,9 @@ GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, b
       return fp8_block_data(x, format, gemm_block(backward, weight), rowwise, columnwise, cast_act);
     }
     const auto* states = state ? (backward ? &state->backward : &state->forward) : nullptr;
-    return fp8_data(*this, x, format, states, index, columnwise, amax, cast_act);
+    auto o = fp8_data(*this, x, format, states, index, columnwise, amax, cast_act);
+    track(*this, backward, index);
+    return o;
   }
   GemmOperand o;
   o.dtype = x.scalar_type();
@@ -310,8 +352,9 @@ std::string recipe_key(const Fp8Recipe* r) {
   std::ostringstream out;
   out << std::setprecision(17) << r->kind << ';' << r->forward_format << ';' << r->backward_format
       << ';' << r->margin << ';' << r->amax_history_len << ';' << r->amax_compute_algo << ';'
-      << r->x_block_dim << ';' << r->w_block_dim << ';' << r->grad_block_dim << ';'
-      << r->min_tokens;
+      << r->x_block_dim << ';' << r->w_block_dim << ';' << r->grad_block_dim << ';' << r->min_tokens
+      << ';' << r->amax_reduction_group.size << ';' << r->amax_reduction_group.rank << ';'
+      << r->amax_reduction_group.name;
   return out.str();
 }
 
@@ -325,10 +368,11 @@ std::shared_ptr<const Fp8Recipe> recipe_from_key(const std::string& key) {
   std::getline(in, r->backward_format, ';');
   in >> r->margin >> sep[0] >> r->amax_history_len >> sep[1];
   std::getline(in, r->amax_compute_algo, ';');
+  auto& g = r->amax_reduction_group;
   in >> r->x_block_dim >> sep[2] >> r->w_block_dim >> sep[3] >> r->grad_block_dim >> sep[4] >>
-      r->min_tokens;
-  const bool ok = !in.fail() && in.peek() == std::char_traits<char>::eof() &&
-                  std::all_of(sep, sep + 5, [](char c) { return c == ';'; });
+      r->min_tokens >> sep[5] >> g.size >> sep[6] >> g.rank >> sep[7];
+  if (in.peek() != std::char_traits<char>::eof()) std::getline(in, g.name);  // any characters
+  const bool ok = !in.fail() && std::all_of(sep, sep + 8, [](char c) { return c == ';'; });
   TORCH_CHECK_VALUE(ok, "fusible: '", key, "' is not an FP8 recipe key");
   check({true, r});
   return r;

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "ops/distributed.h"
+
 namespace fusible::ops {
 
 /// A recipe as the ops need it. kind: "current" (Float8CurrentScaling), "delayed" (DelayedScaling)
@@ -30,6 +32,9 @@ struct Fp8Recipe {
   // A linear over fewer rows (tokens) than this runs without FP8, its GEMMs in the compute dtype
   // (the recipe's fp8_min_tokens, an opt-in for shapes too small to pay for the casts); 0: never.
   int64_t min_tokens = 0;
+  // DelayedScaling with te's reduce_amax on a distributed run: the process group whose ranks share
+  // each tensor's amax history (ops/amax_reduction.h); size 1 (the default): none.
+  ProcessGroupSpec amax_reduction_group;
 };
 
 /// One tensor's delayed-scaling state (fp32, on the tensor's device): its amax history, newest
@@ -56,7 +61,9 @@ struct Fp8Autocast {
 const Fp8Autocast& fp8_autocast();
 
 /// Sets this thread's FP8 autocast for its lifetime (C++'s `fusible.autocast`). An enabled one
-/// needs a recipe of a kind that is supported (NotImplementedError otherwise).
+/// needs a recipe of a kind that is supported (NotImplementedError otherwise). With a recipe that
+/// reduces amaxes across ranks, construction and destruction (but during an exception) are
+/// collectives: reduce_delayed_amaxes (ops/amax_reduction.h).
 class Fp8AutocastGuard {
  public:
   Fp8AutocastGuard(bool enabled, std::shared_ptr<const Fp8Recipe> recipe);
@@ -66,6 +73,7 @@ class Fp8AutocastGuard {
 
  private:
   Fp8Autocast saved_;
+  int exceptions_;  // std::uncaught_exceptions() at construction
 };
 
 /// Replaces this thread's FP8 autocast, returning the previous one (for bindings whose scopes

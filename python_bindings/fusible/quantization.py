@@ -50,7 +50,22 @@ def fp8_block_scaling_available():
     return _fp8_support(block=True)
 
 
-def _cpp_recipe(recipe):
+def _amax_group(recipe, amax_reduction_group):
+    """(name, size, rank) of the group DelayedScaling reduces its amaxes over (te: with
+    reduce_amax, amax_reduction_group or else the default group, once torch.distributed is
+    initialized), or None (one process, or nothing to reduce)."""
+    dist = torch.distributed
+    if not (recipe.delayed() and recipe.reduce_amax):
+        return None
+    if amax_reduction_group is None and not (dist.is_available() and dist.is_initialized()):
+        return None
+    from .ops._distributed import group_spec
+
+    spec = group_spec("fusible.autocast", amax_reduction_group)
+    return spec if spec[1] > 1 else None
+
+
+def _cpp_recipe(recipe, amax_reduction_group=None):
     if not isinstance(recipe, _recipe.Recipe):
         raise TypeError(
             f"fusible.autocast: expected a fusible.recipe recipe, got {type(recipe).__name__}"
@@ -77,6 +92,7 @@ def _cpp_recipe(recipe):
             int(recipe.amax_history_len),
             algo,
             min_tokens=min_tokens,
+            amax_group=_amax_group(recipe, amax_reduction_group),
         )
     if recipe.float8_block_scaling():
         return _C.Fp8Recipe(
@@ -102,19 +118,21 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
         enabled (bool): False is an exact no-op.
         calibrating (bool): te's keyword, accepted at False only (NotImplementedError otherwise).
         recipe: a `fusible.recipe` recipe; None: Float8CurrentScaling() (HYBRID).
-        amax_reduction_group: te's keyword, accepted at None only (no distributed amax
-            reduction yet; NotImplementedError otherwise).
+        amax_reduction_group: a torch.distributed process group. Under DelayedScaling with
+            reduce_amax (its default) on a distributed run, each tensor's amax history is reduced
+            (max) over this group, or over the default group where it is None, so that every rank
+            casts with the same scales (those of the whole tensor). The reduction is one
+            collective on entry (the previous backward's amaxes) and one on exit (this forward's):
+            every rank of the group enters and leaves the autocast together and runs the same FP8
+            casts. Current and block scaling take each amax of the whole tensor they cast and
+            reduce nothing.
     """
     if calibrating:
         raise NotImplementedError("fusible.autocast: calibrating=True is not supported yet")
-    if amax_reduction_group is not None:
-        raise NotImplementedError(
-            "fusible.autocast: amax_reduction_group is not supported yet (no distributed amax)"
-        )
     cpp = None
     if enabled:
         recipe = recipe if recipe is not None else _recipe.Float8CurrentScaling()
-        cpp = _cpp_recipe(recipe)
+        cpp = _cpp_recipe(recipe, amax_reduction_group)
     global _compiled_key
     prev = _C._exchange_fp8_autocast(bool(enabled), cpp)
     prev_recipe = getattr(_autocast_recipe, "value", None)
@@ -122,7 +140,11 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
     _autocast_recipe.value = recipe if enabled else None
     _compiled_key = _C._fp8_recipe_key(cpp)
     try:
+        if cpp is not None:  # the previous step's backward amaxes, before this step casts
+            _C._reduce_delayed_amaxes(cpp)
         yield
+        if cpp is not None:  # this forward's (not after an exception: other ranks may not come)
+            _C._reduce_delayed_amaxes(cpp)
     finally:
         _C._exchange_fp8_autocast(*prev)
         _autocast_recipe.value = prev_recipe

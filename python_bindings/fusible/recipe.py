@@ -96,8 +96,9 @@ class DelayedScaling(Recipe):
         amax_compute_algo (str): "max" (of the history) or "most_recent"; te's callable form is
             refused by fusible.autocast (NotImplementedError).
         scaling_factor_compute_algo: te's keyword; fusible.autocast accepts None only.
-        reduce_amax (bool): te's keyword, kept on the recipe but not read (fusible has no
-            distributed amax reduction).
+        reduce_amax (bool): on a distributed run, reduce each tensor's amax history (max) over
+            fusible.autocast's amax_reduction_group (default: the default group), so that every
+            rank casts with the same scales; False: each rank keeps its own.
         fp8_dpa (bool): te's keyword, kept but not read (fusible has no FP8 attention).
         fp8_mha (bool): likewise.
         fp8_min_tokens (int): as Float8CurrentScaling's.

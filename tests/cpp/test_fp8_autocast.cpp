@@ -96,6 +96,7 @@ TEST(Fp8Autocast, RecipeKeyRoundTrips) {
   r->amax_compute_algo = "most_recent";
   r->x_block_dim = 2;
   r->min_tokens = 64;
+  r->amax_reduction_group = {"tp;1 x", 4, 3};  // a name may hold the separator and spaces
   const auto back = ops::recipe_from_key(ops::recipe_key(r.get()));
   ASSERT_NE(back, nullptr);
   EXPECT_EQ(ops::recipe_key(back.get()), ops::recipe_key(r.get()));
@@ -104,8 +105,17 @@ TEST(Fp8Autocast, RecipeKeyRoundTrips) {
   EXPECT_EQ(back->amax_compute_algo, "most_recent");
   EXPECT_EQ(back->x_block_dim, 2);
   EXPECT_EQ(back->min_tokens, 64);
+  EXPECT_EQ(back->amax_reduction_group.name, "tp;1 x");
+  EXPECT_EQ(back->amax_reduction_group.size, 4);
+  EXPECT_EQ(back->amax_reduction_group.rank, 3);
+  const auto plain = std::make_shared<ops::Fp8Recipe>(*recipe("delayed", "e4m3", "e5m2"));
+  const auto plain_back = ops::recipe_from_key(ops::recipe_key(plain.get()));
+  ASSERT_NE(plain_back, nullptr);
+  EXPECT_EQ(plain_back->amax_reduction_group.size, 1);
+  EXPECT_TRUE(plain_back->amax_reduction_group.name.empty());
   EXPECT_THROW(ops::recipe_from_key("delayed;e4m3"), c10::ValueError);
   EXPECT_THROW(ops::recipe_from_key("delayed;e4m3;e5m2;0;3;max;1;2;1"), c10::ValueError);
+  EXPECT_THROW(ops::recipe_from_key("delayed;e4m3;e5m2;0;3;max;1;2;1;0;2;5;g"), c10::ValueError);
   EXPECT_THROW(ops::recipe_from_key("mxfp8;e4m3;e5m2;0;3;max;1;2;1;0"), c10::ValueError);
 }
 

@@ -101,16 +101,17 @@ void check_fp8_qdq_block_args(const at::Tensor& x, c10::string_view format, int6
                     block_dim);
 }
 
-namespace {
-
-// The scale of a cast: fp8_max / amax * factor, `fallback` where amax is 0 or not finite, and the
-// largest float where the division overflows (a tiny amax), as TransformerEngine does: an infinite
-// scale would turn zeros into NaN.
-at::Tensor scale_for(const at::Tensor& amax, double max, double factor,
-                     const at::Tensor& fallback) {
+// The largest float where the division overflows (a tiny amax), as TransformerEngine does: an
+// infinite scale would turn zeros into NaN.
+at::Tensor reference::scale_for(const at::Tensor& amax, double max, double factor,
+                                const at::Tensor& fallback) {
   const auto raw = (max / amax * factor).clamp_max(std::numeric_limits<float>::max());
   return at::where(at::isfinite(amax) & (amax > 0), raw, fallback);
 }
+
+namespace {
+
+using reference::scale_for;
 
 // Delayed scaling after a cast of xf: the history rolls by one, newest first, taking amax(xf); then
 // the scale for the next cast.

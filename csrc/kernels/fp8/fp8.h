@@ -60,6 +60,9 @@ void check_fp8_cast_grouped_args(const at::Tensor& x, at::IntArrayRef sizes,
 using Fp8Cast = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 namespace reference {
+/// The scale of a cast from the amax it uses: fp8_max `max` / amax * factor, `fallback` where amax
+/// is 0 or not finite (elementwise; float32).
+at::Tensor scale_for(const at::Tensor& amax, double max, double factor, const at::Tensor& fallback);
 /// x cast to FP8 with scale = fp8_max / amax(x) / 2^margin (1 where amax is 0 or not finite) and
 /// back: x's values as an FP8 GEMM sees them, in x's dtype. ATen, any device.
 at::Tensor fp8_quantize_dequantize(const at::Tensor& x, c10::string_view format, double margin);

@@ -1,0 +1,128 @@
+"""DelayedScaling across ranks (te's reduce_amax and autocast's amax_reduction_group), on CPU over
+2-process gloo groups: a column + row parallel MLP whose shards have different amaxes trains
+under FP8 delayed scaling as the single-process model does, FP8 states included; with
+reduce_amax=False each rank keeps its own; ranks that cast different tensors raise alike instead
+of hanging."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from fusible import _C, autocast, ops, recipe
+from test_tensor_parallel import _spawn
+
+T, H, FF, STEPS = 16, 16, 32, 3
+D = torch.float64
+
+
+def _full():
+    """Random parameters; the second half of fc1's rows and of fc2's columns larger, so that each
+    rank's shard has its own amax."""
+    g = torch.Generator().manual_seed(1)
+    w1 = torch.randn(FF, H, generator=g, dtype=D) * 0.3
+    w1[FF // 2 :] *= 4
+    w2 = torch.randn(H, FF, generator=g, dtype=D) * 0.3
+    w2[:, FF // 2 :] *= 3
+    b1, b2 = torch.randn(FF, generator=g, dtype=D), torch.randn(H, generator=g, dtype=D)
+    data = [
+        (torch.randn(T, H, generator=g, dtype=D), torch.randn(T, H, generator=g, dtype=D))
+        for _ in range(STEPS)
+    ]
+    return {"0.weight": w1, "0.bias": b1, "2.weight": w2, "2.bias": b2}, data
+
+
+def _model(parallel):
+    kw = dict(dtype=D, device="cpu")
+    fc1 = ops.Linear(H, FF, tensor_parallel_mode="column" if parallel else None, **kw)
+    fc2 = ops.Linear(FF, H, tensor_parallel_mode="row" if parallel else None, **kw)
+    return ops.Sequential(fc1, ops.GELU(), fc2)
+
+
+def _states(model):
+    """Every FP8 state of the model's linears: [(amax_history, scale)] forward then backward."""
+    out = []
+    for linear in (model[0], model[2]):
+        state = _C._fp8_state(linear._basic_op_list()[0]._cpp)
+        out += [t for d in ("forward", "backward") for t in state[d]]
+    return out
+
+
+def _train(model, data, fp8_recipe, group=None):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    outputs = []
+    for x, dy in data:
+        opt.zero_grad()
+        with autocast(recipe=fp8_recipe, amax_reduction_group=group):
+            y = model(x)
+        y.backward(dy)
+        opt.step()
+        outputs.append(y.detach())
+    with autocast(recipe=fp8_recipe, amax_reduction_group=group):
+        pass  # the last backward's amaxes are reduced at the next entry
+    return outputs
+
+
+def _mlp_case(rank, world_size, reduce, explicit_group):
+    full, data = _full()
+    fp8 = recipe.DelayedScaling(amax_history_len=4, reduce_amax=reduce)
+    reference = _model(parallel=False)
+    reference.load_state_dict(full)
+    ref_outputs = _train(reference, data, fp8)  # one process: no group, nothing to reduce
+
+    model = _model(parallel=True)
+    ops.load_full_state_dict(model, full)
+    group = dist.new_group(list(range(world_size))) if explicit_group else None
+    outputs = _train(model, data, fp8, group)
+    same_states = all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        for a, b in zip(_states(model), _states(reference))
+    )
+    if not reduce:
+        # Each rank's shard keeps its own amax. Rank 1 holds the larger halves (their amaxes are
+        # the whole tensors'); rank 0's scales are not the whole tensors'.
+        assert same_states == (rank == 1)
+        return
+    assert same_states
+    for y, ref in zip(outputs, ref_outputs):
+        torch.testing.assert_close(y, ref)
+    trained = ops.full_state_dict(model)
+    for key in full:
+        torch.testing.assert_close(trained[key], reference.state_dict()[key], msg=key)
+
+
+@pytest.mark.parametrize("reduce,explicit_group", [(True, False), (True, True), (False, False)])
+def test_parallel_mlp_under_delayed_scaling_matches_one_process(reduce, explicit_group):
+    _spawn(2, _mlp_case, reduce, explicit_group)
+
+
+def _mismatch_case(rank, world_size):
+    fp8 = recipe.DelayedScaling(amax_history_len=4)
+    model = _model(parallel=True)
+    extra = ops.Linear(H, H, dtype=D, device="cpu")
+    x = torch.randn(T, H, dtype=D)
+    with pytest.raises(RuntimeError, match="every rank must run the same FP8 casts"):
+        with autocast(recipe=fp8):
+            y = model(x)
+            if rank == 0:
+                extra(y)  # two more delayed casts on rank 0 alone
+    assert not _C._fp8_autocast_state()[0]  # the autocast was left all the same
+
+
+def test_ranks_that_cast_different_tensors_raise_instead_of_hanging():
+    _spawn(2, _mismatch_case)
+
+
+def test_one_process_reduces_nothing():
+    """reduce_amax without torch.distributed (or over one rank): the recipe has no group."""
+    cpp = _C.Fp8Recipe("delayed", "e4m3", "e5m2", 0.0)
+    assert cpp.amax_group is None
+    with autocast(recipe=recipe.DelayedScaling(amax_history_len=2)):
+        assert _C._fp8_autocast_state()[1].amax_group is None
+
+
+def test_recipe_key_carries_the_group():
+    """A compiled call's backward rebuilds its recipe from the key, group included."""
+    group = ("a;b c", 4, 3)  # any characters in the name
+    cpp = _C.Fp8Recipe("delayed", "e4m3", "e5m2", 1.0, 8, "most_recent", amax_group=group)
+    key = _C._fp8_recipe_key(cpp)
+    assert key.endswith(";4;3;a;b c")
+    assert _C._fp8_recipe_key(_C.Fp8Recipe("delayed", "e4m3", "e5m2", 1.0)).endswith(";1;0;")
