@@ -20,22 +20,23 @@ void bind_quantization(py::module_& m) {
                        double margin, int64_t amax_history_len, std::string amax_compute_algo,
                        int64_t x_block_dim, int64_t w_block_dim, int64_t grad_block_dim,
                        int64_t min_tokens,
-                       std::optional<std::tuple<std::string, int64_t, int64_t>> amax_group) {
+                       std::optional<std::tuple<std::string, int64_t, int64_t>> amax_group,
+                       const std::string& amax_device) {
              ops::ProcessGroupSpec group;
              if (amax_group) {
                group = {std::get<0>(*amax_group), std::get<1>(*amax_group),
                         std::get<2>(*amax_group)};
              }
-             return std::make_shared<Fp8Recipe>(
-                 Fp8Recipe{std::move(kind), std::move(forward_format), std::move(backward_format),
-                           margin, amax_history_len, std::move(amax_compute_algo), x_block_dim,
-                           w_block_dim, grad_block_dim, min_tokens, std::move(group)});
+             return std::make_shared<Fp8Recipe>(Fp8Recipe{
+                 std::move(kind), std::move(forward_format), std::move(backward_format), margin,
+                 amax_history_len, std::move(amax_compute_algo), x_block_dim, w_block_dim,
+                 grad_block_dim, min_tokens, std::move(group), c10::Device(amax_device)});
            }),
            py::arg("kind"), py::arg("forward_format"), py::arg("backward_format"),
            py::arg("margin"), py::arg("amax_history_len") = 1024,
            py::arg("amax_compute_algo") = "max", py::arg("x_block_dim") = 1,
            py::arg("w_block_dim") = 2, py::arg("grad_block_dim") = 1, py::arg("min_tokens") = 0,
-           py::arg("amax_group") = py::none())
+           py::arg("amax_group") = py::none(), py::arg("amax_device") = "cpu")
       .def_readonly("amax_history_len", &Fp8Recipe::amax_history_len)
       .def_readonly("amax_compute_algo", &Fp8Recipe::amax_compute_algo)
       .def_readonly("kind", &Fp8Recipe::kind)

@@ -257,7 +257,8 @@ std::vector<at::Tensor> sequential_call_backward(int64_t handle, at::TensorList 
   // The forward's recipe, and under delayed scaling its scales: the recomputation casts as the
   // forward did, and only the backward's casts advance the histories.
   const auto recipe = ops::recipe_from_key(std::string(fp8));
-  const ops::Fp8AutocastGuard fp8_autocast(recipe != nullptr, recipe);
+  // The user's autocast reduces amaxes across ranks; this inner scope does not.
+  const ops::Fp8AutocastGuard fp8_autocast(recipe != nullptr, recipe, /*reduce_amaxes=*/false);
   std::optional<ops::Fp8ReplayGuard> replay;
   if (is_delayed(recipe)) {
     TORCH_CHECK(fp8_scales.has_value() && fp8_scales->defined(),

@@ -65,8 +65,8 @@ at::Tensor BasicOperation::reduce_param_grad(const at::Tensor& grad) const {
 void BasicOperation::reset_fp8_state(std::shared_ptr<const Fp8Recipe> recipe, c10::Device device) {
   std::shared_ptr<Fp8OpState> state;
   if (recipe) {
-    const Fp8AutocastGuard with(true,
-                                recipe);  // checks the recipe first: a bad one changes nothing
+    // Checks the recipe first (a bad one changes nothing); no amax reduction here.
+    const Fp8AutocastGuard with(true, recipe, /*reduce_amaxes=*/false);
     current_fp8_cast(&state, num_quantizers(), device);  // fresh delayed-scaling state
   }
   fp8_state_ = std::move(state);

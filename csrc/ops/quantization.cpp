@@ -12,6 +12,7 @@
 #include <atomic>
 #include <exception>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -70,16 +71,24 @@ Fp8Autocast exchange_fp8_autocast(Fp8Autocast autocast) {
   return autocast;
 }
 
-Fp8AutocastGuard::Fp8AutocastGuard(bool enabled, std::shared_ptr<const Fp8Recipe> recipe)
+Fp8AutocastGuard::Fp8AutocastGuard(bool enabled, std::shared_ptr<const Fp8Recipe> recipe,
+                                   bool reduce_amaxes)
     : saved_(exchange_fp8_autocast({enabled, std::move(recipe)})),
-      exceptions_(std::uncaught_exceptions()) {
-  // The previous step's backward casts, reduced before this step casts with their scales.
-  if (current.enabled) reduce_delayed_amaxes(*current.recipe);
+      exceptions_(std::uncaught_exceptions()),
+      // Only the outermost autocast reduces, as te's.
+      reduces_(reduce_amaxes && current.enabled && !saved_.enabled) {
+  if (!reduces_) return;
+  try {  // the previous step's backward amaxes, before this step casts with their scales
+    reduce_delayed_amaxes(*current.recipe);
+  } catch (...) {
+    current = std::move(saved_);  // no destructor runs for a constructor that throws
+    throw;
+  }
 }
 
 Fp8AutocastGuard::~Fp8AutocastGuard() {
   // Not while an exception unwinds: the other ranks may never reach this collective.
-  if (current.enabled && std::uncaught_exceptions() == exceptions_) {
+  if (reduces_ && std::uncaught_exceptions() == exceptions_) {
     try {
       reduce_delayed_amaxes(*current.recipe);
     } catch (const std::exception& e) {
@@ -134,38 +143,49 @@ void move_to(std::vector<DelayedScaling>& states, c10::Device device) {
   }
 }
 
-}  // namespace
-
-namespace {
-
-// After a delayed cast into c's state: its history joins the amax reduction (if any). A replayed
-// forward's states are throwaway copies (Fp8ReplayGuard): not those.
-void track(const Fp8Cast& c, bool backward, size_t index) {
-  if (!c.state || c.recipe->amax_reduction_group.size <= 1) return;
-  if (!backward) {
-    for (const auto& r : replaying) {
-      if (r.second == c.state) return;
+// Under an amax reduction (ops/amax_reduction.h) a delayed cast records its amax but keeps the
+// period's scale: constructed before the cast, restore() after it. A replayed forward's states
+// are throwaway copies (Fp8ReplayGuard): not tracked.
+class PeriodScale {
+ public:
+  PeriodScale(const Fp8Cast& c, bool backward, size_t index) {
+    if (!c.state || c.recipe->amax_reduction_group.size <= 1) return;
+    if (!backward) {
+      for (const auto& r : replaying) {
+        if (r.second == c.state) return;
+      }
     }
+    states_ = backward ? &c.state->backward : &c.state->forward;
+    index_ = index;
+    saved_ = track_delayed_cast(*c.recipe, *states_, index, backward);
   }
-  const auto& states = backward ? c.state->backward : c.state->forward;
-  track_delayed_amax(*c.recipe, state_at(states, index), backward);
-}
+  void restore() const {
+    if (saved_) (*states_)[index_].scale.copy_(*saved_);
+  }
+
+ private:
+  const std::vector<DelayedScaling>* states_ = nullptr;
+  size_t index_ = 0;
+  std::optional<at::Tensor> saved_;
+};
 
 }  // namespace
 
 at::Tensor Fp8Cast::forward(const at::Tensor& x, size_t index, bool weight) const {
   if (!on()) return x;
+  const PeriodScale period(*this, /*backward=*/false, index);
   auto y = cast(*this, x, recipe->forward_format, state ? &state->forward : nullptr, index,
                 weight ? recipe->w_block_dim : recipe->x_block_dim);
-  track(*this, /*backward=*/false, index);
+  period.restore();
   return y;
 }
 
 at::Tensor Fp8Cast::backward(const at::Tensor& dy, size_t index) const {
   if (!on()) return dy;
+  const PeriodScale period(*this, /*backward=*/true, index);
   auto y = cast(*this, dy, recipe->backward_format, state ? &state->backward : nullptr, index,
                 recipe->grad_block_dim);
-  track(*this, /*backward=*/true, index);
+  period.restore();
   return y;
 }
 
@@ -269,8 +289,9 @@ GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, b
       return fp8_block_data(x, format, gemm_block(backward, weight), rowwise, columnwise, cast_act);
     }
     const auto* states = state ? (backward ? &state->backward : &state->forward) : nullptr;
+    const PeriodScale period(*this, backward, index);
     auto o = fp8_data(*this, x, format, states, index, columnwise, amax, cast_act);
-    track(*this, backward, index);
+    period.restore();
     return o;
   }
   GemmOperand o;
@@ -354,7 +375,7 @@ std::string recipe_key(const Fp8Recipe* r) {
       << ';' << r->margin << ';' << r->amax_history_len << ';' << r->amax_compute_algo << ';'
       << r->x_block_dim << ';' << r->w_block_dim << ';' << r->grad_block_dim << ';' << r->min_tokens
       << ';' << r->amax_reduction_group.size << ';' << r->amax_reduction_group.rank << ';'
-      << r->amax_reduction_group.name;
+      << r->amax_reduction_device << ';' << r->amax_reduction_group.name;
   return out.str();
 }
 
@@ -371,9 +392,18 @@ std::shared_ptr<const Fp8Recipe> recipe_from_key(const std::string& key) {
   auto& g = r->amax_reduction_group;
   in >> r->x_block_dim >> sep[2] >> r->w_block_dim >> sep[3] >> r->grad_block_dim >> sep[4] >>
       r->min_tokens >> sep[5] >> g.size >> sep[6] >> g.rank >> sep[7];
-  if (in.peek() != std::char_traits<char>::eof()) std::getline(in, g.name);  // any characters
+  std::string device;
+  std::getline(in, device, ';');
   const bool ok = !in.fail() && std::all_of(sep, sep + 8, [](char c) { return c == ';'; });
   TORCH_CHECK_VALUE(ok, "fusible: '", key, "' is not an FP8 recipe key");
+  try {
+    r->amax_reduction_device = c10::Device(device);
+  } catch (const c10::Error&) {
+    TORCH_CHECK_VALUE(false, "fusible: '", key, "' is not an FP8 recipe key (device '", device,
+                      "')");
+  }
+  const auto rest = in.tellg();  // the group's name: the rest, whatever its characters
+  g.name = rest < 0 ? "" : key.substr(static_cast<size_t>(rest));
   check({true, r});
   return r;
 }

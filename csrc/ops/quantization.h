@@ -33,8 +33,10 @@ struct Fp8Recipe {
   // (the recipe's fp8_min_tokens, an opt-in for shapes too small to pay for the casts); 0: never.
   int64_t min_tokens = 0;
   // DelayedScaling with te's reduce_amax on a distributed run: the process group whose ranks share
-  // each tensor's amax history (ops/amax_reduction.h); size 1 (the default): none.
+  // each tensor's amax history (ops/amax_reduction.h); size 1 (the default): none. The reduction's
+  // collectives run on amax_reduction_device (a CUDA device for NCCL, the CPU for gloo).
   ProcessGroupSpec amax_reduction_group;
+  c10::Device amax_reduction_device = c10::kCPU;
 };
 
 /// One tensor's delayed-scaling state (fp32, on the tensor's device): its amax history, newest
@@ -61,12 +63,14 @@ struct Fp8Autocast {
 const Fp8Autocast& fp8_autocast();
 
 /// Sets this thread's FP8 autocast for its lifetime (C++'s `fusible.autocast`). An enabled one
-/// needs a recipe of a kind that is supported (NotImplementedError otherwise). With a recipe that
-/// reduces amaxes across ranks, construction and destruction (but during an exception) are
-/// collectives: reduce_delayed_amaxes (ops/amax_reduction.h).
+/// needs a recipe of a kind that is supported (NotImplementedError otherwise). The outermost
+/// enabled guard whose recipe reduces amaxes across ranks runs reduce_delayed_amaxes
+/// (ops/amax_reduction.h), a collective, when constructed and when destroyed (except during an
+/// exception; a failure there is a warning); `reduce_amaxes` false: never (an internal scope).
 class Fp8AutocastGuard {
  public:
-  Fp8AutocastGuard(bool enabled, std::shared_ptr<const Fp8Recipe> recipe);
+  Fp8AutocastGuard(bool enabled, std::shared_ptr<const Fp8Recipe> recipe,
+                   bool reduce_amaxes = true);
   ~Fp8AutocastGuard();
   Fp8AutocastGuard(const Fp8AutocastGuard&) = delete;
   Fp8AutocastGuard& operator=(const Fp8AutocastGuard&) = delete;
@@ -74,6 +78,7 @@ class Fp8AutocastGuard {
  private:
   Fp8Autocast saved_;
   int exceptions_;  // std::uncaught_exceptions() at construction
+  bool reduces_;
 };
 
 /// Replaces this thread's FP8 autocast, returning the previous one (for bindings whose scopes

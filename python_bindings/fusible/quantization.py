@@ -51,18 +51,23 @@ def fp8_block_scaling_available():
 
 
 def _amax_group(recipe, amax_reduction_group):
-    """(name, size, rank) of the group DelayedScaling reduces its amaxes over (te: with
-    reduce_amax, amax_reduction_group or else the default group, once torch.distributed is
-    initialized), or None (one process, or nothing to reduce)."""
+    """{"amax_group": (name, size, rank), "amax_device": where its collectives run} for the group
+    DelayedScaling reduces its amaxes over (te: with reduce_amax, amax_reduction_group or else the
+    default group, once torch.distributed is initialized); {} for none (one process, or nothing to
+    reduce)."""
     dist = torch.distributed
     if not (recipe.delayed() and recipe.reduce_amax):
-        return None
+        return {}
     if amax_reduction_group is None and not (dist.is_available() and dist.is_initialized()):
-        return None
+        return {}
     from .ops._distributed import group_spec
 
     spec = group_spec("fusible.autocast", amax_reduction_group)
-    return spec if spec[1] > 1 else None
+    if spec[1] <= 1:
+        return {}
+    nccl = "nccl" in str(dist.get_backend(amax_reduction_group)).lower()
+    device = f"cuda:{torch.cuda.current_device()}" if nccl else "cpu"
+    return {"amax_group": spec, "amax_device": device}
 
 
 def _cpp_recipe(recipe, amax_reduction_group=None):
@@ -92,7 +97,7 @@ def _cpp_recipe(recipe, amax_reduction_group=None):
             int(recipe.amax_history_len),
             algo,
             min_tokens=min_tokens,
-            amax_group=_amax_group(recipe, amax_reduction_group),
+            **_amax_group(recipe, amax_reduction_group),
         )
     if recipe.float8_block_scaling():
         return _C.Fp8Recipe(
@@ -139,11 +144,12 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
     prev_key = _compiled_key
     _autocast_recipe.value = recipe if enabled else None
     _compiled_key = _C._fp8_recipe_key(cpp)
+    outermost = cpp is not None and not prev[0]  # only the outermost autocast reduces, as te's
     try:
-        if cpp is not None:  # the previous step's backward amaxes, before this step casts
+        if outermost:  # the previous step's backward amaxes, before this step casts
             _C._reduce_delayed_amaxes(cpp)
         yield
-        if cpp is not None:  # this forward's (not after an exception: other ranks may not come)
+        if outermost:  # this forward's (not after an exception: other ranks may not come)
             _C._reduce_delayed_amaxes(cpp)
     finally:
         _C._exchange_fp8_autocast(*prev)

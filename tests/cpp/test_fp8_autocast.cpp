@@ -115,7 +115,9 @@ TEST(Fp8Autocast, RecipeKeyRoundTrips) {
   EXPECT_TRUE(plain_back->amax_reduction_group.name.empty());
   EXPECT_THROW(ops::recipe_from_key("delayed;e4m3"), c10::ValueError);
   EXPECT_THROW(ops::recipe_from_key("delayed;e4m3;e5m2;0;3;max;1;2;1"), c10::ValueError);
-  EXPECT_THROW(ops::recipe_from_key("delayed;e4m3;e5m2;0;3;max;1;2;1;0;2;5;g"), c10::ValueError);
+  EXPECT_THROW(ops::recipe_from_key("delayed;e4m3;e5m2;0;3;max;1;2;1;0;2;5;cpu;g"),
+               c10::ValueError);  // rank 5 of 2
+  EXPECT_THROW(ops::recipe_from_key("delayed;e4m3;e5m2;0;3;max;1;2;1;0;2;1;g"), c10::ValueError);
   EXPECT_THROW(ops::recipe_from_key("mxfp8;e4m3;e5m2;0;3;max;1;2;1;0"), c10::ValueError);
 }
 

@@ -66,7 +66,10 @@ def _mlp_case(rank, world_size, reduce, explicit_group):
     fp8 = recipe.DelayedScaling(amax_history_len=4, reduce_amax=reduce)
     reference = _model(parallel=False)
     reference.load_state_dict(full)
-    ref_outputs = _train(reference, data, fp8)  # one process: no group, nothing to reduce
+    # The whole model on each rank, reducing nothing.
+    ref_outputs = _train(
+        reference, data, recipe.DelayedScaling(amax_history_len=4, reduce_amax=False)
+    )
 
     model = _model(parallel=True)
     ops.load_full_state_dict(model, full)
@@ -94,12 +97,79 @@ def test_parallel_mlp_under_delayed_scaling_matches_one_process(reduce, explicit
     _spawn(2, _mlp_case, reduce, explicit_group)
 
 
+def _experts_case(rank, world_size):
+    """Data parallel experts: rank 1's expert 2 gets no rows in the first two steps (its cast is
+    skipped there). Every rank still tracks all of the op's histories, as te registers a module's
+    quantizers, so the reductions pair up; each step adds one entry to every expert's input
+    history, on every rank: the max over the ranks of that step's amax (0 from a rank without
+    rows)."""
+    torch.manual_seed(0)  # the same parameters on every rank
+    op = ops.GroupedLinear(3, H, H, dtype=D, device="cpu")
+    with torch.no_grad():
+        for p in op.parameters():
+            p.uniform_(-1, 1)
+    fp8 = recipe.DelayedScaling(amax_history_len=4)
+    torch.manual_seed(10 + rank)  # each rank's own tokens
+    plans = {0: [[4, 4, 8]] * 3, 1: [[8, 8, 0], [6, 10, 0], [2, 2, 12]]}
+    local = []  # [step][expert]: this rank's amax of the expert's rows (0 without rows)
+    for sizes in plans[rank]:
+        x = torch.randn(16, H, dtype=D) * (1 + rank)
+        local.append([float(p.abs().max()) if len(p) else 0.0 for p in x.split(sizes)])
+        with autocast(recipe=fp8):
+            y = op(x, torch.tensor(sizes))
+        y.backward(torch.randn_like(y))
+    with autocast(recipe=fp8):
+        pass
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, local)
+    state = _C._fp8_state(op._cpp)
+    for g in range(3):
+        newest_first = [max(r[step][g] for r in everyone) for step in (2, 1, 0)]
+        expected = torch.tensor(newest_first + [0.0], dtype=torch.float32)
+        torch.testing.assert_close(state["forward"][g][0], expected, rtol=0, atol=0)
+    flat = torch.cat(
+        [t.flatten() for d in ("forward", "backward") for h, s in state[d] for t in (h, s)]
+    )
+    gathered = [torch.empty_like(flat) for _ in range(world_size)]
+    dist.all_gather(gathered, flat)
+    assert all(torch.equal(g, gathered[0]) for g in gathered)
+
+
+def test_experts_without_rows_on_one_rank_reduce_alike():
+    _spawn(2, _experts_case)
+
+
+def _nested_case(rank, world_size):
+    """Only the outermost autocast reduces (as te's): an inner one on one rank alone is no
+    collective."""
+    fp8 = recipe.DelayedScaling(amax_history_len=4)
+    model = _model(parallel=True)
+    x = torch.randn(T, H, dtype=D)
+    with autocast(recipe=fp8):
+        if rank == 0:
+            with autocast(recipe=fp8):
+                y = model(x)
+        else:
+            y = model(x)
+    y.sum().backward()
+    with autocast(recipe=fp8):
+        pass
+    scales = torch.cat([s for h, s in _states(model)])
+    gathered = [torch.empty_like(scales) for _ in range(world_size)]
+    dist.all_gather(gathered, scales)
+    assert all(torch.equal(g, gathered[0]) for g in gathered)
+
+
+def test_only_the_outermost_autocast_reduces():
+    _spawn(2, _nested_case)
+
+
 def _mismatch_case(rank, world_size):
     fp8 = recipe.DelayedScaling(amax_history_len=4)
     model = _model(parallel=True)
     extra = ops.Linear(H, H, dtype=D, device="cpu")
     x = torch.randn(T, H, dtype=D)
-    with pytest.raises(RuntimeError, match="every rank must run the same FP8 casts"):
+    with pytest.raises(RuntimeError, match="every rank must run the same FP8 ops"):
         with autocast(recipe=fp8):
             y = model(x)
             if rank == 0:
@@ -124,5 +194,5 @@ def test_recipe_key_carries_the_group():
     group = ("a;b c", 4, 3)  # any characters in the name
     cpp = _C.Fp8Recipe("delayed", "e4m3", "e5m2", 1.0, 8, "most_recent", amax_group=group)
     key = _C._fp8_recipe_key(cpp)
-    assert key.endswith(";4;3;a;b c")
-    assert _C._fp8_recipe_key(_C.Fp8Recipe("delayed", "e4m3", "e5m2", 1.0)).endswith(";1;0;")
+    assert key.endswith(";4;3;cpu;a;b c")
+    assert _C._fp8_recipe_key(_C.Fp8Recipe("delayed", "e4m3", "e5m2", 1.0)).endswith(";1;0;cpu;")
