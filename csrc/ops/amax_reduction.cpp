@@ -1,12 +1,14 @@
-// The tracked histories of each reduction group, and their reduction.
+// The tracked states of each reduction group, their periods and their reduction.
 #include "ops/amax_reduction.h"
 
 #include <ATen/ops/_foreach_copy.h>
-#include <ATen/ops/arange.h>
+#include <ATen/ops/_foreach_zero.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/maximum.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -29,8 +31,9 @@ using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensor
 // One tracked state. Weak: a state the op replaced (or an op deleted) drops out by itself.
 struct Entry {
   WeakTensor history, scale;
-  at::Tensor snapshot;  // the history as the last reduction left it (every rank's alike)
-  int64_t casts = 0;    // this rank's casts since then
+  // [4] on the state's device: the scratch state's amax and scale, then this rank's largest amax
+  // and number of casts since the last reduction.
+  at::Tensor period;
   bool backward = false;
 };
 
@@ -53,8 +56,7 @@ bool reduces(const Fp8Recipe& recipe) {
 
 // A live entry, its tensors held for the reduction.
 struct Live {
-  at::Tensor history, scale, snapshot;
-  int64_t casts;
+  at::Tensor history, scale, period;
   bool backward;
 };
 
@@ -71,8 +73,7 @@ std::vector<Live> live_entries(const Fp8Recipe& recipe) {
     at::Tensor h(e.history.lock()), s(e.scale.lock());
     if (!h.defined() || !s.defined()) continue;
     // A state of another history length (another recipe's) waits for its own reductions.
-    if (h.size(0) == recipe.amax_history_len)
-      live.push_back({h, s, e.snapshot, e.casts, e.backward});
+    if (h.size(0) == recipe.amax_history_len) live.push_back({h, s, e.period, e.backward});
     reg.index[h.unsafeGetTensorImpl()] = kept.size();
     kept.push_back(std::move(e));
   }
@@ -80,12 +81,14 @@ std::vector<Live> live_entries(const Fp8Recipe& recipe) {
   return live;
 }
 
-// Every rank raises alike unless all track as many histories, each rank's on one device.
+// Every rank raises alike unless all track as many histories, of one length, each rank's on one
+// device.
 void check_ranks_agree(const Fp8Recipe& recipe, const std::vector<Live>& live) {
   bool mixed = false;
   for (const auto& e : live) mixed |= e.history.device() != live.front().history.device();
   const auto n = static_cast<float>(live.size());
-  const auto flags = at::tensor(std::vector<float>{n, -n, mixed ? 1.f : 0.f});
+  const auto len = static_cast<float>(recipe.amax_history_len);
+  const auto flags = at::tensor(std::vector<float>{n, -n, len, -len, mixed ? 1.f : 0.f});
   const auto& group = recipe.amax_reduction_group;
   const auto agreed =
       wait(all_reduce_start(kOp, flags.to(recipe.amax_reduction_device), group, "max")).cpu();
@@ -94,32 +97,73 @@ void check_ranks_agree(const Fp8Recipe& recipe, const std::vector<Live>& live) {
               group.name, "': this rank has ", live.size(),
               " amax histories to reduce, the group's ranks between ", least, " and ", most,
               "; every rank must run the same FP8 ops (each op's first cast in the same order)");
-  TORCH_CHECK(agreed[2].item<float>() == 0.f, kOp,
+  TORCH_CHECK(agreed[2].item<float>() == -agreed[3].item<float>(), kOp,
+              ": DelayedScaling's amax reduction expects one amax_history_len on every rank of "
+              "process group '",
+              group.name, "'; this rank has ", recipe.amax_history_len);
+  TORCH_CHECK(agreed[4].item<float>() == 0.f, kOp,
               ": DelayedScaling's amax reduction expects each rank's amax histories on one "
               "device; a rank has them on several");
 }
 
+// Each scale as a cast sets it from its (reduced) history, with its direction's format;
+// unchanged where `rolled` is false (no rank cast the tensor).
+void rescale(const Fp8Recipe& recipe, const std::vector<Live>& live, const at::Tensor& rows,
+             const at::Tensor& rolled) {
+  const double factor = std::exp2(-recipe.margin);
+  for (const bool backward : {false, true}) {
+    std::vector<int64_t> picked;
+    std::vector<at::Tensor> scales;
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (live[i].backward != backward) continue;
+      picked.push_back(static_cast<int64_t>(i));
+      scales.push_back(live[i].scale);
+    }
+    if (picked.empty()) continue;
+    const auto at_rows = at::tensor(picked).to(rows.device());
+    const auto h = rows.index_select(0, at_rows);
+    const auto used = recipe.amax_compute_algo == "max" ? h.amax(1) : h.select(1, 0);
+    const auto old = at::cat(scales);
+    const double max =
+        kernels::fp8_max(kOp, backward ? recipe.backward_format : recipe.forward_format);
+    const auto scale = at::where(rolled.index_select(0, at_rows),
+                                 kernels::reference::scale_for(used, max, factor, old), old);
+    at::_foreach_copy_(scales, scale.split(1));
+  }
+}
+
 }  // namespace
 
-std::optional<at::Tensor> track_delayed_cast(const Fp8Recipe& recipe,
-                                             const std::vector<DelayedScaling>& states,
-                                             size_t index, bool backward) {
-  if (!reduces(recipe)) return std::nullopt;
+PeriodCast::PeriodCast(const Fp8Recipe& recipe, const std::vector<DelayedScaling>& states,
+                       size_t index, bool backward) {
+  if (!reduces(recipe)) return;
   TORCH_CHECK(index < states.size(), "FP8 delayed scaling: no state for tensor ", index);
+  at::Tensor period;
   {
     std::lock_guard<std::mutex> lock(registry_mutex);
     auto& reg = registries()[recipe.amax_reduction_group.name];
-    for (const auto& s : states) {  // new states: their histories before any cast
+    for (const auto& s : states) {  // an op's states, tracked at its first cast
       const auto* key = s.amax_history.unsafeGetTensorImpl();
       if (reg.index.count(key)) continue;
       reg.index[key] = reg.entries.size();
       reg.entries.push_back({WeakTensor(s.amax_history.getIntrusivePtr()),
-                             WeakTensor(s.scale.getIntrusivePtr()), s.amax_history.clone(), 0,
-                             backward});
+                             WeakTensor(s.scale.getIntrusivePtr()),
+                             at::zeros({4}, s.scale.options()), backward});
     }
-    reg.entries[reg.index.at(states[index].amax_history.unsafeGetTensorImpl())].casts += 1;
+    period = reg.entries[reg.index.at(states[index].amax_history.unsafeGetTensorImpl())].period;
   }
-  return states[index].scale.clone();
+  // The cast rolls its amax into a one-entry history and updates a scale nobody reads.
+  scratch_.push_back({period.narrow(0, 0, 1), period.narrow(0, 1, 1)});
+  scratch_.front().scale.copy_(states[index].scale);
+  period_amax_ = period.narrow(0, 2, 1);
+  period_casts_ = period.narrow(0, 3, 1);
+}
+
+void PeriodCast::finish() const {
+  if (scratch_.empty()) return;
+  auto amax = period_amax_;  // the same tensor: maximum_out takes its output by reference
+  at::maximum_out(amax, amax, scratch_.front().amax_history);
+  period_casts_.add_(1);
 }
 
 void reduce_delayed_amaxes(const Fp8Recipe& recipe) {
@@ -127,59 +171,27 @@ void reduce_delayed_amaxes(const Fp8Recipe& recipe) {
   const auto live = live_entries(recipe);
   check_ranks_agree(recipe, live);
   if (live.empty()) return;
-  const int64_t n = static_cast<int64_t>(live.size()), len = recipe.amax_history_len;
-  std::vector<at::Tensor> histories, scales, snapshots;
-  std::vector<float> casts;
+  const int64_t len = recipe.amax_history_len;
+  std::vector<at::Tensor> histories, periods;
   for (const auto& e : live) {
     histories.push_back(e.history);
-    scales.push_back(e.scale);
-    snapshots.push_back(e.snapshot);
-    casts.push_back(static_cast<float>(e.casts));
+    periods.push_back(e.period);
   }
   const auto device = histories.front().device();
-  const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
-  const auto local = at::stack(histories), before = at::stack(snapshots);
-  const auto counts = at::tensor(casts).to(device);
-  // The period's amax on this rank: the max of the entries its casts put at the front (0 if none).
-  const auto mine = at::arange(len, opts).unsqueeze(0) < counts.unsqueeze(1);
-  const auto newest = local.masked_fill(mine.logical_not(), 0.f).amax(1, /*keepdim=*/true);
-  // One roll of the shared history, and the casts: all reduced (max) in one collective.
-  const auto payload = at::cat({newest, before.narrow(1, 0, len - 1), counts.unsqueeze(1)}, 1);
+  const auto shared = at::stack(histories);  // [n, len]: every rank's alike after a reduction
+  const auto period = at::stack(periods);    // [n, 4]
+  // One roll of each history and the period's casts, all reduced (max) in one collective. The
+  // older entries also align ranks whose histories differed (each loaded its own checkpoint).
+  const auto payload =
+      at::cat({period.narrow(1, 2, 1), shared.narrow(1, 0, len - 1), period.narrow(1, 3, 1)}, 1);
   const auto reduced = wait(all_reduce_start(kOp, payload.to(recipe.amax_reduction_device),
                                              recipe.amax_reduction_group, "max"))
                            .to(device);
-  const auto cast_somewhere = reduced.select(1, len) > 0;
-  const auto rows = at::where(cast_somewhere.unsqueeze(1), reduced.narrow(1, 0, len), before);
-  const auto row_list = rows.unbind(0);
-  at::_foreach_copy_(histories, row_list);
-  at::_foreach_copy_(snapshots, row_list);
-  // Each scale as a cast sets it from its history, with its direction's format; unchanged where
-  // no rank cast the tensor.
-  const double factor = std::exp2(-recipe.margin);
-  for (const bool backward : {false, true}) {
-    std::vector<int64_t> picked;
-    for (int64_t i = 0; i < n; ++i) {
-      if (live[static_cast<size_t>(i)].backward == backward) picked.push_back(i);
-    }
-    if (picked.empty()) continue;
-    const auto at_rows = at::tensor(picked).to(device);
-    const auto h = rows.index_select(0, at_rows);
-    const auto used = recipe.amax_compute_algo == "max" ? h.amax(1) : h.select(1, 0);
-    std::vector<at::Tensor> ss;
-    for (auto i : picked) ss.push_back(scales[static_cast<size_t>(i)]);
-    const auto old = at::cat(ss);
-    const double max =
-        kernels::fp8_max(kOp, backward ? recipe.backward_format : recipe.forward_format);
-    const auto scale = at::where(cast_somewhere.index_select(0, at_rows),
-                                 kernels::reference::scale_for(used, max, factor, old), old);
-    at::_foreach_copy_(ss, scale.split(1));
-  }
-  std::lock_guard<std::mutex> lock(registry_mutex);  // a new period starts
-  auto& reg = registries()[recipe.amax_reduction_group.name];
-  for (const auto& h : histories) {
-    auto it = reg.index.find(h.unsafeGetTensorImpl());
-    if (it != reg.index.end()) reg.entries[it->second].casts = 0;
-  }
+  const auto rolled = reduced.select(1, len) > 0;  // some rank cast the tensor
+  const auto rows = at::where(rolled.unsqueeze(1), reduced.narrow(1, 0, len), shared);
+  at::_foreach_copy_(histories, rows.unbind(0));
+  rescale(recipe, live, rows, rolled);
+  at::_foreach_zero_(periods);  // a new period
 }
 
 }  // namespace fusible::ops

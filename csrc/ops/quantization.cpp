@@ -143,49 +143,44 @@ void move_to(std::vector<DelayedScaling>& states, c10::Device device) {
   }
 }
 
-// Under an amax reduction (ops/amax_reduction.h) a delayed cast records its amax but keeps the
-// period's scale: constructed before the cast, restore() after it. A replayed forward's states
-// are throwaway copies (Fp8ReplayGuard): not tracked.
-class PeriodScale {
- public:
-  PeriodScale(const Fp8Cast& c, bool backward, size_t index) {
-    if (!c.state || c.recipe->amax_reduction_group.size <= 1) return;
-    if (!backward) {
-      for (const auto& r : replaying) {
-        if (r.second == c.state) return;
-      }
+// The delayed cast of c's state `index`, through its period under an amax reduction
+// (ops/amax_reduction.h). A replayed forward's states are throwaway copies (Fp8ReplayGuard): they
+// cast as they are.
+std::optional<PeriodCast> period_cast(const Fp8Cast& c, bool backward, size_t index) {
+  if (!c.state) return std::nullopt;
+  if (!backward) {
+    for (const auto& r : replaying) {
+      if (r.second == c.state) return std::nullopt;
     }
-    states_ = backward ? &c.state->backward : &c.state->forward;
-    index_ = index;
-    saved_ = track_delayed_cast(*c.recipe, *states_, index, backward);
   }
-  void restore() const {
-    if (saved_) (*states_)[index_].scale.copy_(*saved_);
-  }
+  return PeriodCast(*c.recipe, backward ? c.state->backward : c.state->forward, index, backward);
+}
 
- private:
-  const std::vector<DelayedScaling>* states_ = nullptr;
-  size_t index_ = 0;
-  std::optional<at::Tensor> saved_;
-};
+// The states (and index) a cast uses: its period's under an amax reduction.
+const std::vector<DelayedScaling>* cast_states(const std::optional<PeriodCast>& period,
+                                               const std::vector<DelayedScaling>* own) {
+  return period && own ? &period->states(*own) : own;
+}
 
 }  // namespace
 
 at::Tensor Fp8Cast::forward(const at::Tensor& x, size_t index, bool weight) const {
-  if (!on()) return x;
-  const PeriodScale period(*this, /*backward=*/false, index);
-  auto y = cast(*this, x, recipe->forward_format, state ? &state->forward : nullptr, index,
-                weight ? recipe->w_block_dim : recipe->x_block_dim);
-  period.restore();
+  if (!on() || !x.defined()) return x;
+  const auto period = period_cast(*this, /*backward=*/false, index);
+  auto y = cast(
+      *this, x, recipe->forward_format, cast_states(period, state ? &state->forward : nullptr),
+      period ? period->index(index) : index, weight ? recipe->w_block_dim : recipe->x_block_dim);
+  if (period) period->finish();
   return y;
 }
 
 at::Tensor Fp8Cast::backward(const at::Tensor& dy, size_t index) const {
-  if (!on()) return dy;
-  const PeriodScale period(*this, /*backward=*/true, index);
-  auto y = cast(*this, dy, recipe->backward_format, state ? &state->backward : nullptr, index,
-                recipe->grad_block_dim);
-  period.restore();
+  if (!on() || !dy.defined()) return dy;
+  const auto period = period_cast(*this, /*backward=*/true, index);
+  auto y = cast(*this, dy, recipe->backward_format,
+                cast_states(period, state ? &state->backward : nullptr),
+                period ? period->index(index) : index, recipe->grad_block_dim);
+  if (period) period->finish();
   return y;
 }
 
@@ -289,9 +284,10 @@ GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, b
       return fp8_block_data(x, format, gemm_block(backward, weight), rowwise, columnwise, cast_act);
     }
     const auto* states = state ? (backward ? &state->backward : &state->forward) : nullptr;
-    const PeriodScale period(*this, backward, index);
-    auto o = fp8_data(*this, x, format, states, index, columnwise, amax, cast_act);
-    period.restore();
+    const auto period = period_cast(*this, backward, index);
+    auto o = fp8_data(*this, x, format, cast_states(period, states),
+                      period ? period->index(index) : index, columnwise, amax, cast_act);
+    if (period) period->finish();
     return o;
   }
   GemmOperand o;
