@@ -49,6 +49,10 @@ void bind_quantization(py::module_& m) {
         if (g.size <= 1) return py::none();
         return py::make_tuple(g.name, g.size, g.rank);
       });
+  // Whether an autocast entered now is the one that reduces amaxes (ops::starts_amax_reduction).
+  m.def("_starts_amax_reduction", [](const std::shared_ptr<Fp8Recipe>& recipe) {
+    return ops::starts_amax_reduction(ops::fp8_autocast(), {recipe != nullptr, recipe});
+  });
   // DelayedScaling's amax reduction across ranks (a collective; ops/amax_reduction.h): at
   // fusible.autocast's entry and exit.
   m.def(

@@ -5,6 +5,7 @@
 #include <ATen/ops/_foreach_zero.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/maximum.h>
+#include <ATen/ops/nan_to_num.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/where.h>
@@ -13,6 +14,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <cmath>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -152,9 +154,11 @@ PeriodCast::PeriodCast(const Fp8Recipe& recipe, const std::vector<DelayedScaling
     }
     period = reg.entries[reg.index.at(states[index].amax_history.unsafeGetTensorImpl())].period;
   }
-  // The cast rolls its amax into a one-entry history and updates a scale nobody reads.
+  // The cast rolls its amax into a one-entry history and casts with (then updates) a copy of the
+  // op's scale: copied again first, as a checkpoint load writes the op's scale in place.
   scratch_.push_back({period.narrow(0, 0, 1), period.narrow(0, 1, 1)});
   scratch_.front().scale.copy_(states[index].scale);
+  own_scale_ = states[index].scale;
   period_amax_ = period.narrow(0, 2, 1);
   period_casts_ = period.narrow(0, 3, 1);
 }
@@ -164,6 +168,9 @@ void PeriodCast::finish() const {
   auto amax = period_amax_;  // the same tensor: maximum_out takes its output by reference
   at::maximum_out(amax, amax, scratch_.front().amax_history);
   period_casts_.add_(1);
+  // Whoever kept the cast's scale tensor (an FP8 weight casts its next write with it) reads the
+  // period's.
+  scratch_.front().scale.copy_(own_scale_);
 }
 
 void reduce_delayed_amaxes(const Fp8Recipe& recipe) {
@@ -182,8 +189,10 @@ void reduce_delayed_amaxes(const Fp8Recipe& recipe) {
   const auto period = at::stack(periods);    // [n, 4]
   // One roll of each history and the period's casts, all reduced (max) in one collective. The
   // older entries also align ranks whose histories differed (each loaded its own checkpoint).
+  // A NaN amax counts as inf (as the CUDA casts record it): a max over ranks then agrees.
   const auto payload =
-      at::cat({period.narrow(1, 2, 1), shared.narrow(1, 0, len - 1), period.narrow(1, 3, 1)}, 1);
+      at::cat({period.narrow(1, 2, 1), shared.narrow(1, 0, len - 1), period.narrow(1, 3, 1)}, 1)
+          .nan_to_num_(std::numeric_limits<float>::infinity());
   const auto reduced = wait(all_reduce_start(kOp, payload.to(recipe.amax_reduction_device),
                                              recipe.amax_reduction_group, "max"))
                            .to(device);
@@ -191,7 +200,33 @@ void reduce_delayed_amaxes(const Fp8Recipe& recipe) {
   const auto rows = at::where(rolled.unsqueeze(1), reduced.narrow(1, 0, len), shared);
   at::_foreach_copy_(histories, rows.unbind(0));
   rescale(recipe, live, rows, rolled);
-  at::_foreach_zero_(periods);  // a new period
+  // A new period: its amax and count from 0, the scratch scales the new scales.
+  std::vector<at::Tensor> counters, scratch_scales, scales;
+  for (size_t i = 0; i < live.size(); ++i) {
+    counters.push_back(periods[i].narrow(0, 2, 2));
+    scratch_scales.push_back(periods[i].narrow(0, 1, 1));
+    scales.push_back(live[i].scale);
+  }
+  at::_foreach_zero_(counters);
+  at::_foreach_copy_(scratch_scales, scales);
+}
+
+bool starts_amax_reduction(const Fp8Autocast& outer, const Fp8Autocast& inner) {
+  const auto on = [](const Fp8Autocast& a) { return a.enabled && a.recipe && reduces(*a.recipe); };
+  if (!on(inner)) return false;
+  if (!on(outer)) return true;
+  const auto& o = *outer.recipe;
+  const auto& i = *inner.recipe;
+  const bool same = o.forward_format == i.forward_format &&
+                    o.backward_format == i.backward_format && o.margin == i.margin &&
+                    o.amax_history_len == i.amax_history_len &&
+                    o.amax_compute_algo == i.amax_compute_algo &&
+                    o.amax_reduction_group.name == i.amax_reduction_group.name;
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      same, kOp,
+      ": a DelayedScaling autocast with an amax reduction inside another with a different recipe "
+      "or group is not supported yet (the outer one's reductions would serve both)");
+  return false;
 }
 
 }  // namespace fusible::ops

@@ -36,7 +36,7 @@ class PeriodCast {
 
  private:
   std::vector<DelayedScaling> scratch_;  // one state: views into the tracked entry's buffer
-  at::Tensor period_amax_, period_casts_;
+  at::Tensor own_scale_, period_amax_, period_casts_;
 };
 
 /// The reduction over recipe.amax_reduction_group: a collective every rank of the group calls at
@@ -44,5 +44,10 @@ class PeriodCast {
 /// recipe's length and on one device each, and every rank raises alike where they do not, instead
 /// of pairing unrelated histories or hanging. A no-op without a group of more than one rank.
 void reduce_delayed_amaxes(const Fp8Recipe& recipe);
+
+/// Whether the autocast `inner`, entered inside `outer`, is the one that reduces (the outermost
+/// whose recipe reduces amaxes, as te's). Raises NotImplementedError where both reduce with
+/// different recipes or groups: one set of reductions cannot serve both.
+bool starts_amax_reduction(const Fp8Autocast& outer, const Fp8Autocast& inner);
 
 }  // namespace fusible::ops

@@ -73,10 +73,9 @@ Fp8Autocast exchange_fp8_autocast(Fp8Autocast autocast) {
 
 Fp8AutocastGuard::Fp8AutocastGuard(bool enabled, std::shared_ptr<const Fp8Recipe> recipe,
                                    bool reduce_amaxes)
-    : saved_(exchange_fp8_autocast({enabled, std::move(recipe)})),
-      exceptions_(std::uncaught_exceptions()),
-      // Only the outermost autocast reduces, as te's.
-      reduces_(reduce_amaxes && current.enabled && !saved_.enabled) {
+    : reduces_(reduce_amaxes && starts_amax_reduction(current, {enabled, recipe})),
+      saved_(exchange_fp8_autocast({enabled, std::move(recipe)})),
+      exceptions_(std::uncaught_exceptions()) {
   if (!reduces_) return;
   try {  // the previous step's backward amaxes, before this step casts with their scales
     reduce_delayed_amaxes(*current.recipe);

@@ -76,9 +76,9 @@ class Fp8AutocastGuard {
   Fp8AutocastGuard& operator=(const Fp8AutocastGuard&) = delete;
 
  private:
+  bool reduces_;  // first: decided (and checked) before the autocast changes
   Fp8Autocast saved_;
   int exceptions_;  // std::uncaught_exceptions() at construction
-  bool reduces_;
 };
 
 /// Replaces this thread's FP8 autocast, returning the previous one (for bindings whose scopes

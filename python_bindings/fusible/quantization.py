@@ -139,17 +139,18 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
         recipe = recipe if recipe is not None else _recipe.Float8CurrentScaling()
         cpp = _cpp_recipe(recipe, amax_reduction_group)
     global _compiled_key
+    # The outermost autocast whose recipe reduces amaxes across ranks reduces (checked first).
+    reduces = cpp is not None and _C._starts_amax_reduction(cpp)
     prev = _C._exchange_fp8_autocast(bool(enabled), cpp)
     prev_recipe = getattr(_autocast_recipe, "value", None)
     prev_key = _compiled_key
     _autocast_recipe.value = recipe if enabled else None
     _compiled_key = _C._fp8_recipe_key(cpp)
-    outermost = cpp is not None and not prev[0]  # only the outermost autocast reduces, as te's
     try:
-        if outermost:  # the previous step's backward amaxes, before this step casts
+        if reduces:  # the previous step's backward amaxes, before this step casts
             _C._reduce_delayed_amaxes(cpp)
         yield
-        if outermost:  # this forward's (not after an exception: other ranks may not come)
+        if reduces:  # this forward's (not after an exception: other ranks may not come)
             _C._reduce_delayed_amaxes(cpp)
     finally:
         _C._exchange_fp8_autocast(*prev)

@@ -4,6 +4,7 @@ under FP8 delayed scaling as the single-process model does, FP8 states included;
 reduce_amax=False each rank keeps its own; ranks that cast different tensors raise alike instead
 of hanging."""
 
+import fusible
 import pytest
 import torch
 import torch.distributed as dist
@@ -200,6 +201,49 @@ def _nested_case(rank, world_size):
 
 def test_only_the_outermost_autocast_reduces():
     _spawn(2, _nested_case)
+
+
+def _fp8_weights_case(rank, world_size):
+    """FP8 weights (quantized_model_init) under DelayedScaling with a reduction: each optimizer
+    write quantizes with the weight's own (reduced) scale, and the weights stay finite."""
+    fp8 = recipe.DelayedScaling(amax_history_len=4)
+    torch.manual_seed(3)
+    with fusible.quantized_model_init(recipe=fp8):
+        model = ops.Sequential(ops.Linear(H, FF, device="cpu"), ops.GELU(), ops.Linear(FF, H))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(20 + rank)  # each rank's own data: the weights' amaxes differ
+    for _ in range(STEPS):
+        opt.zero_grad()
+        with autocast(recipe=fp8):
+            y = model(torch.randn(T, H) * (1 + rank))
+        y.backward(torch.randn_like(y))
+        opt.step()
+    with autocast(recipe=fp8):
+        pass
+    for linear in (model[0], model[2]):
+        weight = linear.weight
+        own = _C._fp8_state(linear._basic_op_list()[0]._cpp)["forward"][1][1]  # the weight's
+        assert torch.isfinite(weight.dequantize()).all()
+        torch.testing.assert_close(weight._scale_inv, own.reciprocal(), rtol=0, atol=0)
+        gathered = [torch.empty_like(own) for _ in range(world_size)]
+        dist.all_gather(gathered, own)
+        assert all(torch.equal(g, own) for g in gathered) and own.item() != 1.0
+
+
+def test_fp8_weights_quantize_with_their_reduced_scale():
+    _spawn(2, _fp8_weights_case)
+
+
+def _nested_recipes_case(rank, world_size):
+    with autocast(recipe=recipe.DelayedScaling(amax_history_len=4)):
+        with pytest.raises(NotImplementedError, match="different recipe or group"):
+            with autocast(recipe=recipe.DelayedScaling(amax_history_len=8)):
+                pass
+        assert _C._fp8_autocast_state()[1].amax_history_len == 4  # the outer one, unchanged
+
+
+def test_nested_autocasts_reducing_with_different_recipes_are_refused():
+    _spawn(2, _nested_recipes_case)
 
 
 def _mismatch_case(rank, world_size):
