@@ -114,8 +114,13 @@ class Float8Tensor(torch.Tensor):
         t._set_from(hp)
         return t
 
-    def dequantize(self):
-        """The stored values as a plain tensor of this tensor's high-precision dtype."""
+    def dequantize(self, *, dtype=None):
+        """The stored values as a plain tensor of `dtype` (None: this tensor's high-precision
+        dtype). Differentiable, as te's: a loss computed from it gives this tensor a gradient."""
+        return _Dequantize.apply(self, self.dtype if dtype is None else dtype)
+
+    def _values(self):
+        """dequantize() below autograd (inside __torch_dispatch__)."""
         if self._block_dim is None:
             return (self._data.to(torch.float32) * self._scale_inv).to(self.dtype)
         rows, cols = _rows_cols(self._data)
@@ -154,7 +159,7 @@ class Float8Tensor(torch.Tensor):
         func(self._delayed[1], fmt, history, scale, *rest, **kwargs)
         self._delayed[0] = scale
         if func is torch.ops.fusible.fp8_quantize_dequantize_delayed.default:
-            return self.dequantize()
+            return self._values()
         transpose = args[6] if len(args) > 6 else kwargs.get("transpose", False)
         return self._cast_outputs(transpose)
 
@@ -162,7 +167,7 @@ class Float8Tensor(torch.Tensor):
         """A block-scaled cast of this weight in 128x128 tiles: the stored data (and its transpose:
         the same tiles, so the same scales, transposed) as they are."""
         if func is torch.ops.fusible.fp8_quantize_dequantize_block.default:
-            return self.dequantize()
+            return self._values()
         rowwise = args[3] if len(args) > 3 else kwargs.get("rowwise", True)
         columnwise = args[4] if len(args) > 4 else kwargs.get("columnwise", False)
         none = self._data.new_empty(0)
@@ -178,6 +183,16 @@ class Float8Tensor(torch.Tensor):
             return none, no_scale, data_t, scale_inv_t
         return self._data, self._scale_inv, data_t, scale_inv_t
 
+    def _copy_bytes(self, src):
+        """copy_ from a Float8Tensor of this one's layout (load_state_dict): its data and scale as
+        they are (te's rule), so a loaded FP8 weight equals the saved one bit for bit."""
+        self._data.copy_(src._data)
+        self._scale_inv.copy_(src._scale_inv)
+        if self._delayed is not None:  # the amax of the last value written, as the source's
+            amax = src._delayed[1] if src._delayed is not None else src._values().abs().amax()
+            self._delayed[1].copy_(amax.float().reshape(1))
+        return self
+
     def _cast_outputs(self, transpose):
         """(data, its [K, M] transpose or empty, scale_inv) as fp8_cast returns them."""
         data = self._data
@@ -189,7 +204,7 @@ class Float8Tensor(torch.Tensor):
     def __repr__(self):
         return (
             f"Float8Tensor(format={self._fp8_format}, dtype={self.dtype}, "
-            f"values={self.dequantize()})"
+            f"values={self._values()})"
         )
 
     def _delayed_copy(self):
@@ -227,7 +242,7 @@ class Float8Tensor(torch.Tensor):
             x, fmt = args[0], args[1]
             margin = args[2] if len(args) > 2 else kwargs.get("margin", 0.0)
             if _is_per_tensor(x) and fmt == x._fp8_format and margin == 0.0:
-                return x.dequantize()  # already on the grid of this cast (CPU emulation)
+                return x._values()  # already on the grid of this cast (CPU emulation)
         if func is torch.ops.fusible.fp8_cast.default:
             x, fmt = args[0], args[1]
             margin = args[2] if len(args) > 2 else kwargs.get("margin", 0.0)
@@ -242,6 +257,8 @@ class Float8Tensor(torch.Tensor):
             x = args[0]
             if isinstance(x, Float8Tensor) and x._delayed is not None and args[1] == x._fp8_format:
                 return x._delayed_forward(func, args, kwargs)
+        if func is torch.ops.aten.copy_.default and _copies_bytes(args[0], args[1]):
+            return args[0]._copy_bytes(args[1])
         if func in _ALIASING:
             x = args[0]
             return Float8Tensor(
@@ -262,7 +279,7 @@ class Float8Tensor(torch.Tensor):
                 d, x._scale_inv, x._fp8_format, x.dtype, delayed=x._delayed, view=True
             )
             return [wrap(d) for d in out] if isinstance(out, (list, tuple)) else wrap(out)
-        unwrap = lambda t: t.dequantize() if isinstance(t, Float8Tensor) else t  # noqa: E731
+        unwrap = lambda t: t._values() if isinstance(t, Float8Tensor) else t  # noqa: E731
         hp_args, hp_kwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
         out = func(*hp_args, **hp_kwargs)
         written = _written(func, args, kwargs)
@@ -275,6 +292,33 @@ class Float8Tensor(torch.Tensor):
         if written and func._schema.returns and func._schema.returns[0].alias_info is not None:
             return _get(args, kwargs, written[0])  # an in-place op returns what it wrote
         return out
+
+
+class _Dequantize(torch.autograd.Function):
+    """Float8Tensor.dequantize: the gradient passes through to the Float8Tensor, in its dtype."""
+
+    @staticmethod
+    def forward(ctx, t, dtype):
+        ctx.dtype = t.dtype
+        return t._values().to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.dtype), None
+
+
+def _copies_bytes(dst, src):
+    """Whether dst.copy_(src) takes src's FP8 data and scale as they are: both Float8Tensors of
+    one format, shape and scaling layout, dst not a view of another tensor's data."""
+    return (
+        isinstance(dst, Float8Tensor)
+        and isinstance(src, Float8Tensor)
+        and not dst._view
+        and dst._fp8_format == src._fp8_format
+        and dst._block_dim == src._block_dim
+        and dst.shape == src.shape
+        and dst._scale_inv.shape == src._scale_inv.shape
+    )
 
 
 def _is_per_tensor(x):

@@ -16,6 +16,7 @@ import torch
 from . import _C
 from . import recipe as _recipe
 from ._float8_tensor import Float8Tensor, cast_with_scale
+from .ops._distributed import group_spec
 
 
 def _fp8_support(block):
@@ -60,8 +61,6 @@ def _amax_group(recipe, amax_reduction_group):
         return {}
     if amax_reduction_group is None and not (dist.is_available() and dist.is_initialized()):
         return {}
-    from .ops._distributed import group_spec
-
     spec = group_spec("fusible.autocast", amax_reduction_group)
     if spec[1] <= 1:
         return {}
@@ -120,7 +119,8 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
     """FP8 for the ops called inside (te's `autocast`).
 
     Args:
-        enabled (bool): False is an exact no-op.
+        enabled (bool): False: weights built inside are plain, also inside an enabled
+            quantized_model_init.
         calibrating (bool): te's keyword, accepted at False only (NotImplementedError otherwise).
         recipe: a `fusible.recipe` recipe; None: Float8CurrentScaling() (HYBRID).
         amax_reduction_group: a torch.distributed process group. Under DelayedScaling with
@@ -207,14 +207,20 @@ def quantized_model_init(enabled=True, recipe=None, preserve_high_precision_init
     is quantized when reset_parameters() materializes it.
 
     Args:
-        enabled (bool): False is an exact no-op.
+        enabled (bool): False: weights built inside are plain, also inside an enabled
+            quantized_model_init (te's rule).
         recipe: the `fusible.recipe` recipe whose forward format and scaling the weights follow
             (None: Float8CurrentScaling()).
         preserve_high_precision_init_val: te's keyword, accepted at False only
             (NotImplementedError otherwise).
     """
-    if not enabled:
-        yield
+    prev = model_init_weights()
+    if not enabled:  # weights built inside are plain, also inside an enabled one (te's)
+        _model_init.weights = None
+        try:
+            yield
+        finally:
+            _model_init.weights = prev
         return
     if preserve_high_precision_init_val:
         raise NotImplementedError(
@@ -228,7 +234,6 @@ def quantized_model_init(enabled=True, recipe=None, preserve_high_precision_init
             "fusible.quantized_model_init: block-scaled FP8 weights are stored in 128x128 tiles "
             f"(w_block_scaling_dim=2), got w_block_scaling_dim={r.w_block_scaling_dim}"
         )
-    prev = model_init_weights()
     _model_init.weights = WeightQuantization(
         r.fp8_format.forward_format, r.delayed(), 2 if block else None
     )

@@ -1083,6 +1083,31 @@ class TestFp8Weights:
             lin = ops.Linear(8, 4)
         assert type(lin.weight) is torch.nn.Parameter
 
+    def test_disabled_inside_enabled_builds_plain_weights(self):
+        from fusible._float8_tensor import Float8Tensor
+
+        with fusible.quantized_model_init():  # te: the inner call sets FP8 parameters off
+            with fusible.quantized_model_init(enabled=False):
+                plain = ops.Linear(8, 4, device="cpu")
+            fp8 = ops.Linear(8, 4, device="cpu")
+        assert type(plain.weight) is torch.nn.Parameter
+        assert isinstance(fp8.weight, Float8Tensor)
+
+    def test_dequantize_is_differentiable(self):
+        torch.manual_seed(4)
+        with fusible.quantized_model_init():
+            lin = ops.Linear(8, 4, device="cpu")
+        w = lin.weight
+        values = w.dequantize()
+        assert type(values) is torch.Tensor and values.dtype == torch.float32
+        assert values.requires_grad
+        coeff = torch.randn(4, 8)
+        (values * coeff).sum().backward()
+        torch.testing.assert_close(w.grad, coeff, rtol=0, atol=0)
+        as_double = w.dequantize(dtype=torch.float64)
+        assert as_double.dtype == torch.float64
+        assert torch.equal(as_double, w._data.double() * w._scale_inv.double())
+
 
 def _scales_per_block(scale_inv, rows, cols, block_dim):
     """cuBLASLt's block scale layout (fp8_cast_block's) back to one value per element of
@@ -1137,6 +1162,36 @@ class TestFp8WeightsDelayedScaling:
         assert w._scale_inv.item() == pytest.approx(1.0 / q.scale.item())
         grid = (new.float() * q.scale.cpu()).clamp(-448, 448).to(torch.float8_e4m3fn)
         assert torch.equal(w._data.cpu().view(torch.uint8), grid.view(torch.uint8))
+
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_a_loaded_checkpoint_is_the_saved_weights_bit_for_bit(self, device):
+        # te copies a Float8Tensor's data and scale as they are; re-quantizing the values with the
+        # new model's scale (1.0 before its first forward) lost bits.
+        r = recipe.DelayedScaling(amax_history_len=4)
+
+        def build():
+            torch.manual_seed(5)
+            with fusible.quantized_model_init(recipe=r):
+                return ops.Sequential(ops.Linear(32, 32, device=device), ops.GELU())
+
+        model = build()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for step in range(3):
+            torch.manual_seed(step)
+            with fusible.autocast(recipe=r):
+                model(torch.randn(8, 32, device=device)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        saved = model[0].weight
+        assert saved._scale_inv.item() != 1.0  # written with a delayed scale
+        fresh = build()
+        fresh.load_state_dict(model.state_dict())
+        loaded = fresh[0].weight
+        assert torch.equal(loaded._data.view(torch.uint8), saved._data.view(torch.uint8))
+        assert torch.equal(loaded._scale_inv, saved._scale_inv)
+        x = torch.randn(4, 32, device=device)
+        with fusible.autocast(recipe=r):
+            assert torch.equal(fresh(x), model(x))
 
     @pytest.mark.parametrize("device", DEVICES)
     def test_current_scaling_writes_take_a_fresh_amax(self, device):

@@ -201,6 +201,24 @@ class TestShapesAndDtypes:
         y.float().sum().backward()
         assert lin.weight.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
 
+    def test_autocast_and_the_ops_without_parameters(self):
+        # te.ops: Dropout computes in the autocast dtype (as the activations), L2Normalization in
+        # the input's (a float32 QK-norm stays float32, as torch's norms under autocast).
+        x = torch.randn(64, 8, requires_grad=True)
+        drop = ops.Dropout(0.5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = drop(x)
+            z = ops.L2Normalization()(x)
+        assert y.dtype == torch.bfloat16 and z.dtype == torch.float32
+        kept = y != 0
+        torch.testing.assert_close(y[kept], (x.detach().bfloat16() * 2)[kept], rtol=0, atol=0)
+        torch.testing.assert_close(z, x / (x.square().sum(-1, keepdim=True) + 1e-6).sqrt())
+        (y.float().sum() + z.sum()).backward()
+        assert x.grad.dtype == torch.float32
+        drop.eval()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert drop(x).dtype == torch.bfloat16
+
 
 class TestParametersAndStateDict:
     def test_parameters_are_shared_nn_parameters(self):

@@ -533,3 +533,35 @@ class TestReviewRegressions:
         x = torch.randn(64, dtype=D)
         assert not clone[0].training
         torch.testing.assert_close(clone(x), x, rtol=0, atol=0)
+
+
+def test_a_parameter_assigned_to_a_linears_basic_op_is_the_linears():
+    # te.ops' route (lin.basic_ops[0].weight = p): the Linear computes with it, reports it and
+    # trains it; a copy's basic ops assign to the copy.
+    torch.manual_seed(3)
+    lin = ops.Linear(4, 3, dtype=D, device="cpu")
+    x = torch.randn(5, 4, dtype=D)
+    w = torch.nn.Parameter(torch.randn(3, 4, dtype=D))
+    b = torch.nn.Parameter(torch.randn(3, dtype=D))
+    lin.basic_ops[0].weight, lin.basic_ops[1].bias = w, b
+    assert lin.weight is w and lin.bias is b and list(lin.parameters()) == [w, b]
+    torch.testing.assert_close(lin(x), x @ w.T + b, rtol=0, atol=0)
+    lin(x).sum().backward()
+    torch.testing.assert_close(w.grad, torch.ones(5, 3, dtype=D).T @ x)
+    twin = copy.deepcopy(lin)
+    twin.basic_ops[0].weight = torch.nn.Parameter(torch.zeros(3, 4, dtype=D))
+    torch.testing.assert_close(twin(x), b.detach().expand(5, 3), rtol=0, atol=0)
+    assert lin.weight is w  # the original is untouched
+
+
+def test_a_parametrization_on_a_linears_basic_op_is_refused_before_anything_changes():
+    lin = ops.Linear(4, 3, dtype=D, device="cpu")
+    weight = lin.weight
+    with pytest.raises(RuntimeError, match="register a parametrization on the Linear"):
+        torch.nn.utils.parametrize.register_parametrization(
+            lin.basic_ops[0], "weight", torch.nn.Identity()
+        )
+    assert lin.basic_ops[0].weight is weight and lin.weight is weight
+    assert not torch.nn.utils.parametrize.is_parametrized(lin.basic_ops[0])
+    x = torch.randn(2, 4, dtype=D)
+    torch.testing.assert_close(lin(x), x @ weight.T + lin.bias, rtol=0, atol=0)

@@ -4,6 +4,7 @@ NotImplementedError (never TypeError)."""
 
 import collections
 import importlib
+import inspect
 
 import pytest
 import torch
@@ -278,3 +279,30 @@ def test_every_te_ops_name_outside_the_grouped_and_parallel_work_exists():
     assert [n for n in TE_FUSED if not hasattr(fused, n)] == []
     for name in ("Linear", "Sequential", "BasicOperation", "FusedOperation", "FusibleOperation"):
         assert hasattr(ops, name)
+
+
+def test_te_call_forms_of_the_constructors_and_containers():
+    """te.ops' positional and dict forms, which te.ops code writes."""
+    q = ops.Quantize(True, True)  # te.ops: positional-or-keyword
+    assert q._quantize_forward and q._quantize_backward
+    assert "reduce_in_backward" in inspect.signature(ops.AllReduce).parameters
+    first, second = ops.Bias(3, device="cpu", dtype=D), ops.GELU()
+    seq = ops.Sequential({"bias": first, "act": second})  # a plain dict, in its order
+    assert [n for n, _ in seq.named_children()] == ["bias", "act"]
+    assert seq.insert(0, ops.Identity()) is seq  # chains, as torch's and te.ops' insert
+    assert list(seq)[1:] == [first, second]
+
+
+def test_te_keywords_that_change_no_result_are_accepted():
+    x = torch.randn(3, 8, dtype=D)
+    # L2Normalization's JIT warm-up sizes (te.ops) compute nothing else.
+    warm = ops.L2Normalization(seq_length=128, micro_batch_size=2)
+    assert warm.seq_length == 128 and warm.micro_batch_size == 2
+    torch.testing.assert_close(warm(x), ops.L2Normalization()(x), rtol=0, atol=0)
+    assert repr(warm) == "L2Normalization(eps=1e-06)"
+    # sm_margin as te.ops' per-pass dict: zeros are what runs; any other margin is refused.
+    zeros = {"forward": 0, "backward": 0, "inference": 0}
+    ln = ops.LayerNorm(8, sm_margin=zeros, dtype=D, device="cpu")
+    torch.testing.assert_close(ln(x), ops.LayerNorm(8, dtype=D, device="cpu")(x), rtol=0, atol=0)
+    with pytest.raises(NotImplementedError, match="sm_margin=2"):
+        ops.RMSNorm(8, sm_margin={"forward": 0, "backward": 2})

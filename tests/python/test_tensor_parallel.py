@@ -388,10 +388,15 @@ def test_tensor_parallelism_without_a_process_group_is_refused():
         ops.BasicLinear(4, 4, tensor_parallel_mode="column")
     with pytest.raises(ValueError, match="init_process_group"):
         ops.AllReduce()
-    with pytest.raises(ValueError, match="sequence_parallel needs tensor parallelism"):
-        ops.BasicLinear(4, 4, sequence_parallel=True)
-    with pytest.raises(ValueError, match="sequence_parallel needs tensor parallelism"):
-        ops.Linear(4, 4, sequence_parallel=True)
+    # sequence_parallel without tensor parallelism: one rank's sequence, as te.ops turns it off.
+    for cls in (ops.BasicLinear, ops.Linear):
+        torch.manual_seed(0)
+        sp = cls(4, 3, sequence_parallel=True, device="cpu", dtype=torch.float64)
+        torch.manual_seed(0)
+        plain = cls(4, 3, device="cpu", dtype=torch.float64)
+        assert sp.sequence_parallel is False
+        x = torch.randn(5, 4, dtype=torch.float64)
+        torch.testing.assert_close(sp(x), plain(x), rtol=0, atol=0)
     with pytest.raises(ValueError, match="init_process_group"):
         ops.LayerNorm(4, sequence_parallel=True)
     with pytest.raises(ValueError, match="row_parallel_bias"):

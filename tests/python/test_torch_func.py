@@ -128,3 +128,36 @@ def test_fp8_autocast_under_a_transform_is_refused():
     with fusible.autocast():
         with pytest.raises(NotImplementedError, match="FP8.* under torch.func"):
             grad(lambda t: ours(t).sum())(x)
+
+
+def test_vmap_of_grad_over_a_training_dropout_gives_each_sample_its_own_masks_gradient():
+    # Per-sample gradients (DP-SGD): each sample's backward replays the state its forward drew.
+    torch.manual_seed(2)
+    model = ops.Sequential(ops.Linear(8, 8, dtype=D, device="cpu"), ops.Dropout(0.5))
+    x = torch.randn(4, 8, dtype=D)
+
+    def loss(t):
+        y = model(t)
+        return y.square().sum(), y
+
+    g, y = vmap(grad(loss, has_aux=True), randomness="different")(x)
+    masks = y != 0
+    assert not all(torch.equal(masks[0], m) for m in masks[1:])  # the samples drew apart
+    w, b = model[0].weight.detach(), model[0].bias.detach()
+    for i in range(4):
+        # d/dx of sum((mask * (x W^T + b) * 2)^2) = 8 mask^2 (x W^T + b) W
+        want = (masks[i] * 8 * (x[i] @ w.T + b)) @ w
+        _close(g[i], want)
+
+
+def test_vmap_randomness_modes_over_a_training_dropout():
+    drop = ops.Dropout(0.5)
+    x = torch.ones(6, 64, dtype=D)
+    with pytest.raises(RuntimeError, match="randomness error mode"):
+        vmap(drop)(x)  # torch's default, "error", as for torch.nn.Dropout
+    same = vmap(drop, randomness="same")(x)
+    assert all(torch.equal(same[0], row) for row in same[1:])
+    different = vmap(drop, randomness="different")(x)
+    assert not all(torch.equal(different[0], row) for row in different[1:])
+    drop.eval()
+    torch.testing.assert_close(vmap(drop)(x), x, rtol=0, atol=0)  # no draw: no randomness mode

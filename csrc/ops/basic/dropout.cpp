@@ -10,8 +10,13 @@ Dropout::Dropout(double p) : BasicOperation("Dropout"), p_(p) {
   TORCH_CHECK_VALUE(p >= 0 && p <= 1, "Dropout: expected 0 <= p <= 1, got ", p);
 }
 
-at::Tensor Dropout::op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs&) {
-  FUSIBLE_CHECK_FLOATING("Dropout", "input", x);
+at::Tensor Dropout::op_forward(OperationContext& ctx, const at::Tensor& x_in,
+                               const ForwardArgs& args) {
+  FUSIBLE_CHECK_FLOATING("Dropout", "input", x_in);
+  // In torch.autocast's dtype when on, as te.ops' Dropout and fusible's activations (the
+  // gradient goes back in the input's dtype).
+  const auto x = cast_to(x_in, args.autocast_dtype.value_or(x_in.scalar_type()));
+  ctx.compute_dtype = x.scalar_type();
   if (!is_training() || p_ == 0) {
     ctx.save_for_backward({at::Tensor()});
     return x;

@@ -144,10 +144,12 @@ std::pair<at::Tensor, std::vector<at::Tensor>> RMSNorm::op_backward(OperationCon
 }
 
 at::Tensor L2Normalization::op_forward(OperationContext& ctx, const at::Tensor& x,
-                                       const ForwardArgs& args) {
+                                       const ForwardArgs&) {
   FUSIBLE_CHECK_FLOATING("L2Normalization", "input", x);
   FUSIBLE_CHECK_MIN_DIM("L2Normalization", "input", x, 1);
-  ctx.compute_dtype = args.autocast_dtype.value_or(x.scalar_type());
+  // In x's dtype under torch.autocast too, as te.ops' (and torch's norms, which autocast runs
+  // in float32): a float32 QK-norm stays float32.
+  ctx.compute_dtype = x.scalar_type();
   const auto xc = cast_to(x, ctx.compute_dtype);
   auto [y, rstd] = kernels::l2norm_fwd(xc, eps_);
   if (ctx.requires_grad) ctx.save_for_backward({xc, rstd});

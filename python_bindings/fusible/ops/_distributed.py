@@ -19,8 +19,8 @@ def group_spec(op_name, group):
 
 def tensor_parallel_args(op_name, mode, group, sequence_parallel):
     """BasicLinear's C++ keywords for te.ops' tensor-parallel ones (the C++ op checks the rest)."""
-    if mode is None:  # sequence_parallel alone: the C++ op refuses it
-        return {"sequence_parallel": True} if sequence_parallel else {}
+    if mode is None:  # no tensor parallelism: sequence_parallel over one rank is none (te's)
+        return {}
     name, size, rank = group_spec(op_name, group)
     return dict(
         mode=str(mode),

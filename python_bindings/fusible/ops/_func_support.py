@@ -44,16 +44,52 @@ def _generator(device):
     return torch.default_generator
 
 
-def _per_sample(apply, info, in_dims, args):
+class _PerSample:
+    """The generator states of a vmapped call's samples (randomness="different"), one each: the
+    backward of sample b replays the state sample b drew from."""
+
+    def __init__(self, states):
+        self.states = states
+
+
+_RNG_ARG = 4  # where _Call takes its _RngState and _CallBackward its state
+
+
+def _per_sample(apply, info, in_dims, args, rng=None):
     """vmap rule: apply(*args) for each sample of the batched args (the others as they are), the
-    outputs stacked along dim 0."""
-    results = []
+    outputs stacked along dim 0. rng: "call" where args hold a _Call's _RngState (a training-mode
+    Dropout draws), "backward" where they hold the state its backward replays."""
+    args = list(args)
+    randomness = None
+    if rng == "call" and args[_RNG_ARG] is not None:
+        randomness = info.randomness
+        if randomness == "error":  # torch's own message for a random op under vmap
+            raise RuntimeError(
+                "vmap: called random operation while in randomness error mode. Please either use "
+                "the 'same' or 'different' randomness flags on vmap or perform the randomness "
+                "operation out of vmap"
+            )
+        outer = args[_RNG_ARG]
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        start = _generator(device).get_state()
+    results, states = [], []
     for b in range(info.batch_size):
         sample = [
             a if d is None or not isinstance(a, torch.Tensor) else a.select(d, b)
             for a, d in zip(args, in_dims, strict=True)
         ]
+        if randomness is not None:
+            if randomness == "same":  # every sample draws the same mask
+                _generator(device).set_state(start)
+            sample[_RNG_ARG] = _RngState()
+            states.append(sample[_RNG_ARG])
+        elif rng == "backward" and isinstance(args[_RNG_ARG], _PerSample):
+            sample[_RNG_ARG] = args[_RNG_ARG].states[b]
         results.append(apply(*sample))
+    if randomness is not None:
+        outer.state = (
+            states[0].state if randomness == "same" else _PerSample([s.state for s in states])
+        )
     stacked = tuple(torch.stack(outs) for outs in zip(*results, strict=True))
     return stacked, (0,) * len(stacked)
 
@@ -99,7 +135,7 @@ class _Call(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, *args):
-        return _per_sample(_Call.apply, info, in_dims, args)
+        return _per_sample(_Call.apply, info, in_dims, args, rng="call")
 
 
 class _CallBackward(torch.autograd.Function):
@@ -131,7 +167,7 @@ class _CallBackward(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, *args):  # jacrev: the vjp of each basis vector
-        return _per_sample(_CallBackward.apply, info, in_dims, args)
+        return _per_sample(_CallBackward.apply, info, in_dims, args, rng="backward")
 
 
 def forward(seq, input, extra_inputs, channel_inputs, return_dict):

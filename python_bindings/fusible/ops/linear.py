@@ -2,6 +2,8 @@
 row-parallel layout), built in C++ (ops::Linear) and wrapped here over Python faces of its basic
 ops."""
 
+import weakref
+
 import torch
 
 from .. import _C
@@ -88,6 +90,17 @@ class Linear(FusedOperation):
         super().__init__(basic, _cpp=_composite_cpp(basic, self._has_bias))
         if not bias:
             self.register_parameter("bias", None)
+        self._link_basic_ops()
+
+    def _link_basic_ops(self):
+        # A parameter assigned to a basic op (lin.basic_ops[0].weight = p, te.ops' route) is
+        # assigned to this Linear too, which computes with it.
+        for op in self.basic_ops:
+            op.__dict__["_owner"] = weakref.ref(self)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._link_basic_ops()
 
     def _rebuild_cpp(self):
         return _composite_cpp(list(self.basic_ops), self._has_bias)

@@ -94,14 +94,15 @@ def _freezing_init(init):
 
 def _check_parameter_slot(op, name, old, value):
     """A parameter slot keeps what the op was built with: a Parameter (or tensor) where it had one,
-    None where it had none (the op's computation is built around which it holds)."""
+    None where it had none (the op's computation is built around which it holds). ValueError,
+    as te.ops raises for a bias set on a Linear without one."""
     if old is None and value is not None:
-        raise RuntimeError(
+        raise ValueError(
             f"{type(op).__name__}: built without parameter '{name}'; construct it with that "
             f"parameter (e.g. bias=True) instead of assigning one"
         )
     if old is not None and value is None:
-        raise RuntimeError(
+        raise ValueError(
             f"{type(op).__name__}: cannot remove parameter '{name}' (assign None); construct "
             f"the op without it (e.g. bias=False) instead"
         )
@@ -219,6 +220,11 @@ class FusibleOperation(torch.nn.Module):
                 if op is not self and name in op._parameters:
                     torch.nn.Module.__setattr__(op, name, value)
         super().__setattr__(name, value)
+        owner = self.__dict__.get("_owner")  # a composite (Linear) that holds this op's parameter
+        owner = owner() if owner is not None else None
+        if owner is not None and params is not None and name in params:
+            if owner._parameters.get(name) is not value:  # the composite computes with it too
+                setattr(owner, name, value)
         if name == "training" and "_cpp" in self.__dict__:
             # `m.training = False` (not only m.eval()) switches what the C++ op computes.
             self._cpp.train(bool(value))
@@ -226,6 +232,16 @@ class FusibleOperation(torch.nn.Module):
     def __delattr__(self, name):
         if name in self.__dict__.get("_frozen", ()):
             raise AttributeError(_frozen_message(self, name))
+        owner = self.__dict__.get("_owner")
+        owner = owner() if owner is not None else None
+        if owner is not None and name in self._parameters:
+            # What a parametrization does first: the composite would keep computing with the
+            # parameter it holds. Refused before anything changed.
+            raise RuntimeError(
+                f"{type(self).__name__}: its '{name}' is also its {type(owner).__name__}'s, which "
+                f"computes with it; delete it or register a parametrization on the "
+                f"{type(owner).__name__} instead"
+            )
         super().__delattr__(name)
 
     def _apply(self, fn, recurse=True):
@@ -253,6 +269,7 @@ class FusibleOperation(torch.nn.Module):
         state = self.__dict__.copy()
         state.pop("_cpp", None)
         state.pop("_fuser", None)
+        state.pop("_owner", None)  # a weak reference: the copied composite links its copies
         state["_channel_state"] = self._channel_state()
         # A basic op's delayed-scaling state lives in its C++ op: the copy continues from it.
         basic = self._builtin and self._basic_op_list() == [self]

@@ -2,11 +2,11 @@
 groups the ops, routes channels across groups and calls other Python modules back between them.
 Here: the list API, each call's parameters, forward hooks, and te.ops' call convention."""
 
-import collections
 import operator
 import warnings
 
 import torch
+from torch.nn.modules import module as _torch_module
 
 from .. import _C, quantization
 from . import _call, _compile_support, _func_support
@@ -27,9 +27,7 @@ def _global_forward_hooks():
     """Whether forward hooks registered for every module (register_module_forward_hook and
     register_module_forward_pre_hook) are set: torch.nn.Sequential's children run them, so ours
     do too."""
-    from torch.nn.modules import module
-
-    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+    return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
 
 
 def _hooks(module, global_forward=False):
@@ -76,8 +74,9 @@ class Sequential(torch.nn.Module):
     called as usual between groups. Channels connect ops across groups.
 
     Args:
-        *modules: fusible ops and any other torch.nn.Module, in order; or one OrderedDict of
-            name -> module (its names become the submodules' names, as torch.nn.Sequential).
+        *modules: fusible ops and any other torch.nn.Module, in order; or one dict (an
+            OrderedDict, as torch.nn.Sequential takes, or a plain dict, as te.ops') of name ->
+            module: its names become the submodules' names.
 
     Call: `seq(x, *extra_inputs, channel_inputs=None, return_dict=False)`; channel_inputs feeds
     bound extra inputs by channel name, return_dict=True returns `(y, {channel: named output})`.
@@ -87,7 +86,7 @@ class Sequential(torch.nn.Module):
         super().__init__()
         self._cpp = None  # the C++ Sequential, built on first use after any change
         _compile_support.register(self)
-        if len(modules) == 1 and isinstance(modules[0], collections.OrderedDict):
+        if len(modules) == 1 and isinstance(modules[0], dict):  # te's: any dict, in its order
             for name, m in modules[0].items():
                 self.append(m, name=name)
             return
@@ -186,10 +185,11 @@ class Sequential(torch.nn.Module):
         return self
 
     def insert(self, index, module):
-        """Inserts a module before position `index`."""
+        """Inserts a module before position `index`; returns self (as torch.nn.Sequential)."""
         entries = self._entries()
         entries.insert(index, module)
         self._rebuild(entries)
+        return self
 
     def pop(self, index=-1):
         """Removes and returns the module at `index`."""

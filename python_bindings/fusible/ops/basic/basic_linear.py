@@ -25,7 +25,8 @@ class BasicLinear(BasicOperation):
             `local_out_features`: this rank's).
         sequence_parallel (bool): with tensor parallelism, dim 0 of the column-parallel input (and
             of the row-parallel output) is sharded over the group: all-gathered before the GEMM,
-            reduce-scattered after it.
+            reduce-scattered after it. Without tensor parallelism it changes nothing (one rank's
+            sequence) and reads False, as in te.ops.
         accumulate_into_main_grad (bool): the backward adds the weight gradient into
             `weight.main_grad` (Megatron's buffer; RuntimeError when missing) instead of
             `weight.grad`, or overwrites it where `weight.overwrite_main_grad` is set; autograd

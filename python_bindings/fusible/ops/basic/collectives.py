@@ -33,7 +33,17 @@ class ReduceScatter(_Collective):
 
 class AllReduce(_Collective):
     """Sums x over the ranks of `process_group`; the backward passes the gradient through (it is
-    the same on every rank), as te.ops' AllReduce."""
+    the same on every rank), as te.ops' AllReduce.
+
+    Args:
+        process_group: the group (None: the default group).
+        reduce_in_backward (bool): te.ops' keyword, kept as `_reduce_in_backward`: te.ops'
+            AllReduce passes the gradient through whatever its value, and so does this one.
+    """
+
+    def __init__(self, process_group=None, reduce_in_backward=True, *, _cpp=None):
+        self._reduce_in_backward = bool(reduce_in_backward)
+        super().__init__(process_group, _cpp=_cpp)
 
 
 __all__ = ["AllGather", "AllReduce", "ReduceScatter"]

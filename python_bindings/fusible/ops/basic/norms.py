@@ -25,7 +25,10 @@ class _Norm(BasicOperation):
         sequence_parallel=False,
         tensor_parallel_group=None,
     ):
-        reject_unsupported(type(self).__name__, sm_margin=(sm_margin, 0))
+        # te.ops takes an int or {"forward": .., "backward": .., "inference": ..}; 0 is what runs.
+        margins = sm_margin.values() if isinstance(sm_margin, dict) else [sm_margin]
+        for margin in margins:
+            reject_unsupported(type(self).__name__, sm_margin=(margin, 0))
         self.normalized_shape = as_shape(normalized_shape, type(self).__name__)
         self.eps = float(eps)
         self.zero_centered_gamma = bool(zero_centered_gamma)
@@ -53,7 +56,8 @@ class LayerNorm(_Norm):
         device, dtype: of the parameters (None: the active torch.device context, else the current
             CUDA device when there is one, else the CPU; "meta" defers allocation).
         zero_centered_gamma (bool): store the scale minus one.
-        sm_margin: te.ops keyword, accepted at its default only.
+        sm_margin (int or dict): te.ops keyword (SMs left free for other kernels), accepted
+            at 0 only, also as a dict of 0s (NotImplementedError otherwise).
         sequence_parallel (bool), tensor_parallel_group: the rows of x are sharded over the group
             (None: the default group) and the parameters replicated: the backward sums their
             gradients over it, so every replica takes the single-process model's step (an
@@ -71,7 +75,8 @@ class RMSNorm(_Norm):
         eps (float): added to the mean square.
         device, dtype: of the parameter (as LayerNorm's).
         zero_centered_gamma (bool): store the scale minus one.
-        sm_margin: te.ops keyword, accepted at its default only.
+        sm_margin (int or dict): te.ops keyword (SMs left free for other kernels), accepted
+            at 0 only, also as a dict of 0s (NotImplementedError otherwise).
         sequence_parallel (bool), tensor_parallel_group: as LayerNorm's.
     """
 
@@ -84,14 +89,16 @@ L2Normalization = make_face(
 
     Args:
         eps (float): added to the sum of squares.
-        seq_length, micro_batch_size: te.ops keywords, accepted at their defaults only.
+        seq_length, micro_batch_size: te.ops keywords, the sizes te.ops warms its JIT kernels
+            up for; they change no result, and fusible has no JIT warm-up (kept as given).
     """,
     [
         arg("eps", 1e-6, as_float),
-        arg("seq_length", None, rejected=True),
-        arg("micro_batch_size", None, rejected=True),
+        arg("seq_length", None),
+        arg("micro_batch_size", None),
     ],
     cpp_args=["eps"],
+    repr_fields=["eps"],
     module=__name__,
 )
 

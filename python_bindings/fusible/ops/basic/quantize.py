@@ -23,7 +23,7 @@ class Quantize(BasicOperation):
 
     _repr_fields = ()
 
-    def __init__(self, *, forward=True, backward=False):
+    def __init__(self, forward=True, backward=False):  # positional too, as te.ops'
         # te.ops' attribute names (`forward` is the module's method).
         self._quantize_forward, self._quantize_backward = bool(forward), bool(backward)
         super().__init__(self._make_cpp(None, None))
