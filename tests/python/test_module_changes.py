@@ -137,6 +137,14 @@ def test_named_hyperparameters_are_among_them():
     assert "scale" in ops.ConstantScale(2.0)._frozen
     with pytest.raises(AttributeError, match="build a new Dropout"):
         ops.Dropout(0.1).p = 0.0
+    # te.ops' private names, which te.ops code writes and te.ops reads per call: refused alike.
+    assert "_cache_quantized_input" in ops.GELU()._frozen
+    grouped = ops.GroupedLinear(2, 4, 4, device="cpu")
+    assert {"_accumulate_into_main_grad", "_scale_bias"} <= grouped._frozen
+    assert {"_quantize_forward", "_quantize_backward"} <= ops.Quantize()._frozen
+    assert "_has_bias" in ops.Linear(4, 4, device="cpu")._frozen
+    with pytest.raises(AttributeError, match="GELU._cache_quantized_input is fixed"):
+        ops.GELU()._cache_quantized_input = True
 
 
 def test_a_users_subclass_keeps_its_own_attributes_writable():

@@ -64,6 +64,23 @@ def _frozen_message(op, name):
     )
 
 
+# te.ops' private names of hyperparameters, which te.ops code may write: fixed as the public ones.
+_PRIVATE_HYPERPARAMETERS = frozenset(
+    {
+        "_cache_quantized_input",
+        "_activation_recompute_in_mlp",
+        "_accumulate_into_main_grad",
+        "_scale_bias",
+        "_quantize_forward",
+        "_quantize_backward",
+        "_has_bias",
+        "_row_parallel_bias",
+        "_sequence_parallel",
+        "_reduce_in_backward",
+    }
+)
+
+
 def _freezing_init(init):
     """init, after which (the outermost of fusible's constructors) every public attribute the
     constructors set is read-only: one rule for every op's hyperparameters (eps, p, scale, ...),
@@ -79,7 +96,10 @@ def _freezing_init(init):
             self.__dict__["_init_depth"] = depth
         if depth == 0:
             frozen = {
-                k for k in self.__dict__ if not k.startswith("_") and k not in _MODULE_ATTRIBUTES
+                k
+                for k in self.__dict__
+                if (not k.startswith("_") or k in _PRIVATE_HYPERPARAMETERS)
+                and k not in _MODULE_ATTRIBUTES
             }
             self.__dict__["_frozen"] = frozenset(frozen)
 
