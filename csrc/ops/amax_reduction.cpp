@@ -33,8 +33,8 @@ using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensor
 // One tracked state. Weak: a state the op replaced (or an op deleted) drops out by itself.
 struct Entry {
   WeakTensor history, scale;
-  // [4] on the state's device: the scratch state's amax and scale, then this rank's largest amax
-  // and number of casts since the last reduction.
+  // [3] on the state's device: the scratch state's amax and scale, then this rank's largest amax
+  // since the last reduction.
   at::Tensor period;
   bool backward = false;
 };
@@ -109,7 +109,7 @@ void check_ranks_agree(const Fp8Recipe& recipe, const std::vector<Live>& live) {
 }
 
 // Each scale as a cast sets it from its (reduced) history, with its direction's format;
-// unchanged where `rolled` is false (no rank cast the tensor).
+// unchanged where `rolled` is false (no rank saw a non-zero amax).
 void rescale(const Fp8Recipe& recipe, const std::vector<Live>& live, const at::Tensor& rows,
              const at::Tensor& rolled) {
   const double factor = std::exp2(-recipe.margin);
@@ -150,24 +150,23 @@ PeriodCast::PeriodCast(const Fp8Recipe& recipe, const std::vector<DelayedScaling
       reg.index[key] = reg.entries.size();
       reg.entries.push_back({WeakTensor(s.amax_history.getIntrusivePtr()),
                              WeakTensor(s.scale.getIntrusivePtr()),
-                             at::zeros({4}, s.scale.options()), backward});
+                             at::zeros({3}, s.scale.options()), backward});
     }
     period = reg.entries[reg.index.at(states[index].amax_history.unsafeGetTensorImpl())].period;
   }
-  // The cast rolls its amax into a one-entry history and casts with (then updates) a copy of the
-  // op's scale: copied again first, as a checkpoint load writes the op's scale in place.
+  // The cast rolls its amax into a one-entry history (a zero amax leaves the entry there, so a
+  // reduction zeroes it) and casts with (then updates) a copy of the op's scale: copied again
+  // first, as a checkpoint load writes the op's scale in place.
   scratch_.push_back({period.narrow(0, 0, 1), period.narrow(0, 1, 1)});
   scratch_.front().scale.copy_(states[index].scale);
   own_scale_ = states[index].scale;
   period_amax_ = period.narrow(0, 2, 1);
-  period_casts_ = period.narrow(0, 3, 1);
 }
 
 void PeriodCast::finish() const {
   if (scratch_.empty()) return;
   auto amax = period_amax_;  // the same tensor: maximum_out takes its output by reference
   at::maximum_out(amax, amax, scratch_.front().amax_history);
-  period_casts_.add_(1);
   // Whoever kept the cast's scale tensor (an FP8 weight casts its next write with it) reads the
   // period's.
   scratch_.front().scale.copy_(own_scale_);
@@ -186,24 +185,26 @@ void reduce_delayed_amaxes(const Fp8Recipe& recipe) {
   }
   const auto device = histories.front().device();
   const auto shared = at::stack(histories);  // [n, len]: every rank's alike after a reduction
-  const auto period = at::stack(periods);    // [n, 4]
-  // One roll of each history and the period's casts, all reduced (max) in one collective. The
-  // older entries also align ranks whose histories differed (each loaded its own checkpoint).
-  // A NaN amax counts as inf (as the CUDA casts record it): a max over ranks then agrees.
-  const auto payload =
-      at::cat({period.narrow(1, 2, 1), shared.narrow(1, 0, len - 1), period.narrow(1, 3, 1)}, 1)
-          .nan_to_num_(std::numeric_limits<float>::infinity());
+  const auto period = at::stack(periods);    // [n, 3]
+  // One roll of each history, reduced (max) in one collective. The older entries also align
+  // ranks whose histories differed (each loaded its own checkpoint). A NaN amax counts as inf (as
+  // the CUDA casts record it): a max over ranks then agrees.
+  const auto payload = at::cat({period.narrow(1, 2, 1), shared.narrow(1, 0, len - 1)}, 1)
+                           .nan_to_num_(std::numeric_limits<float>::infinity());
   const auto reduced = wait(all_reduce_start(kOp, payload.to(recipe.amax_reduction_device),
                                              recipe.amax_reduction_group, "max"))
                            .to(device);
-  const auto rolled = reduced.select(1, len) > 0;  // some rank cast the tensor
+  // As te: a history rolls only for a non-zero amax (some rank cast non-zero values).
+  const auto rolled = reduced.select(1, 0) != 0;
   const auto rows = at::where(rolled.unsqueeze(1), reduced.narrow(1, 0, len), shared);
   at::_foreach_copy_(histories, rows.unbind(0));
   rescale(recipe, live, rows, rolled);
-  // A new period: its amax and count from 0, the scratch scales the new scales.
+  // A new period: its amaxes (the scratch history's and the period's) from 0, the scratch scales
+  // the new scales.
   std::vector<at::Tensor> counters, scratch_scales, scales;
   for (size_t i = 0; i < live.size(); ++i) {
-    counters.push_back(periods[i].narrow(0, 2, 2));
+    counters.push_back(periods[i].narrow(0, 0, 1));
+    counters.push_back(periods[i].narrow(0, 2, 1));
     scratch_scales.push_back(periods[i].narrow(0, 1, 1));
     scales.push_back(live[i].scale);
   }

@@ -1,10 +1,11 @@
 // DelayedScaling across ranks (te's reduce_amax). Between two reductions ("a period") every cast
 // of a tracked tensor uses the scale of the last reduction and leaves the tensor's history alone:
-// each rank keeps the largest amax its casts saw, and how many there were, on the device (so a
-// captured CUDA graph's replays count too). A reduction (at the outermost fusible.autocast's entry
-// and exit) then gives each tracked history, on every rank, one new entry: the max over the ranks
-// of the period's amaxes (0 from a rank that did not cast the tensor); a tensor that no rank cast
-// keeps its history. Each scale follows from its history as a cast would set it. So every rank
+// each rank keeps the largest amax its casts saw on the device (so a captured CUDA graph's
+// replays count too). A reduction (at the outermost fusible.autocast's entry and exit) then gives
+// each tracked history, on every rank, one new entry: the max over the ranks of the period's
+// amaxes (0 from a rank that did not cast the tensor); as in te, a history whose new amax is 0
+// (no rank cast non-zero values) keeps its entries and its scale. Each scale follows from its
+// history as a cast would set it. So every rank
 // casts with the same scales, those of the whole tensor: a tensor-parallel shard's scale is the
 // full weight's.
 #pragma once
@@ -31,12 +32,12 @@ class PeriodCast {
     return scratch_.empty() ? own : scratch_;
   }
   size_t index(size_t own) const { return scratch_.empty() ? own : 0; }
-  /// After the cast: its amax joins the period's, and the cast is counted.
+  /// After the cast: its amax joins the period's.
   void finish() const;
 
  private:
   std::vector<DelayedScaling> scratch_;  // one state: views into the tracked entry's buffer
-  at::Tensor own_scale_, period_amax_, period_casts_;
+  at::Tensor own_scale_, period_amax_;
 };
 
 /// The reduction over recipe.amax_reduction_group: a collective every rank of the group calls at

@@ -4,8 +4,11 @@ scale and behaves as a tensor of its high-precision dtype (TransformerEngine's F
 - A GEMM that casts it to FP8 (fusible::fp8_cast in its format, no margin) takes the stored data
   as it is: the weight is not cast again at each forward.
 - Any other op sees the dequantized values.
-- An op that writes into it (an optimizer step, `copy_` from load_state_dict, init) computes in
-  the high-precision dtype and quantizes the result again as the recipe says (te.ops' rule):
+- `copy_` from a Float8Tensor of the same format and scaling layout (load_state_dict of a saved
+  FP8 weight) takes its data and scale as they are, as te's.
+- Any other op that writes into it (an optimizer step, a `copy_` from a plain tensor, init)
+  computes in the high-precision dtype and quantizes the result again as the recipe says
+  (te.ops' rule):
   current scaling with a new scale from the result's amax; delayed scaling with the scale of the
   op's delayed-scaling state (1.0 before its first forward under a DelayedScaling autocast).
 - Block scaling (`block_dim` 2): FP8 data with one power-of-two scale per 128x128 tile of the
@@ -189,7 +192,11 @@ class Float8Tensor(torch.Tensor):
         self._data.copy_(src._data)
         self._scale_inv.copy_(src._scale_inv)
         if self._delayed is not None:  # the amax of the last value written, as the source's
-            amax = src._delayed[1] if src._delayed is not None else src._values().abs().amax()
+            if src._delayed is not None:
+                amax = src._delayed[1]
+            else:
+                values = src._values()
+                amax = values.abs().amax() if values.numel() else values.new_zeros(())
             self._delayed[1].copy_(amax.float().reshape(1))
         return self
 

@@ -119,8 +119,8 @@ def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=
     """FP8 for the ops called inside (te's `autocast`).
 
     Args:
-        enabled (bool): False: weights built inside are plain, also inside an enabled
-            quantized_model_init.
+        enabled (bool): False: FP8 off for the ops called inside (also inside an enabled
+            autocast).
         calibrating (bool): te's keyword, accepted at False only (NotImplementedError otherwise).
         recipe: a `fusible.recipe` recipe; None: Float8CurrentScaling() (HYBRID).
         amax_reduction_group: a torch.distributed process group. Under DelayedScaling with

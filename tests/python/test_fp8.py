@@ -332,12 +332,23 @@ class TestDelayedScaling:
             torch.testing.assert_close(scale.cpu(), want, rtol=1e-6, atol=0)
 
     @pytest.mark.parametrize("device", DEVICES)
-    def test_zero_amax_keeps_the_scale(self, device):
-        hist, scale = torch.zeros(2, device=device), torch.full((1,), 3.0, device=device)
-        torch.ops.fusible.fp8_quantize_dequantize_delayed(
-            torch.zeros(4, device=device), "e5m2", hist, scale, 0.0, "most_recent"
+    @pytest.mark.parametrize("algo", ["max", "most_recent"])
+    def test_a_zero_amax_keeps_the_history_and_the_scale(self, device, algo):
+        # As te's update: an all-zero or empty tensor (an expert without tokens) neither rolls the
+        # history nor moves the scale; the next non-zero amax rolls as usual.
+        hist = torch.tensor([5.0, 7.0], device=device)
+        scale = torch.full((1,), 3.0, device=device)
+        for x in (torch.zeros(4, 8), torch.zeros(0, 8)):
+            torch.ops.fusible.fp8_quantize_dequantize_delayed(
+                x.to(device), "e5m2", hist, scale, 0.0, algo
+            )
+            torch.ops.fusible.fp8_cast_delayed(x.to(device), "e4m3", hist, scale, 0.0, algo, True)
+            assert scale.item() == 3.0 and hist.tolist() == [5.0, 7.0]
+        torch.ops.fusible.fp8_cast_delayed(
+            torch.full((4, 8), 2.0, device=device), "e4m3", hist, scale, 0.0, algo
         )
-        assert scale.item() == 3.0 and hist.tolist() == [0.0, 0.0]
+        assert hist.tolist() == [2.0, 5.0]
+        assert scale.item() == pytest.approx(448.0 / (5.0 if algo == "max" else 2.0))
 
     @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])

@@ -263,6 +263,34 @@ def test_ranks_that_cast_different_tensors_raise_instead_of_hanging():
     _spawn(2, _mismatch_case)
 
 
+def _zeros_case(rank, world_size):
+    """A period whose casts of a tensor saw only zeros on every rank (its first cast included, so
+    the scratch entry of the last period must not count again) leaves that tensor's history and
+    scale as they are, as te's update does; the weight's, cast with non-zero values, rolls."""
+    torch.manual_seed(0)
+    op = ops.BasicLinear(H, H, dtype=D, device="cpu")
+    fp8 = recipe.DelayedScaling(amax_history_len=4)
+    torch.manual_seed(20 + rank)
+    x = torch.randn(8, H, dtype=D) * (1 + rank)
+    with autocast(recipe=fp8):
+        op(x)
+    state = _C._fp8_state(op._cpp)["forward"]
+    (x_history, x_scale), (w_history, _) = [(h.clone(), s.clone()) for h, s in state]
+    amaxes = [None] * world_size
+    dist.all_gather_object(amaxes, float(x.abs().max()))
+    assert x_history[0].item() == pytest.approx(max(amaxes))
+    for _ in range(2):
+        with autocast(recipe=fp8):
+            op(torch.zeros(8, H, dtype=D))
+    (x_now, x_scale_now), (w_now, _) = _C._fp8_state(op._cpp)["forward"]
+    assert torch.equal(x_now, x_history) and torch.equal(x_scale_now, x_scale)
+    assert torch.equal(w_now[2:], w_history[:2]) and w_now[0] == w_history[0]  # two entries
+
+
+def test_a_tensor_cast_only_with_zeros_keeps_its_reduced_history():
+    _spawn(2, _zeros_case)
+
+
 def test_one_process_reduces_nothing():
     """reduce_amax without torch.distributed (or over one rank): the recipe has no group."""
     cpp = _C.Fp8Recipe("delayed", "e4m3", "e5m2", 0.0)

@@ -202,8 +202,8 @@ class TestShapesAndDtypes:
         assert lin.weight.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
 
     def test_autocast_and_the_ops_without_parameters(self):
-        # te.ops: Dropout computes in the autocast dtype (as the activations), L2Normalization in
-        # the input's (a float32 QK-norm stays float32, as torch's norms under autocast).
+        # te.ops: a training Dropout computes in the autocast dtype (as the activations),
+        # L2Normalization in the input's (a float32 QK-norm stays float32).
         x = torch.randn(64, 8, requires_grad=True)
         drop = ops.Dropout(0.5)
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -215,9 +215,10 @@ class TestShapesAndDtypes:
         torch.testing.assert_close(z, x / (x.square().sum(-1, keepdim=True) + 1e-6).sqrt())
         (y.float().sum() + z.sum()).backward()
         assert x.grad.dtype == torch.float32
-        drop.eval()
+        drop.eval()  # te.ops' evaluation returns x as it is
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert drop(x).dtype == torch.bfloat16
+            y_eval = drop(x)
+        assert y_eval.dtype == torch.float32 and torch.equal(y_eval, x.detach())
 
 
 class TestParametersAndStateDict:

@@ -113,6 +113,36 @@ def test_an_empty_group_and_the_fp8_casts_against_float64():
             op(x, torch.tensor([5, 0, 6]))
 
 
+def test_an_expert_whose_rows_are_zeros_keeps_its_delayed_history():
+    # te rolls a history only for a non-zero amax: an expert whose rows (and their gradient) are
+    # all zeros this step keeps its input and gradient histories and scales; the others take
+    # one entry each.
+    from fusible import _C
+
+    torch.manual_seed(6)
+    op = randomized(ops.GroupedLinear(3, 16, 8, device="cpu", dtype=D))
+    rec = recipe.DelayedScaling(amax_history_len=4)
+    sizes = torch.tensor([4, 4, 4])
+    for step in range(2):
+        x, dy = torch.randn(12, 16, dtype=D), torch.randn(12, 8, dtype=D)
+        if step:
+            x[4:8], dy[4:8] = 0, 0
+        with fusible.autocast(recipe=rec):
+            y = op(x, sizes)
+        y.backward(dy)
+        if not step:
+            state = _C._fp8_state(op._cpp)
+            before = {d: [t.clone() for h, sc in state[d] for t in (h, sc)] for d in state}
+    state = _C._fp8_state(op._cpp)
+    for d, n in (("forward", 3), ("backward", 3)):
+        histories = [h for h, _ in state[d][:n]]
+        assert torch.equal(histories[1], before[d][2]), d  # expert 1: as after the first step
+        assert torch.equal(state[d][1][1], before[d][3]), d
+        for g in (0, 2):
+            assert torch.equal(histories[g][1:], before[d][2 * g][:-1]), (d, g)  # rolled once
+            assert histories[g][0] > 0
+
+
 def _step(seq, x, dy, rec, fused):
     snapshot = ops.snapshot_fusions()
     if not fused:

@@ -159,5 +159,26 @@ def test_vmap_randomness_modes_over_a_training_dropout():
     assert all(torch.equal(same[0], row) for row in same[1:])
     different = vmap(drop, randomness="different")(x)
     assert not all(torch.equal(different[0], row) for row in different[1:])
+    with torch.no_grad():  # the modes hold without autograd too
+        with pytest.raises(RuntimeError, match="randomness error mode"):
+            vmap(drop)(x)
+        same = vmap(drop, randomness="same")(x)
+    assert all(torch.equal(same[0], row) for row in same[1:])
     drop.eval()
     torch.testing.assert_close(vmap(drop)(x), x, rtol=0, atol=0)  # no draw: no randomness mode
+
+
+def test_vmap_of_jacrev_over_a_training_dropout_uses_each_samples_mask():
+    # jacrev's own vmap (over basis vectors) runs inside the sample vmap: each sample's Jacobian
+    # is diag(2 * its mask), from the state that sample drew.
+    drop = ops.Dropout(0.5)
+
+    def f(t):
+        y = drop(t)
+        return y, y
+
+    jac, y = vmap(jacrev(f, has_aux=True), randomness="different")(torch.ones(4, 6, dtype=D))
+    masks = y != 0
+    assert not all(torch.equal(masks[0], m) for m in masks[1:])
+    for i in range(4):
+        _close(jac[i], torch.diag(2.0 * masks[i].to(D)))

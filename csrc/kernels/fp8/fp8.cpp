@@ -5,6 +5,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/amax.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/clamp.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
@@ -114,16 +115,21 @@ namespace {
 using reference::scale_for;
 
 // Delayed scaling after a cast of xf: the history rolls by one, newest first, taking amax(xf); then
-// the scale for the next cast.
+// the scale for the next cast. Neither changes where amax(xf) is 0.
 void roll_history(const at::Tensor& xf, const at::Tensor& amax_history, const at::Tensor& scale,
                   double max, double margin, c10::string_view amax_compute_algo) {
   const auto amax =
       xf.numel() > 0 ? xf.abs().amax().to(at::kFloat) : at::zeros({}, scale.options());
+  // An amax of 0 (an empty or all-zero x) leaves history and scale as they are (te's update);
+  // chosen on the device, without a host synchronization.
+  const auto rolls = amax != 0;
   const auto len = amax_history.size(0);
-  if (len > 1) amax_history.slice(0, 1).copy_(amax_history.slice(0, 0, len - 1).clone());
-  amax_history.select(0, 0).copy_(amax);
+  const auto rolled = at::cat({amax.reshape({1}), amax_history.slice(0, 0, len - 1)});
+  amax_history.copy_(at::where(rolls, rolled, amax_history));
   const auto used = amax_compute_algo == "max" ? amax_history.amax() : amax_history.select(0, 0);
-  scale.copy_(scale_for(used, max, std::exp2(-margin), scale.reshape({})).reshape(scale.sizes()));
+  const auto old = scale.reshape({});
+  scale.copy_(
+      at::where(rolls, scale_for(used, max, std::exp2(-margin), old), old).reshape(scale.sizes()));
 }
 
 void check_delayed_state_sizes(const char* op, const at::Tensor& amax_history,
@@ -362,7 +368,8 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
   // 2^margin, and back to x's dtype: the values an FP8 GEMM computes with (CPU emulation).
   define(m, "fp8_quantize_dequantize(Tensor x, str format, float margin=0.0) -> Tensor");
   // FP8 (delayed scaling): x cast with `scale` and back; then amax(x) enters amax_history
-  // (newest first) and scale becomes fp8_max / (its max, or newest, amax) / 2^margin.
+  // (newest first) and scale becomes fp8_max / (its max, or newest, amax) / 2^margin; neither
+  // changes where amax(x) is 0.
   define(m,
          "fp8_quantize_dequantize_delayed(Tensor x, str format, Tensor(a!) amax_history, "
          "Tensor(b!) scale, float margin, str amax_compute_algo) -> Tensor");

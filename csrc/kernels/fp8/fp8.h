@@ -69,7 +69,8 @@ at::Tensor fp8_quantize_dequantize(const at::Tensor& x, c10::string_view format,
 /// Delayed scaling: x cast with the given scale [1] and back; then amax(x) enters amax_history
 /// (newest first, the oldest dropped) and scale becomes fp8_max / amax / 2^margin, amax being the
 /// history's max or its newest entry (amax_compute_algo "max" / "most_recent"); unchanged where
-/// that amax is 0 or not finite. All on the device: no host synchronization.
+/// that amax is 0 or not finite. An amax(x) of 0 (x empty or all zeros) leaves history and scale
+/// as they are, as te's update. All on the device: no host synchronization.
 at::Tensor fp8_quantize_dequantize_delayed(const at::Tensor& x, c10::string_view format,
                                            const at::Tensor& amax_history, const at::Tensor& scale,
                                            double margin, c10::string_view amax_compute_algo);

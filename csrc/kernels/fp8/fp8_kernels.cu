@@ -277,14 +277,16 @@ __global__ void grouped_cast_transpose_kernel(const T* __restrict__ x, uint8_t* 
 }
 
 // history rolls by one (newest first) taking *amax_now; scale = fmax / (max or newest) * 2^-m,
-// kept where that amax is 0 or not finite. One block: the shift runs from the oldest end one
-// block-wide chunk at a time (a chunk reads all it moves before it writes, and a younger chunk
+// kept where that amax is 0 or not finite. An amax of 0 (an empty or all-zero tensor) leaves
+// history and scale as they are, as te's update does. One block: the shift runs from the oldest end
+// one block-wide chunk at a time (a chunk reads all it moves before it writes, and a younger chunk
 // never reads what an older one wrote), so a 1024-entry history takes four steps, not 1024.
 constexpr int kUpdateThreads = 256;
 __global__ void __launch_bounds__(kUpdateThreads)
     delayed_update_kernel(float* history, int64_t len, const float* amax_now, float* scale,
                           float fmax, float margin_factor, bool use_max) {
   const float now = *amax_now;
+  if (now == 0.f) return;  // the same value in every thread: the block returns as one
   float m = now;
   for (int64_t end = len; end > 1; end -= kUpdateThreads) {
     const int64_t i = end - kUpdateThreads + threadIdx.x;

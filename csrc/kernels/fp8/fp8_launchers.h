@@ -12,7 +12,8 @@ namespace fusible::kernels {
 /// receives amax(x) (zeroed here). Current scaling: scale is null and the cast's scale is
 /// fmax / amax / 2^margin (1 where amax is 0 or not finite). Delayed scaling: scale [1] is the
 /// cast's, and with history [history_len] the history then rolls (newest first) taking amax and
-/// scale becomes fmax / (the history's max, or its newest with !use_max) / 2^margin.
+/// scale becomes fmax / (the history's max, or its newest with !use_max) / 2^margin; neither
+/// changes where amax is 0 (te's update).
 void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin, float* amax,
                     float* scale, float* history, int64_t history_len, bool use_max,
                     KernelDType dtype, int num_sms, cudaStream_t stream);

@@ -13,11 +13,16 @@ Dropout::Dropout(double p) : BasicOperation("Dropout"), p_(p) {
 at::Tensor Dropout::op_forward(OperationContext& ctx, const at::Tensor& x_in,
                                const ForwardArgs& args) {
   FUSIBLE_CHECK_FLOATING("Dropout", "input", x_in);
-  // In torch.autocast's dtype when on, as te.ops' Dropout and fusible's activations (the
-  // gradient goes back in the input's dtype).
+  ctx.compute_dtype = x_in.scalar_type();
+  if (!is_training()) {  // x as it is, as te.ops' evaluation
+    ctx.save_for_backward({at::Tensor()});
+    return x_in;
+  }
+  // Training: in torch.autocast's dtype when on, as te.ops' Dropout and fusible's activations
+  // (the gradient goes back in the input's dtype).
   const auto x = cast_to(x_in, args.autocast_dtype.value_or(x_in.scalar_type()));
   ctx.compute_dtype = x.scalar_type();
-  if (!is_training() || p_ == 0) {
+  if (p_ == 0) {
     ctx.save_for_backward({at::Tensor()});
     return x;
   }

@@ -256,7 +256,7 @@ def rng_state_size(device):
 def replay_rng(seq):
     """Whether a call's backward must draw its Dropout masks again as its forward did: a
     training-mode Dropout (read while tracing, so Dynamo guards on it) with autograd on."""
-    return torch.is_grad_enabled() and _has_training_dropout(seq)
+    return torch.is_grad_enabled() and has_training_dropout(seq)
 
 
 @torch.library.register_fake("fusible::sequential_call_backward")
@@ -297,7 +297,7 @@ def _param_paths(handle):
     return tuple((paths[id(m)], n) for m, n in seq._param_sources)
 
 
-def _has_training_dropout(seq):
+def has_training_dropout(seq):
     dropouts = (Dropout, torch.nn.modules.dropout._DropoutNd)
     return any(isinstance(m, dropouts) and m.training and m.p > 0 for m in seq.modules())
 

@@ -46,10 +46,11 @@ def _generator(device):
 
 class _PerSample:
     """The generator states of a vmapped call's samples (randomness="different"), one each: the
-    backward of sample b replays the state sample b drew from."""
+    backward of sample b, at the same vmap level, replays the state sample b drew from."""
 
     def __init__(self, states):
         self.states = states
+        self.level = torch._C._functorch.maybe_current_level()
 
 
 _RNG_ARG = 4  # where _Call takes its _RngState and _CallBackward its state
@@ -83,7 +84,7 @@ def _per_sample(apply, info, in_dims, args, rng=None):
                 _generator(device).set_state(start)
             sample[_RNG_ARG] = _RngState()
             states.append(sample[_RNG_ARG])
-        elif rng == "backward" and isinstance(args[_RNG_ARG], _PerSample):
+        elif rng == "backward" and _this_level(args[_RNG_ARG]):
             sample[_RNG_ARG] = args[_RNG_ARG].states[b]
         results.append(apply(*sample))
     if randomness is not None:
@@ -92,6 +93,14 @@ def _per_sample(apply, info, in_dims, args, rng=None):
         )
     stacked = tuple(torch.stack(outs) for outs in zip(*results, strict=True))
     return stacked, (0,) * len(stacked)
+
+
+def _this_level(states):
+    """Whether states are per sample of the vmap whose rule runs now (not of an outer one, as
+    under vmap(jacrev(f)), where jacrev's vmap over basis vectors runs first)."""
+    return (
+        isinstance(states, _PerSample) and states.level == torch._C._functorch.maybe_current_level()
+    )
 
 
 class _Call(torch.autograd.Function):
@@ -190,7 +199,9 @@ def forward(seq, input, extra_inputs, channel_inputs, return_dict):
         len(extra_inputs),
         len(names),
         _SEP.join(names),
-        _RngState() if _compile_support.replay_rng(seq) else None,  # filled by the call
+        # Filled by the call where a training-mode Dropout draws (vmap's randomness applies also
+        # without autograd).
+        _RngState() if _compile_support.has_training_dropout(seq) else None,
         input,
         *extra_inputs,
         *(named[n] for n in names),

@@ -96,7 +96,9 @@ class Linear(FusedOperation):
         # A parameter assigned to a basic op (lin.basic_ops[0].weight = p, te.ops' route) is
         # assigned to this Linear too, which computes with it.
         for op in self.basic_ops:
-            op.__dict__["_owner"] = weakref.ref(self)
+            owner = op.__dict__.get("_owner")
+            if owner is None or owner() is None:  # a shallow copy shares its original's ops
+                op.__dict__["_owner"] = weakref.ref(self)
 
     def __setstate__(self, state):
         super().__setstate__(state)
