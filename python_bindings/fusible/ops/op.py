@@ -83,8 +83,9 @@ _PRIVATE_HYPERPARAMETERS = frozenset(
 
 def _freezing_init(init):
     """init, after which (the outermost of fusible's constructors) every public attribute the
-    constructors set, and te.ops' private names of hyperparameters, is read-only: one rule for every op's hyperparameters (eps, p, scale, ...),
-    which the C++ op was built with and a compiled graph may have baked in. Attributes a user's
+    constructors set, and te.ops' private names of hyperparameters, is read-only: one rule for
+    every op's hyperparameters (eps, p, scale, ...), which the C++ op was built with and a
+    compiled graph may have baked in. Attributes a user's
     subclass sets after, and new attributes, stay writable."""
 
     def wrapped(self, *args, **kwargs):
