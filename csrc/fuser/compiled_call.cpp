@@ -200,7 +200,7 @@ std::vector<at::Tensor> sequential_call(int64_t handle, at::TensorList tensors, 
   const auto recipe = compiled_recipe(fp8);
   // Delayed scaling: the scales this forward casts with, for the backward's recomputation.
   const auto scales = is_delayed(recipe)
-                          ? ops::delayed_forward_scales(fp8_states(*seq), *recipe, t.input.device())
+                          ? ops::delayed_forward_scales(fp8_states(*seq), t.input.device())
                           : at::Tensor();
   at::Tensor rng_state;  // likewise the generator's state its Dropout draws from
   if (replay_rng) {

@@ -2,6 +2,7 @@
 #include "ops/quantization.h"
 
 #include <ATen/ops/cat.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
@@ -131,6 +132,26 @@ bool fits(const std::vector<DelayedScaling>& states, int64_t n, int64_t len) {
     if (s.amax_history.size(0) != len) return false;
   }
   return true;
+}
+
+// Whether a state serves an op that casts counts.first / counts.second tensors per direction
+// (whatever its history length: te keeps the scales and entries when the length changes).
+bool serves(const std::shared_ptr<Fp8OpState>& s, std::pair<int64_t, int64_t> counts) {
+  return s && static_cast<int64_t>(s->forward.size()) == counts.first &&
+         static_cast<int64_t>(s->backward.size()) == counts.second;
+}
+
+// The states with histories of length len, as te reallocates them: the newest entries kept (cut
+// to len, or padded with zeros), the scales as they are.
+std::vector<DelayedScaling> with_length(const std::vector<DelayedScaling>& states, int64_t len) {
+  std::vector<DelayedScaling> out;
+  for (const auto& s : states) {
+    const int64_t have = s.amax_history.size(0);
+    auto history = have >= len ? s.amax_history.narrow(0, 0, len).clone()
+                               : at::constant_pad_nd(s.amax_history, {0, len - have}, 0);
+    out.push_back({std::move(history), s.scale});
+  }
+  return out;
 }
 
 // A state loaded (or made) elsewhere follows the op's tensors to their device.
@@ -345,15 +366,26 @@ Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, 
                          c10::Device device) {
   const auto& a = fp8_autocast();
   if (!a.enabled) return {};
-  if (a.recipe->kind != "delayed") return {a.recipe, nullptr};
+  if (a.recipe->kind != "delayed") {
+    // As te.ops: another kind of recipe replaces the quantizers, so a later DelayedScaling
+    // autocast starts from a fresh state (scale 1), not from the one before.
+    if (state != nullptr) state->reset();
+    return {a.recipe, nullptr};
+  }
   TORCH_CHECK(state != nullptr, "FP8 delayed scaling: this op keeps no quantizer state");
   const auto len = a.recipe->amax_history_len;
   auto& s = *state;
-  if (!s || !fits(s->forward, counts.first, len) || !fits(s->backward, counts.second, len)) {
+  if (!serves(s, counts)) {
     auto fresh = std::make_shared<Fp8OpState>();
     fresh->forward = fresh_states(counts.first, len, device);
     fresh->backward = fresh_states(counts.second, len, device);
     s = std::move(fresh);
+  } else if (!fits(s->forward, counts.first, len) || !fits(s->backward, counts.second, len)) {
+    // Another history length: te keeps each tensor's scale and newest entries.
+    auto resized = std::make_shared<Fp8OpState>();
+    resized->forward = with_length(s->forward, len);
+    resized->backward = with_length(s->backward, len);
+    s = std::move(resized);
   }
   move_to(s->forward, device);
   move_to(s->backward, device);
@@ -405,21 +437,17 @@ std::shared_ptr<const Fp8Recipe> recipe_from_key(const std::string& key) {
 
 namespace {
 
-// Whether the op's forward keeps its state (else it makes a fresh one, scale 1).
-bool keeps(const OpFp8State& op, const Fp8Recipe& recipe) {
-  return op.state && fits(op.state->forward, op.counts.first, recipe.amax_history_len) &&
-         fits(op.state->backward, op.counts.second, recipe.amax_history_len);
-}
+// Whether the op's forward keeps its scales (else it makes a fresh state, scale 1).
+bool keeps(const OpFp8State& op) { return serves(op.state, op.counts); }
 
 }  // namespace
 
-at::Tensor delayed_forward_scales(const std::vector<OpFp8State>& ops, const Fp8Recipe& recipe,
-                                  c10::Device device) {
+at::Tensor delayed_forward_scales(const std::vector<OpFp8State>& ops, c10::Device device) {
   std::vector<at::Tensor> scales;
   for (const auto& op : ops) {
     for (int64_t j = 0; j < op.counts.first; ++j) {
-      scales.push_back(keeps(op, recipe) ? op.state->forward[j].scale.to(device)
-                                         : at::ones({1}, at::dtype(at::kFloat).device(device)));
+      scales.push_back(keeps(op) ? op.state->forward[j].scale.to(device)
+                                 : at::ones({1}, at::dtype(at::kFloat).device(device)));
     }
   }
   if (scales.empty()) return at::empty({0}, at::dtype(at::kFloat).device(device));

@@ -48,7 +48,9 @@ struct DelayedScaling {
 
 /// An op's delayed-scaling states (te.ops' quantizers): one per tensor the op casts, per
 /// direction. Made at the op's first forward under a DelayedScaling autocast; kept on the op
-/// (its checkpoint's _extra_state) and remade when the history length or device changes.
+/// (its checkpoint's _extra_state), moved with the op's device, its histories cut or padded
+/// when the history length changes (scales kept), dropped when the op casts under another kind
+/// of recipe (te.ops' rules).
 struct Fp8OpState {
   std::vector<DelayedScaling> forward, backward;
 };
@@ -102,10 +104,9 @@ struct OpFp8State {
   std::pair<int64_t, int64_t> counts;
 };
 
-/// Under DelayedScaling `recipe`: the scales the next forward of these ops casts with, one per
-/// forward quantizer in op order, fp32 on `device` (1 where the forward makes a fresh state).
-at::Tensor delayed_forward_scales(const std::vector<OpFp8State>& ops, const Fp8Recipe& recipe,
-                                  c10::Device device);
+/// Under DelayedScaling: the scales the next forward of these ops casts with, one per forward
+/// quantizer in op order, fp32 on `device` (1 where the forward makes a fresh state).
+at::Tensor delayed_forward_scales(const std::vector<OpFp8State>& ops, c10::Device device);
 
 /// While alive, this thread replays a forward under DelayedScaling: a cast of one of these ops'
 /// forward tensors uses the scale delayed_forward_scales recorded and leaves the history alone;
