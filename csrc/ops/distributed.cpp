@@ -4,6 +4,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <string>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "common/checks.h"
 
@@ -23,6 +25,19 @@ void check_process_group(const char* op, const ProcessGroupSpec& group) {
   TORCH_CHECK_VALUE(!group.name.empty(), op, ": expected a process group, got none");
   TORCH_CHECK_VALUE(group.size >= 1 && group.rank >= 0 && group.rank < group.size, op,
                     ": expected 0 <= rank < size, got rank ", group.rank, " of ", group.size);
+  // Where c10d knows the group, the spec must say what it is: a size left at its default of 1
+  // would turn the op's parallelism off without a word. (A name c10d does not know yet is
+  // checked by the first collective.)
+  c10::intrusive_ptr<c10d::ProcessGroup> registered;
+  try {
+    registered = c10d::resolve_process_group(group.name);
+  } catch (const c10::Error&) {
+    return;
+  }
+  TORCH_CHECK_VALUE(registered->getSize() == group.size && registered->getRank() == group.rank, op,
+                    ": process group '", group.name, "' has ", registered->getSize(),
+                    " ranks and this process is its rank ", registered->getRank(),
+                    "; the ProcessGroupSpec says size ", group.size, ", rank ", group.rank);
 }
 
 at::Tensor all_gather_start(const char* op, const at::Tensor& x, const ProcessGroupSpec& group) {

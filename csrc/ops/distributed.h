@@ -18,7 +18,8 @@ struct ProcessGroupSpec {
   int64_t rank = 0;
 };
 
-/// Checks a spec (a name, 1 <= size, 0 <= rank < size); `op` names the op in the error.
+/// Checks a spec (a name, 1 <= size, 0 <= rank < size, and where c10d has registered the group,
+/// its size and this process's rank); `op` names the op in the error.
 void check_process_group(const char* op, const ProcessGroupSpec& group);
 
 /// Gathers x from every rank along dim 0 (rank order): [size * x.size(0), ...].

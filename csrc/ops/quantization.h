@@ -65,7 +65,7 @@ struct Fp8Autocast {
 const Fp8Autocast& fp8_autocast();
 
 /// Sets this thread's FP8 autocast for its lifetime (C++'s `fusible.autocast`). An enabled one
-/// needs a recipe of a kind that is supported (NotImplementedError otherwise). The outermost
+/// needs a recipe of a kind that is supported (ValueError otherwise). The outermost
 /// enabled guard whose recipe reduces amaxes across ranks runs reduce_delayed_amaxes
 /// (ops/amax_reduction.h), a collective, when constructed and when destroyed (except during an
 /// exception; a failure there is a warning); `reduce_amaxes` false: never (an internal scope).

@@ -407,6 +407,27 @@ TEST_P(TensorParallelCpp, IndivisibleRowsFailBeforeCommunicating) {
   EXPECT_EQ(failures.load(), size);
 }
 
+// A spec whose size or rank is not the registered group's (a size left at its default of 1 would
+// turn the parallelism off without a word) is refused when the op is built.
+TEST_P(TensorParallelCpp, ASpecThatMisdescribesItsGroupIsRefused) {
+  const int size = GetParam();
+  std::atomic<int> refused{0};
+  run_ranks(size, [&](const ops::ProcessGroupSpec& spec) {
+    const ops::ProcessGroupSpec defaulted{spec.name};  // size 1, rank 0
+    expect_error_contains([&] { ops::AllReduce op(defaulted); },
+                          "the ProcessGroupSpec says size 1");
+    const ops::ProcessGroupSpec wrong_rank{spec.name, spec.size, (spec.rank + 1) % spec.size};
+    expect_error_contains(
+        [&] {
+          ops::BasicLinear op(4 * size, 4, c10::Device(c10::kCPU), at::kDouble,
+                              ops::TensorParallel{"column", wrong_rank, false});
+        },
+        "this process is its rank");
+    ++refused;
+  });
+  EXPECT_EQ(refused.load(), size);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelCpp, ::testing::Values(2, 4));
 
 }  // namespace

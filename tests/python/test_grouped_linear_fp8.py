@@ -78,9 +78,9 @@ def test_each_group_casts_as_its_own_linear(device, kind):
         sgd(grouped.parameters())
         for lin in linears:
             sgd(lin.parameters())
-    if kind == "delayed":  # quantizers: x of group g, then W of group g; gradient of group g
+    if kind == "delayed":  # te.ops' numbering: 2g is group g's x, 2g + 1 its W; gradient g
         for g, lin in enumerate(linears):
-            pairs = [("forward", g, 0), ("forward", G + g, 1), ("backward", g, 0)]
+            pairs = [("forward", 2 * g, 0), ("forward", 2 * g + 1, 1), ("backward", g, 0)]
             for mode, i, j in pairs:
                 for a, b in zip(quantizer(grouped, mode, i), quantizer(lin.basic_ops[0], mode, j)):
                     torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -345,7 +345,7 @@ def test_fp8_gemms_per_group_equal_one_linear_per_group(device, kind, single):
             sgd(lin.parameters())
     if kind == "delayed":  # each non-empty group's quantizers as its Linear's
         for g in (0, 2):
-            pairs = [("forward", g, 0), ("forward", G + g, 1), ("backward", g, 0)]
+            pairs = [("forward", 2 * g, 0), ("forward", 2 * g + 1, 1), ("backward", g, 0)]
             for mode, i, j in pairs:
                 lin_q = quantizer(linears[g].basic_ops[0], mode, j)
                 for a, b in zip(quantizer(grouped, mode, i), lin_q):

@@ -220,12 +220,14 @@ def _te_checkpoint_case(rank, world_size):
     again = _mlp(world_size, False, dtype=torch.float64)
     again.load_state_dict(ops.te_ops_state_dict(summand))
     torch.testing.assert_close(again(x), summand(x))
-    # A checkpoint fusible wrote before the bias was replicated (Linear version 1): summands too.
-    old = summand.state_dict()
-    old._metadata["3"]["version"] = 1
-    older = _mlp(world_size, False, dtype=torch.float64)
-    older.load_state_dict(old)
-    torch.testing.assert_close(older(x), summand(x))
+    # torch.nn.Module's default version (1), as a torch.nn.Linear's or Megatron's state dict
+    # carries it, is a replicated bias: loaded as it is, not summed over the ranks.
+    plain = replicated.state_dict()
+    plain._metadata["3"]["version"] = 1
+    reloaded = _mlp(world_size, False, dtype=torch.float64)
+    reloaded.load_state_dict(plain)
+    torch.testing.assert_close(reloaded[3].bias.detach(), full["b2"], rtol=0, atol=0)
+    torch.testing.assert_close(reloaded(x), replicated(x), rtol=0, atol=0)
     # te.ops writes an empty _extra_state for every basic op (LayerNorm's too): strict loads.
     te_like = ops.te_ops_state_dict(model)
     for key in ("0._extra_state", "3.basic_ops.0._extra_state", "3.basic_ops.2._extra_state"):

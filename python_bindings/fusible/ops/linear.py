@@ -114,13 +114,14 @@ class Linear(FusedOperation):
     # Read-only after construction: the decomposition is built with it.
     row_parallel_bias = property(lambda self: self._row_parallel_bias)
 
-    # 2: a row-parallel Linear's bias is replicated. Version 1 checkpoints (fusible before it, and
-    # te.ops) hold per-rank summands there.
+    # 2: a row-parallel Linear's bias is replicated (since before fusible 0.1.0; te.ops' per-rank
+    # summands are recognized by te.ops' keys).
     _version = 2
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
-        summands = prefix + "basic_ops.1.bias" in state_dict  # te.ops' layout
-        summands |= local_metadata.get("version") == 1 and prefix + "bias" in state_dict
+        # te.ops' layout, by its keys. (torch.nn.Module's default version, 1, says nothing: a
+        # torch.nn.Linear's or Megatron's state dict has it with one replicated bias.)
+        summands = prefix + "basic_ops.1.bias" in state_dict
         for te_key, key in self._TE_KEYS:
             if prefix + te_key in state_dict and prefix + key not in state_dict:
                 state_dict[prefix + key] = state_dict.pop(prefix + te_key)

@@ -35,6 +35,13 @@ class GroupedLinear(BasicOperation):
 
     _buffer_keywords = ("output", "grad_input")
 
+    def get_quantizer(self, mode, index):
+        """te.ops' numbering: forward quantizer 2g is group g's input and 2g + 1 its weight;
+        backward quantizer g is group g's gradient."""
+        if mode == "forward" and isinstance(index, int) and 0 <= index < 2 * self.num_groups:
+            index = index // 2 + (self.num_groups if index % 2 else 0)  # the C++ op's order
+        return super().get_quantizer(mode, index)
+
     def extra_repr(self):
         return (
             f"num_groups={self.num_groups}, in_features={self.in_features}, "
