@@ -34,6 +34,7 @@ void check_process_group(const char* op, const ProcessGroupSpec& group) {
   } catch (const c10::Error&) {
     return;
   }
+  if (!registered) return;
   TORCH_CHECK_VALUE(registered->getSize() == group.size && registered->getRank() == group.rank, op,
                     ": process group '", group.name, "' has ", registered->getSize(),
                     " ranks and this process is its rank ", registered->getRank(),

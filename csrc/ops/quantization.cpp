@@ -366,12 +366,7 @@ Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, 
                          c10::Device device) {
   const auto& a = fp8_autocast();
   if (!a.enabled) return {};
-  if (a.recipe->kind != "delayed") {
-    // As te.ops: another kind of recipe replaces the quantizers, so a later DelayedScaling
-    // autocast starts from a fresh state (scale 1), not from the one before.
-    if (state != nullptr) state->reset();
-    return {a.recipe, nullptr};
-  }
+  if (a.recipe->kind != "delayed") return {a.recipe, nullptr};
   TORCH_CHECK(state != nullptr, "FP8 delayed scaling: this op keeps no quantizer state");
   const auto len = a.recipe->amax_history_len;
   auto& s = *state;

@@ -49,8 +49,7 @@ struct DelayedScaling {
 /// An op's delayed-scaling states (te.ops' quantizers): one per tensor the op casts, per
 /// direction. Made at the op's first forward under a DelayedScaling autocast; kept on the op
 /// (its checkpoint's _extra_state), moved with the op's device, its histories cut or padded
-/// when the history length changes (scales kept), dropped when the op casts under another kind
-/// of recipe (te.ops' rules).
+/// when the history length changes (scales kept, te.ops' rule).
 struct Fp8OpState {
   std::vector<DelayedScaling> forward, backward;
 };
@@ -205,8 +204,8 @@ struct Fp8Cast {
 };
 
 /// The cast for an op's forward now: the autocast's recipe when enabled, else off. Under
-/// DelayedScaling, `state` (the op's) is made or remade for `counts` (forward, backward) tensors
-/// on `device` first.
+/// DelayedScaling, `state` (the op's) is made first where it has none for `counts` (forward,
+/// backward) tensors, its histories cut or padded to the recipe's length, and moved to `device`.
 Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state = nullptr,
                          std::pair<int64_t, int64_t> counts = {0, 0},
                          c10::Device device = c10::kCPU);

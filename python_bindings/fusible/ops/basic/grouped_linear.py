@@ -1,5 +1,7 @@
 """GroupedLinear: one linear per group of rows (csrc/ops/basic/grouped_linear)."""
 
+import operator
+
 from ... import _C, quantization
 from .. import _fp8_weights, _main_grad
 from .._args import device_arg, dtype_arg, reject_unsupported, size_arg
@@ -38,7 +40,8 @@ class GroupedLinear(BasicOperation):
     def get_quantizer(self, mode, index):
         """te.ops' numbering: forward quantizer 2g is group g's input and 2g + 1 its weight;
         backward quantizer g is group g's gradient."""
-        if mode == "forward" and isinstance(index, int) and 0 <= index < 2 * self.num_groups:
+        index = operator.index(index)  # numpy and torch integers too
+        if mode == "forward" and 0 <= index < 2 * self.num_groups:
             index = index // 2 + (self.num_groups if index % 2 else 0)  # the C++ op's order
         return super().get_quantizer(mode, index)
 
