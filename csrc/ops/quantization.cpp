@@ -430,19 +430,16 @@ std::shared_ptr<const Fp8Recipe> recipe_from_key(const std::string& key) {
   return r;
 }
 
-namespace {
-
-// Whether the op's forward keeps its scales (else it makes a fresh state, scale 1).
-bool keeps(const OpFp8State& op) { return serves(op.state, op.counts); }
-
-}  // namespace
+namespace {}  // namespace
 
 at::Tensor delayed_forward_scales(const std::vector<OpFp8State>& ops, c10::Device device) {
   std::vector<at::Tensor> scales;
   for (const auto& op : ops) {
     for (int64_t j = 0; j < op.counts.first; ++j) {
-      scales.push_back(keeps(op) ? op.state->forward[j].scale.to(device)
-                                 : at::ones({1}, at::dtype(at::kFloat).device(device)));
+      // The op's scales where its forward keeps its state, else a fresh state's 1.
+      scales.push_back(serves(op.state, op.counts)
+                           ? op.state->forward[j].scale.to(device)
+                           : at::ones({1}, at::dtype(at::kFloat).device(device)));
     }
   }
   if (scales.empty()) return at::empty({0}, at::dtype(at::kFloat).device(device));

@@ -556,6 +556,8 @@ def test_a_parameter_assigned_to_a_linears_basic_op_is_the_linears():
 
 def test_a_parametrization_on_a_linears_basic_op_is_refused_before_anything_changes():
     lin = ops.Linear(4, 3, dtype=D, device="cpu")
+    with torch.no_grad():
+        lin.bias.uniform_(-1, 1)
     weight = lin.weight
     with pytest.raises(RuntimeError, match="register a parametrization on the Linear"):
         torch.nn.utils.parametrize.register_parametrization(

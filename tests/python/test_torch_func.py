@@ -134,6 +134,8 @@ def test_vmap_of_grad_over_a_training_dropout_gives_each_sample_its_own_masks_gr
     # Per-sample gradients (DP-SGD): each sample's backward replays the state its forward drew.
     torch.manual_seed(2)
     model = ops.Sequential(ops.Linear(8, 8, dtype=D, device="cpu"), ops.Dropout(0.5))
+    with torch.no_grad():
+        model[0].bias.uniform_(-1, 1)  # a zero bias would hide a bias error
     x = torch.randn(4, 8, dtype=D)
 
     def loss(t):

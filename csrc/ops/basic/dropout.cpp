@@ -13,8 +13,8 @@ Dropout::Dropout(double p) : BasicOperation("Dropout"), p_(p) {
 at::Tensor Dropout::op_forward(OperationContext& ctx, const at::Tensor& x_in,
                                const ForwardArgs& args) {
   FUSIBLE_CHECK_FLOATING("Dropout", "input", x_in);
-  ctx.compute_dtype = x_in.scalar_type();
   if (!is_training()) {  // x as it is, as te.ops' evaluation
+    ctx.compute_dtype = x_in.scalar_type();
     ctx.save_for_backward({at::Tensor()});
     return x_in;
   }
