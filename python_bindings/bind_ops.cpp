@@ -149,8 +149,17 @@ void bind_ops(py::module_& m) {
                              })
       .def_property_readonly("local_in_features", &BasicLinear::in_features)
       .def_property_readonly("local_out_features", &BasicLinear::out_features)
-      // hook(dw) -> the weight's gradient for autograd, or None; None clears it.
-      .def("set_main_grad_hook", &BasicLinear::set_main_grad_hook, py::arg("hook"))
+      // target() -> (weight.main_grad, overwrite); result() -> the weight's gradient for autograd,
+      // or None. target None: off.
+      .def(
+          "set_main_grad_hook",
+          [](BasicLinear& op, py::object target, py::object result) {
+            if (target.is_none()) return op.set_main_grad_hook(std::nullopt);
+            op.set_main_grad_hook(
+                MainGrad{target.cast<std::function<std::pair<at::Tensor, bool>()>>(),
+                         result.cast<std::function<std::optional<at::Tensor>()>>()});
+          },
+          py::arg("target"), py::arg("result") = py::none())
       .def_property_readonly("accumulates_into_main_grad",
                              &BasicLinear::accumulates_into_main_grad);
   // Collectives: the process group as (c10d registry name, size, this rank).

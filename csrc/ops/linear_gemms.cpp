@@ -33,12 +33,12 @@ std::pair<at::Tensor, at::Tensor> fp8(const Fp8Side& a, const Fp8Side& b, at::Sc
   return {d, save_pre ? pre : at::Tensor()};
 }
 
-// The same written into out (forward_into, dgrad_into).
+// The same written into out (forward_into, dgrad_into), or added to it (wgrad_into).
 void fp8_into(const Fp8Side& a, const Fp8Side& b, const std::optional<at::Tensor>& bias,
-              const at::Tensor& out, bool fast_accum) {
+              const at::Tensor& out, bool fast_accum, double alpha = 1.0, bool accumulate = false) {
   check_cast(a, b);
-  kernels::fp8_gemm_out(a.data, a.scale_inv, b.data, b.scale_inv, out, bias, 1.0, fast_accum,
-                        a.block, b.block);
+  kernels::fp8_gemm_out(a.data, a.scale_inv, b.data, b.scale_inv, out, bias, alpha, fast_accum,
+                        a.block, b.block, accumulate);
 }
 
 // The three uses (Hopper reads K contiguous): the forward's rows, the transposes the gradients'
@@ -123,6 +123,13 @@ at::Tensor wgrad(const GemmOperand& dy, const GemmOperand& x, double alpha) {
   if (!dy.fp8()) return kernels::linear_wgrad(dy.columnwise, x.columnwise, alpha);
   return fp8(cols(dy), cols(x), dy.dtype, std::nullopt, std::nullopt, alpha, "none", false, false)
       .first;
+}
+
+void wgrad_into(const GemmOperand& dy, const GemmOperand& x, const at::Tensor& out, double alpha,
+                bool accumulate) {
+  const double beta = accumulate ? 1.0 : 0.0;
+  if (!dy.fp8()) return kernels::linear_wgrad_add_(out, dy.columnwise, x.columnwise, alpha, beta);
+  fp8_into(cols(dy), cols(x), std::nullopt, out, /*fast_accum=*/false, alpha, accumulate);
 }
 
 }  // namespace fusible::ops::gemms

@@ -55,4 +55,10 @@ std::pair<at::Tensor, at::Tensor> dgrad_act_bias(const GemmOperand& dy, const Ge
 /// alpha * dy^T x.
 at::Tensor wgrad(const GemmOperand& dy, const GemmOperand& x, double alpha = 1.0);
 
+/// alpha * dy^T x added into out (accumulate) or written into it, the product accumulated in
+/// out's precision: a weight gradient into its fp32 main_grad with no rounding to the compute
+/// dtype between (TransformerEngine's wgrad GEMM with beta = 1).
+void wgrad_into(const GemmOperand& dy, const GemmOperand& x, const at::Tensor& out, double alpha,
+                bool accumulate);
+
 }  // namespace fusible::ops::gemms

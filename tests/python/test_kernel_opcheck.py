@@ -58,6 +58,8 @@ def _cases(device):
         (F.linear_add, (x, w, b, r(6, 5), 0.5)),
         (F.linear_add, (x, w, None, r(6, 5), 1.0)),
         (F.linear_add_, (r(6, 5), x, w, b, 2.0)),
+        (F.linear_wgrad_add_, (r(5, 8), dy5, x)),
+        (F.linear_wgrad_add_, (r(5, 8), dy5.bfloat16(), x.bfloat16(), 0.5, 0.0)),
         (F.linear_dgrad, (dy5, w, 0.25)),
         (F.linear_wgrad, (dy5, x, 0.25)),
         (F.linear_dgrad_add, (dy5, w, r(6, 8), 0.5)),
@@ -150,6 +152,7 @@ def _fp8_gemm_cases(device, r):
         (F.fp8_gemm_out, (a, sa, b, sb, r(2, 16, 48).to(bf))),
         (F.fp8_gemm_out, (a, sa, g, sg, r(2, 16, 48), None, 0.5)),
         (F.fp8_gemm_out, (a, sa, b, sb, r(2, 16, 48).to(bf), bias, 1.0, True)),
+        (F.fp8_gemm_out, (a, sa, b, sb, r(2, 16, 48), None, 0.5, False, 0, 0, True)),
         # Block scales: 1x128 rows of a, 128x128 tiles of b.
         (
             F.fp8_gemm,

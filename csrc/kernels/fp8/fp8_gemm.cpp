@@ -135,7 +135,7 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm_meta(const at::Tensor& a, const at::
 void fp8_gemm_out_meta(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
                        const at::Tensor& b_scale_inv, const at::Tensor& out,
                        const std::optional<at::Tensor>& bias, double, bool, int64_t a_block,
-                       int64_t b_block) {
+                       int64_t b_block, bool) {
   check_fp8_gemm_out_args(a, a_scale_inv, b, b_scale_inv, out, bias, a_block, b_block);
 }
 
@@ -171,11 +171,21 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
 void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
                   const at::Tensor& b_scale_inv, const at::Tensor& out,
                   const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
-                  int64_t a_block, int64_t b_block) {
+                  int64_t a_block, int64_t b_block, bool accumulate) {
   check_fp8_gemm_out_args(a, a_scale_inv, b, b_scale_inv, out, bias, a_block, b_block);
-  out.copy_(
-      std::get<0>(fp8_gemm(a, a_scale_inv, b, b_scale_inv, out.scalar_type(), bias, std::nullopt,
-                           alpha, "none", false, fast_accum, a_block, b_block)));
+  if (!accumulate) {
+    out.copy_(
+        std::get<0>(fp8_gemm(a, a_scale_inv, b, b_scale_inv, out.scalar_type(), bias, std::nullopt,
+                             alpha, "none", false, fast_accum, a_block, b_block)));
+    return;
+  }
+  // The fp32 product added to out, rounded once to out's dtype.
+  const auto acc = at::promote_types(out.scalar_type(), at::kFloat);
+  const auto bias32 = bias ? std::optional<at::Tensor>(bias->to(at::kFloat)) : std::nullopt;
+  out.copy_(std::get<0>(fp8_gemm(a, a_scale_inv, b, b_scale_inv, at::kFloat, bias32, std::nullopt,
+                                 alpha, "none", false, fast_accum, a_block, b_block))
+                .to(acc)
+                .add_(out.to(acc)));
 }
 
 }  // namespace reference
@@ -196,9 +206,9 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
 void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
                   const at::Tensor& b_scale_inv, const at::Tensor& out,
                   const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
-                  int64_t a_block, int64_t b_block) {
+                  int64_t a_block, int64_t b_block, bool accumulate) {
   FUSIBLE_DISPATCH(fp8_gemm_out, a, a_scale_inv, b, b_scale_inv, out, bias, alpha, fast_accum,
-                   a_block, b_block);
+                   a_block, b_block, accumulate);
 }
 
 // The schemas of the ops this file implements (torch.ops.fusible.<name>).
@@ -215,11 +225,12 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
       "bool fast_accum=False, int a_block=0, int b_block=0) -> (Tensor, Tensor)");
   // fp8_gemm without activation or other, written into out [..., N] (its dtype the output's):
   // the GEMMs of row groups filling one output (GroupedLinear), each in place where cuBLASLt can
-  // write out directly.
+  // write out directly. accumulate: added to out instead (beta = 1; the product in fp32, so an
+  // fp32 out accumulates in fp32: a weight gradient into its main_grad).
   define(m,
          "fp8_gemm_out(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor(a!) out, "
          "Tensor? bias=None, float alpha=1.0, bool fast_accum=False, int a_block=0, int "
-         "b_block=0) -> ()");
+         "b_block=0, bool accumulate=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {

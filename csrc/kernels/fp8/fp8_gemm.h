@@ -39,7 +39,7 @@ namespace reference {
 void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
                   const at::Tensor& b_scale_inv, const at::Tensor& out,
                   const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
-                  int64_t a_block, int64_t b_block);
+                  int64_t a_block, int64_t b_block, bool accumulate);
 std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tensor& a_scale_inv,
                                             const at::Tensor& b, const at::Tensor& b_scale_inv,
                                             at::ScalarType out_dtype,
@@ -65,10 +65,12 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
                                             const std::string& act, bool save_pre, bool fast_accum,
                                             int64_t a_block = 0, int64_t b_block = 0);
 
-/// alpha * deq(a) @ deq(b)^T + bias written into out [..., N] (out's dtype).
+/// alpha * deq(a) @ deq(b)^T + bias written into out [..., N] (out's dtype); accumulate: added
+/// to out (in fp32 for an fp32 out).
 void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
                   const at::Tensor& b_scale_inv, const at::Tensor& out,
                   const std::optional<at::Tensor>& bias = std::nullopt, double alpha = 1.0,
-                  bool fast_accum = false, int64_t a_block = 0, int64_t b_block = 0);
+                  bool fast_accum = false, int64_t a_block = 0, int64_t b_block = 0,
+                  bool accumulate = false);
 
 }  // namespace fusible::kernels

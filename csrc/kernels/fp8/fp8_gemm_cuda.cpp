@@ -90,12 +90,28 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm_cuda(
 void fp8_gemm_out_cuda(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
                        const at::Tensor& b_scale_inv, const at::Tensor& out,
                        const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
-                       int64_t a_block, int64_t b_block) {
+                       int64_t a_block, int64_t b_block, bool accumulate) {
   check_fp8_gemm_out_args(a, a_scale_inv, b, b_scale_inv, out, bias, a_block, b_block);
   auto g = fp8_gemm_of(a, a_scale_inv, b, b_scale_inv, bias, alpha, fast_accum, a_block, b_block);
-  // cuBLASLt writes out itself where it is one contiguous [M, N] block; else via a copy.
-  if (out.is_contiguous()) g.d = out.view({g.a.size(0), b.size(0)});
-  if (g.d.defined() && gemm::can_run(g) && gemm::try_run(g)) return;
+  // cuBLASLt writes out itself where it is one contiguous [M, N] block; else via a copy. To
+  // accumulate, out is C too (beta = 1): in place for an fp32 out; a 16-bit D aliasing C would
+  // have the product rounded before the add, so such an out is C alone and D is copied back.
+  const bool wide = out.scalar_type() == at::kFloat;
+  if (out.is_contiguous()) {
+    const auto view = out.view({g.a.size(0), b.size(0)});
+    g.d = !accumulate || wide ? view : at::empty(view.sizes(), view.options());
+    if (accumulate) {
+      g.c = view;
+      g.beta = 1.0;
+    }
+  }
+  if (g.d.defined() && gemm::can_run(g) && gemm::try_run(g)) {
+    if (accumulate && !wide) out.view({g.a.size(0), b.size(0)}).copy_(g.d);
+    return;
+  }
+  if (accumulate)
+    return reference::fp8_gemm_out(a, a_scale_inv, b, b_scale_inv, out, bias, alpha, fast_accum,
+                                   a_block, b_block, true);
   out.copy_(
       std::get<0>(fp8_gemm_cuda(a, a_scale_inv, b, b_scale_inv, out.scalar_type(), bias,
                                 std::nullopt, alpha, "none", false, fast_accum, a_block, b_block)));

@@ -231,7 +231,10 @@ bool can_run(const RowMajorGemm& g) {
   if (fp8_type(g.a.scalar_type())) return can_run_fp8(g);
   const auto t = g.d.scalar_type();
   if (t != at::kBFloat16 && t != at::kHalf && t != at::kFloat) return false;
-  const auto elem = g.d.element_size();
+  // 16-bit a and b into fp32 c and d (a wgrad accumulating into an fp32 main_grad): no epilogue.
+  const auto in = g.a.scalar_type();
+  const bool widening = in != t && t == at::kFloat && (in == at::kBFloat16 || in == at::kHalf);
+  if (in != t && !(widening && g.epilogue == Epilogue::kNone)) return false;
   const bool mask = uses_mask(g.epilogue);
   for (const auto* x : {&g.a, &g.b, &g.c, &g.d, &g.bias, &g.aux}) {
     if (!x->defined()) continue;
@@ -241,10 +244,12 @@ bool can_run(const RowMajorGemm& g) {
       }
       continue;
     }
-    if (!x->is_cuda() || x->scalar_type() != t || !x->is_contiguous() || !aligned16(*x)) {
+    const auto want = x == &g.a || x == &g.b ? in : t;
+    if (!x->is_cuda() || x->scalar_type() != want || !x->is_contiguous() || !aligned16(*x)) {
       return false;
     }
-    if (x->dim() == 2 && (x->size(1) * elem) % 16 != 0) return false;  // rows 16-byte aligned
+    // rows 16-byte aligned
+    if (x->dim() == 2 && (x->size(1) * x->element_size()) % 16 != 0) return false;
   }
   if (g.a.size(0) == 0 || g.a.size(1) == 0 || g.b.size(0) == 0 || g.b.size(1) == 0) return false;
   return !uses_aux(g.epilogue) || mask || g.d.size(1) % 8 == 0;
@@ -376,8 +381,8 @@ bool run_if_possible(const RowMajorGemm& g) {
   }
   const c10::cuda::CUDAGuard guard(g.d.device());
   const auto dtype = g.d.scalar_type();
-  const bool tf32 =
-      dtype == at::kFloat && !fp8_type(g.a.scalar_type()) && at::globalContext().allowTF32CuBLAS();
+  const bool tf32 = dtype == at::kFloat && g.a.scalar_type() == at::kFloat &&
+                    at::globalContext().allowTF32CuBLAS();
   const void* c_ptr = has_c ? g.c.data_ptr() : g.d.data_ptr();
   const Key key{g.d.device().index(),
                 m,

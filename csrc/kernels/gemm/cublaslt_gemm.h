@@ -27,7 +27,8 @@ const char* epilogue_name(Epilogue e);
 
 /// Row-major d[m, n] = alpha * op(a) @ op(b) + beta * c, then the epilogue. op(a) is [m, k]: a is
 /// [m, k], or [k, m] with trans_a; op(b) is [k, n]: b is [k, n], or [n, k] with trans_b. Every
-/// tensor is 2-D, contiguous, on one CUDA device, of one dtype (bf16, fp16 or fp32); or, FP8, a
+/// tensor is 2-D, contiguous, on one CUDA device, of one dtype (bf16, fp16 or fp32), or bf16 /
+/// fp16 a and b with fp32 c and d and no epilogue (fp32 accumulation into c); or, FP8, a
 /// and b are float8_e4m3fn / float8_e5m2 (not both e5m2) with their scale_inv, a [m, k] and b
 /// [n, k] with trans_b (the one layout Hopper's FP8 GEMM takes: k contiguous in both), and d,
 /// c and bias bf16 or fp16 (fp32 d without a bias).

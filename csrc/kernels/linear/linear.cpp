@@ -4,6 +4,7 @@
 // once, as the fused CUDA kernels do. CUDA: linear_cuda.cpp (cuBLASLt epilogues).
 #include "kernels/linear/linear.h"
 
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
@@ -29,16 +30,26 @@ void check_linear_args(const char* op, const char* x_name, const at::Tensor& x,
               ", weight shape ", shape_str(weight), ")");
 }
 
-void check_wgrad_args(const at::Tensor& dy, const at::Tensor& x) {
-  FUSIBLE_CHECK_FLOATING("linear_wgrad", "dy", dy);
-  FUSIBLE_CHECK_FLOATING("linear_wgrad", "x", x);
-  FUSIBLE_CHECK_MIN_DIM("linear_wgrad", "dy", dy, 1);
-  FUSIBLE_CHECK_MIN_DIM("linear_wgrad", "x", x, 1);
-  FUSIBLE_CHECK_SAME_DTYPE("linear_wgrad", "dy", dy, "x", x);
-  FUSIBLE_CHECK_SAME_DEVICE("linear_wgrad", "dy", dy, "x", x);
+void check_wgrad_args(const at::Tensor& dy, const at::Tensor& x, const char* op) {
+  FUSIBLE_CHECK_FLOATING(op, "dy", dy);
+  FUSIBLE_CHECK_FLOATING(op, "x", x);
+  FUSIBLE_CHECK_MIN_DIM(op, "dy", dy, 1);
+  FUSIBLE_CHECK_MIN_DIM(op, "x", x, 1);
+  FUSIBLE_CHECK_SAME_DTYPE(op, "dy", dy, "x", x);
+  FUSIBLE_CHECK_SAME_DEVICE(op, "dy", dy, "x", x);
   const auto rows = [](const at::Tensor& t) { return t.reshape({-1, t.size(-1)}).sym_size(0); };
-  TORCH_CHECK(rows(dy) == rows(x), "linear_wgrad: expected dy and x with the same number of rows, ",
+  TORCH_CHECK(rows(dy) == rows(x), op, ": expected dy and x with the same number of rows, ",
               "got shapes ", dy.sym_sizes(), " and ", x.sym_sizes());
+}
+
+void check_wgrad_add_args(const at::Tensor& out, const at::Tensor& dy, const at::Tensor& x) {
+  constexpr const char* op = "linear_wgrad_add_";
+  check_wgrad_args(dy, x, op);
+  FUSIBLE_CHECK_FLOATING(op, "out", out);
+  FUSIBLE_CHECK_SAME_DEVICE(op, "dy", dy, "out", out);
+  const c10::SymInt want[] = {dy.sym_size(-1), x.sym_size(-1)};
+  TORCH_CHECK(out.sym_sizes().equals(want), op, ": expected out of shape [", want[0], ", ", want[1],
+              "] (dy's features, x's features), got ", out.sym_sizes());
 }
 
 void check_fwd_args(const char* op, const at::Tensor& x, const at::Tensor& weight,
@@ -72,6 +83,21 @@ at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x, double alpha)
   const auto x2 = x.reshape({-1, x.size(-1)});
   if (alpha == 1.0) return at::mm(dy2.t(), x2);
   return at::mm(upcast(dy2).t(), upcast(x2)).mul_(alpha).to(dy.scalar_type());
+}
+
+void linear_wgrad_add_(const at::Tensor& out, const at::Tensor& dy, const at::Tensor& x,
+                       double alpha, double beta) {
+  check_wgrad_add_args(out, dy, x);
+  // The product in out's precision or wider (fp32 for 16-bit inputs), added to out once.
+  const auto acc = at::promote_types(out.scalar_type(), acc_dtype(dy.scalar_type()));
+  const auto dy2 = dy.reshape({-1, dy.size(-1)}).to(acc);
+  const auto x2 = x.reshape({-1, x.size(-1)}).to(acc);
+  // beta = 0 ignores out's values (NaN included), as the GEMM's does.
+  if (out.scalar_type() == acc) {
+    out.addmm_(dy2.t(), x2, beta, alpha);
+  } else {
+    out.copy_(at::addmm(out.to(acc), dy2.t(), x2, beta, alpha));
+  }
 }
 
 void check_epilogue_act(const char* op, c10::string_view act) {
@@ -205,6 +231,10 @@ void linear_add_(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w
                  const std::optional<at::Tensor>& bias, double alpha) {
   FUSIBLE_DISPATCH(linear_add_, out, x, weight, bias, alpha);
 }
+void linear_wgrad_add_(const at::Tensor& out, const at::Tensor& dy, const at::Tensor& x,
+                       double alpha, double beta) {
+  FUSIBLE_DISPATCH(linear_wgrad_add_, out, dy, x, alpha, beta);
+}
 at::Tensor linear_dgrad_add(const at::Tensor& dy, const at::Tensor& weight, const at::Tensor& other,
                             double alpha) {
   FUSIBLE_DISPATCH(linear_dgrad_add, dy, weight, other, alpha);
@@ -224,6 +254,12 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
   define(m, "linear_dgrad(Tensor dy, Tensor weight, float alpha=1.0) -> Tensor");
   // dW = alpha * dy^T x over all leading dims. dy: [..., N], x: [..., K] -> [N, K].
   define(m, "linear_wgrad(Tensor dy, Tensor x, float alpha=1.0) -> Tensor");
+  // out = alpha * dy^T x + beta * out, in place, the product accumulated in out's precision (fp32
+  // for 16-bit dy and x into an fp32 out: a weight gradient added into its fp32 main_grad). beta
+  // = 0 ignores out's values. dy: [..., N], x: [..., K], out: [N, K].
+  define(m,
+         "linear_wgrad_add_(Tensor(a!) out, Tensor dy, Tensor x, float alpha=1.0, float "
+         "beta=1.0) -> ()");
   // GEMMs with fused epilogues (ForwardLinear*/BackwardLinear* fused ops):
   // (y, pre) with pre = x W^T + bias and y = act(pre); act in {gelu (tanh), relu}.
   define(m,
@@ -249,6 +285,7 @@ TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
   m.impl("linear_fwd", &reference::linear_fwd);
   m.impl("linear_dgrad", &reference::linear_dgrad);
   m.impl("linear_wgrad", &reference::linear_wgrad);
+  m.impl("linear_wgrad_add_", &reference::linear_wgrad_add_);
   m.impl("linear_bias_act_fwd", &reference::linear_bias_act_fwd);
   m.impl("linear_bias_act", &reference::linear_bias_act);
   m.impl("linear_add", &reference::linear_add);

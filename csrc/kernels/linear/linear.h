@@ -18,12 +18,16 @@ void check_linear_args(const char* op, const char* x_name, const at::Tensor& x,
 /// linear_fwd's checks (bias [N], x's dtype and device).
 void check_fwd_args(const char* op, const at::Tensor& x, const at::Tensor& weight,
                     const std::optional<at::Tensor>& bias);
-void check_wgrad_args(const at::Tensor& dy, const at::Tensor& x);
+void check_wgrad_args(const at::Tensor& dy, const at::Tensor& x, const char* op = "linear_wgrad");
+/// linear_wgrad_add_'s: the wgrad's, and out [dy features, x features] floating on dy's device.
+void check_wgrad_add_args(const at::Tensor& out, const at::Tensor& dy, const at::Tensor& x);
 
 at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight,
                       const std::optional<at::Tensor>& bias);
 at::Tensor linear_dgrad(const at::Tensor& dy, const at::Tensor& weight, double alpha);
 at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x, double alpha);
+void linear_wgrad_add_(const at::Tensor& out, const at::Tensor& dy, const at::Tensor& x,
+                       double alpha, double beta);
 std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,
                                                        const at::Tensor& weight,
                                                        const std::optional<at::Tensor>& bias,
@@ -60,6 +64,9 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight,
 at::Tensor linear_dgrad(const at::Tensor& dy, const at::Tensor& weight, double alpha = 1.0);
 /// dW = alpha * dy^T x. -> [N, K].
 at::Tensor linear_wgrad(const at::Tensor& dy, const at::Tensor& x, double alpha = 1.0);
+/// out = alpha * dy^T x + beta * out in place, accumulated in out's precision (fp32 main_grad).
+void linear_wgrad_add_(const at::Tensor& out, const at::Tensor& dy, const at::Tensor& x,
+                       double alpha = 1.0, double beta = 1.0);
 /// GEMMs with fused epilogues; act in {gelu, relu}.
 /// -> (act(pre), pre) with pre = x W^T + bias.
 std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd(const at::Tensor& x,

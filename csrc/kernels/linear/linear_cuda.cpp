@@ -76,6 +76,25 @@ at::Tensor linear_wgrad_cuda(const at::Tensor& dy, const at::Tensor& x, double a
   return g.d;
 }
 
+void linear_wgrad_add__cuda(const at::Tensor& out, const at::Tensor& dy, const at::Tensor& x,
+                            double alpha, double beta) {
+  reference::check_wgrad_add_args(out, dy, x);
+  RowMajorGemm g;  // out = alpha * dy^T @ x + beta * out
+  g.a = rows(dy);
+  g.trans_a = true;
+  g.b = rows(x);
+  g.alpha = alpha;
+  // fp32 out: in place (cuBLASLt rounds nothing before adding C). A 16-bit out aliasing D would
+  // have the product rounded before the add (see linear_add_): D apart, then copied.
+  const bool wide = out.scalar_type() == at::kFloat;
+  g.d = wide ? out : at::empty(out.sizes(), out.options());
+  g.c = out;
+  g.beta = beta;
+  if (!gemm::can_run(g)) return reference::linear_wgrad_add_(out, dy, x, alpha, beta);
+  gemm::run(g);
+  if (!wide) out.copy_(g.d);
+}
+
 std::tuple<at::Tensor, at::Tensor> linear_bias_act_fwd_cuda(const at::Tensor& x,
                                                             const at::Tensor& weight,
                                                             const std::optional<at::Tensor>& bias,
@@ -175,6 +194,7 @@ TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
   m.impl("linear_fwd", &linear_fwd_cuda);
   m.impl("linear_dgrad", &linear_dgrad_cuda);
   m.impl("linear_wgrad", &linear_wgrad_cuda);
+  m.impl("linear_wgrad_add_", &linear_wgrad_add__cuda);
   m.impl("linear_bias_act_fwd", &linear_bias_act_fwd_cuda);
   m.impl("linear_bias_act", &linear_bias_act_cuda);
   m.impl("linear_add", &linear_add_cuda);

@@ -4,6 +4,7 @@
 // tensors are then FP8 too), else casts to FP8 and back.
 #include "ops/basic/basic_linear.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 
 #include "common/checks.h"
@@ -95,6 +96,8 @@ std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContex
   // The dgrad reads w itself, or its FP8 transpose.
   auto wo = ctx.fp8.forward_operand(cast_to(weight, ctx.compute_dtype), 1, /*weight=*/true,
                                     /*rowwise=*/true, /*columnwise=*/need_w && ctx.fp8.gemm_fp8);
+  // The backward's wgrad writes into main_grad where no reduction comes between.
+  ctx.main_grad = need_x && !param_grad_reduction() ? main_grad_ : nullptr;
   if (ctx.requires_grad) {
     const auto& w_dgrad = ctx.fp8.gemm_fp8 ? wo.columnwise : wo.rowwise;
     ctx.save_for_backward({need_x ? xo.columnwise : at::Tensor(), need_w ? w_dgrad : at::Tensor()});
@@ -133,9 +136,35 @@ GemmOperand BasicLinear::saved_weight(const OperationContext& ctx) {
   return saved_operand(ctx, 1, /*hp_columnwise=*/false);  // the dgrad's
 }
 
-at::Tensor BasicLinear::take_param_grad(size_t index, const at::Tensor& grad) {
-  if (!main_grad_hook_) return grad;
-  return main_grad_hook_(grad).value_or(at::Tensor());
+void BasicLinear::set_main_grad_hook(std::optional<MainGrad> main_grad) {
+  if (main_grad) {
+    TORCH_CHECK_VALUE(main_grad->target && main_grad->result,
+                      "BasicLinear: set_main_grad_hook expects both target and result");
+  }
+  main_grad_ = main_grad ? std::make_shared<const MainGrad>(std::move(*main_grad)) : nullptr;
+}
+
+at::Tensor BasicLinear::wgrad_into_main_grad(const MainGrad& main_grad, const GemmOperand& dy,
+                                             const GemmOperand& x, double alpha) {
+  const auto [buffer, overwrite] = main_grad.target();
+  TORCH_CHECK(buffer.defined(), "BasicLinear: the main_grad target returned no tensor");
+  {
+    const at::NoGradGuard no_grad;  // a buffer, not part of any graph
+    gemms::wgrad_into(dy, x, buffer, alpha, /*accumulate=*/!overwrite);
+  }
+  return main_grad.result().value_or(at::Tensor());
+}
+
+at::Tensor BasicLinear::take_param_grad(size_t, const at::Tensor& grad) {
+  // Without a reduction the backward's GEMM already wrote main_grad: grad is autograd's.
+  if (!main_grad_ || !param_grad_reduction()) return grad;
+  const auto [buffer, overwrite] = main_grad_->target();
+  TORCH_CHECK(buffer.defined(), "BasicLinear: the main_grad target returned no tensor");
+  {
+    const at::NoGradGuard no_grad;
+    overwrite ? buffer.copy_(grad) : buffer.add_(grad);
+  }
+  return main_grad_->result().value_or(at::Tensor());
 }
 
 at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,

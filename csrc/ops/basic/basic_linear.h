@@ -50,12 +50,13 @@ class BasicLinear : public BasicOperation {
   /// The registered weight (a call computes with the call's own, OperationContext::params).
   at::Tensor& weight() { return *parameters_.find("weight"); }
   void reset_parameters() override;
-  /// Megatron's weight.main_grad (te.ops' accumulate_into_main_grad): the backward hands the
-  /// weight gradient (in the compute dtype) to `hook`, which accumulates it where it belongs and
-  /// returns what autograd gets as the weight's gradient (nullopt: none). An empty hook: off.
-  using MainGradHook = std::function<std::optional<at::Tensor>(const at::Tensor& dw)>;
-  void set_main_grad_hook(MainGradHook hook) { main_grad_hook_ = std::move(hook); }
-  bool accumulates_into_main_grad() const { return static_cast<bool>(main_grad_hook_); }
+  /// Megatron's weight.main_grad (te.ops' accumulate_into_main_grad): the backward's wgrad GEMM
+  /// adds the weight gradient into main_grad.target()'s buffer (fp32 accumulation for an fp32
+  /// buffer, as TransformerEngine's) and autograd gets main_grad.result(). With a parameter
+  /// gradient reduction (set_param_grad_reduction) the gradient is reduced first, then added.
+  /// nullopt: off.
+  void set_main_grad_hook(std::optional<MainGrad> main_grad);
+  bool accumulates_into_main_grad() const { return main_grad_ != nullptr; }
   at::Tensor take_param_grad(size_t index, const at::Tensor& grad) override;
   std::pair<int64_t, int64_t> num_quantizers() const override { return {2, 1}; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
@@ -85,13 +86,19 @@ class BasicLinear : public BasicOperation {
     const auto dy = ctx.fp8.backward_operand(dy_in, 0, need_dx, need_dw,
                                              ctx.grad_output_amax.for_tensor(dy_in));
     if (dgrad_first && need_dx) dx = dgrad(dy, w);
-    if (need_dw) dw = gemms::wgrad(dy, x, alpha);
+    if (need_dw)
+      dw = ctx.main_grad ? wgrad_into_main_grad(*ctx.main_grad, dy, x, alpha)
+                         : gemms::wgrad(dy, x, alpha);
     ctx.release_saved_tensor(0);
     if (!dgrad_first && need_dx) dx = dgrad(dy, w);
     return {dx, dw};
   }
 
  private:
+  // alpha * dy^T x added into (or written over) the main-grad buffer by the GEMM -> what autograd
+  // gets for the weight.
+  static at::Tensor wgrad_into_main_grad(const MainGrad& main_grad, const GemmOperand& dy,
+                                         const GemmOperand& x, double alpha);
   // The wgrad's x and the dgrad's w as prepare_forward saved them.
   static GemmOperand saved_input(const OperationContext& ctx);
   static GemmOperand saved_weight(const OperationContext& ctx);
@@ -105,7 +112,7 @@ class BasicLinear : public BasicOperation {
   int64_t in_features_;
   int64_t out_features_;
   TensorParallel tp_;
-  MainGradHook main_grad_hook_;
+  std::shared_ptr<const MainGrad> main_grad_;
 };
 
 }  // namespace fusible::ops

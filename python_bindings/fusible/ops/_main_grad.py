@@ -6,18 +6,28 @@ import weakref
 import torch
 
 
-def set_hook(cpp, op, op_label, weight_name):
-    """Makes the C++ op's backward hand each weight gradient to into_main_grad; weight_name(i)
-    names the weight attribute of op that gradient i belongs to."""
+def set_linear_hook(cpp, op):
+    """BasicLinear: its backward's wgrad GEMM adds into weight.main_grad itself (fp32 accumulation
+    into an fp32 buffer, as te's), asking target() for the buffer and result() for what autograd
+    gets."""
     op_ref = weakref.ref(op)  # the C++ op must not keep its Python face alive
+    cpp.set_main_grad_hook(
+        lambda: target(op_ref().weight, "BasicLinear"), lambda: result(op_ref().weight)
+    )
+
+
+def set_hook(cpp, op, op_label, weight_name):
+    """GroupedLinear: its backward hands each weight gradient to into_main_grad; weight_name(i)
+    names the weight attribute of op that gradient i belongs to."""
+    op_ref = weakref.ref(op)
     cpp.set_main_grad_hook(
         lambda *args: into_main_grad(getattr(op_ref(), weight_name(*args[:-1])), args[-1], op_label)
     )
 
 
-def into_main_grad(weight, dw, op_label):
-    """dw added into weight.main_grad (or written, with overwrite_main_grad); returns what
-    autograd gets as the weight's gradient: te.ops' dummy convention, else None."""
+def target(weight, op_label):
+    """(weight.main_grad, whether it is overwritten rather than added to), checked against the
+    weight."""
     if hasattr(weight, "__fsdp_param__"):
         weight.main_grad = weight.get_main_grad()
     main_grad = getattr(weight, "main_grad", None)
@@ -26,19 +36,33 @@ def into_main_grad(weight, dw, op_label):
             f"{op_label} operation is configured with accumulate_into_main_grad=True, "
             "but weight parameter does not have a valid main_grad attribute"
         )
-    if tuple(main_grad.shape) != tuple(dw.shape):
+    if tuple(main_grad.shape) != tuple(weight.shape):
         raise RuntimeError(
             f"{op_label}: weight.main_grad has shape {tuple(main_grad.shape)}, expected "
-            f"the weight's {tuple(dw.shape)}"
+            f"the weight's {tuple(weight.shape)}"
         )
-    with torch.no_grad():
-        if getattr(weight, "overwrite_main_grad", False):
-            main_grad.copy_(dw)
-            return main_grad  # te.ops returns main_grad itself as the weight's gradient
-        main_grad.add_(dw)
+    return main_grad, bool(getattr(weight, "overwrite_main_grad", False))
+
+
+def result(weight):
+    """What autograd gets as the weight's gradient once main_grad holds it: main_grad itself where
+    it is overwritten, te.ops' dummy where the weight has grad_added_to_main_grad, else None."""
+    if getattr(weight, "overwrite_main_grad", False):
+        return weight.main_grad
     if not hasattr(weight, "grad_added_to_main_grad"):
         return None
     weight.grad_added_to_main_grad = True
     if getattr(weight, "zero_out_wgrad", False):
         return torch.zeros_like(weight)
     return torch.empty_like(weight)
+
+
+def into_main_grad(weight, dw, op_label):
+    """dw added into weight.main_grad (or written, with overwrite_main_grad); returns result()."""
+    main_grad, overwrite = target(weight, op_label)
+    with torch.no_grad():
+        if overwrite:
+            main_grad.copy_(dw)
+        else:
+            main_grad.add_(dw)
+    return result(weight)

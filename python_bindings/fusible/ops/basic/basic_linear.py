@@ -31,7 +31,9 @@ class BasicLinear(BasicOperation):
             `weight.main_grad` (Megatron's buffer; RuntimeError when missing) instead of
             `weight.grad`, or overwrites it where `weight.overwrite_main_grad` is set; autograd
             then gets a dummy gradient where the weight has `grad_added_to_main_grad` (set to
-            True; zeros where `weight.zero_out_wgrad`), else none (te.ops' convention).
+            True; zeros where `weight.zero_out_wgrad`), else none (te.ops' convention). The
+            wgrad GEMM adds into main_grad itself: an fp32 main_grad accumulates the bf16 or FP8
+            product in fp32, with no rounding to the compute dtype between (as te's).
         rng_state_tracker_function, userbuffers_options: te.ops
             keywords, accepted at their defaults only (NotImplementedError otherwise).
     """
@@ -93,7 +95,7 @@ class BasicLinear(BasicOperation):
         return cpp
 
     def _set_main_grad_hook(self, cpp):
-        _main_grad.set_hook(cpp, self, "BasicLinear", lambda: "weight")
+        _main_grad.set_linear_hook(cpp, self)
 
     def _sharded_entries(self, prefix, state):
         return sharded_weight(self, prefix, state)

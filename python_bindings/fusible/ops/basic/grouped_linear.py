@@ -21,7 +21,8 @@ class GroupedLinear(BasicOperation):
         scale_bias (bool): with bias, extra input 1 is a per-row scale [rows] (the router's
             probabilities) and each row adds bias_g * its scale; the scales get a gradient.
         accumulate_into_main_grad (bool): each weight's gradient goes into its `main_grad`, as
-            BasicLinear's.
+            BasicLinear's, but computed in the compute dtype first, then added (BasicLinear's
+            GEMM adds into main_grad in its precision).
         single_grouped_weight (bool): one parameter `weight` [num_groups, out, in] instead of
             weight0.. (te.ops' GroupedTensor parameter, here a plain tensor).
         single_grouped_bias (bool): likewise one `bias` [num_groups, out].

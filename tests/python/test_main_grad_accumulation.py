@@ -1,0 +1,166 @@
+"""accumulate_into_main_grad accumulates in main_grad's precision: the wgrad GEMM adds dy^T x into
+an fp32 main_grad with no rounding to the compute dtype (bf16) between, as TransformerEngine's
+GEMM with beta = 1 does; the kernels it runs on (linear_wgrad_add_, fp8_gemm_out's accumulate)
+against float64 references."""
+
+import fusible
+import pytest
+import torch
+from conftest import DEVICES, FP8_GEMM_DEVICES
+from fusible import ops, recipe
+
+F = torch.ops.fusible
+BF = torch.bfloat16
+
+
+def _f64_wgrad(dy, x):
+    """dy^T x over all leading dims, in float64, of the values as given."""
+    return dy.double().reshape(-1, dy.shape[-1]).T @ x.double().reshape(-1, x.shape[-1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("beta", [1.0, 0.0, 0.5])
+def test_wgrad_add_accumulates_bf16_products_in_fp32(device, beta):
+    torch.manual_seed(0)
+    dy = torch.randn(2, 96, 24, device=device).to(BF)
+    x = torch.randn(2, 96, 40, device=device).to(BF)
+    out = torch.randn(24, 40, device=device)
+    want = beta * out.double() + 0.75 * _f64_wgrad(dy, x)
+    F.linear_wgrad_add_(out, dy, x, 0.75, beta)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wgrad_add_with_beta_zero_ignores_nan_in_out(device):
+    torch.manual_seed(1)
+    dy, x = torch.randn(32, 16, device=device), torch.randn(32, 8, device=device)
+    out = torch.full((16, 8), float("nan"), device=device)
+    F.linear_wgrad_add_(out, dy, x, 1.0, 0.0)
+    torch.testing.assert_close(out.double(), _f64_wgrad(dy, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wgrad_add_into_a_bf16_out_rounds_once(device):
+    torch.manual_seed(2)
+    dy, x = torch.randn(64, 16, device=device).to(BF), torch.randn(64, 24, device=device).to(BF)
+    out = torch.randn(16, 24, device=device).to(BF)
+    want = (out.double() + _f64_wgrad(dy, x)).to(BF)
+    F.linear_wgrad_add_(out, dy, x)
+    # One rounding of the fp32 sum: at most one bf16 ulp from the float64 sum's rounding.
+    torch.testing.assert_close(out, want, rtol=2**-7, atol=1e-2)
+
+
+def test_wgrad_add_bad_arguments_name_it():
+    dy, x = torch.randn(8, 4), torch.randn(8, 6)
+    with pytest.raises(RuntimeError, match=r"linear_wgrad_add_: expected out of shape \[4, 6\]"):
+        F.linear_wgrad_add_(torch.zeros(6, 4), dy, x)
+    with pytest.raises(RuntimeError, match="linear_wgrad_add_: expected dy and x with the same"):
+        F.linear_wgrad_add_(torch.zeros(4, 6), dy, x[:7])
+
+
+@pytest.mark.parametrize("device", FP8_GEMM_DEVICES)
+def test_fp8_gemm_out_accumulates_in_fp32(device):
+    torch.manual_seed(3)
+    a, _, sa = F.fp8_cast(torch.randn(32, 64, device=device), "e4m3")
+    b, _, sb = F.fp8_cast(torch.randn(48, 64, device=device), "e5m2")
+    out = torch.randn(32, 48, device=device)
+    start = out.clone()
+    product = F.fp8_gemm(a, sa, b, sb, torch.float32)[0]
+    F.fp8_gemm_out(a, sa, b, sb, out, None, 1.0, False, 0, 0, True)
+    torch.testing.assert_close(out, start + product, rtol=1e-6, atol=1e-5)
+
+
+def _train(model, steps, device, fp8=False, seed=4):
+    """steps forward+backward passes of model on bf16 data (the inputs and output gradients drawn
+    per step); under an FP8 autocast with fp8."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    inputs = []
+    for _ in range(steps):
+        x = torch.randn(128, 32, generator=gen).to(device=device, dtype=BF)
+        dy = torch.randn(128, 16, generator=gen).to(device=device, dtype=BF)
+        with fusible.autocast(enabled=fp8, recipe=recipe.Float8CurrentScaling()):
+            y = model(x)
+        y.backward(dy)
+        inputs.append((x, dy))
+    return inputs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_main_grad_is_the_fp32_sum_of_bf16_products(device):
+    """Three steps into a random fp32 main_grad: the sum of the bf16 products, exact to fp32. The
+    gradient rounded to bf16 first (as before) is off by far more than the bound."""
+    torch.manual_seed(5)
+    lin = ops.Linear(32, 16, device=device, dtype=BF, accumulate_into_main_grad=True)
+    torch.nn.init.normal_(lin.bias)
+    start = torch.randn(16, 32, device=device)
+    lin.weight.main_grad = start.clone()
+    inputs = _train(lin, 3, device)
+    want = start.double() + sum(_f64_wgrad(dy, x) for x, dy in inputs)
+    bound = 1e-4 * want.abs().max().item()
+    assert (lin.weight.main_grad.double() - want).abs().max().item() < bound
+    rounded = start.double() + sum(_f64_wgrad(dy, x).to(BF).double() for x, dy in inputs)
+    assert (rounded - want).abs().max().item() > 10 * bound
+    assert lin.weight.grad is None and lin.bias.grad is not None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_main_grad_through_the_fused_mlp_backward(device):
+    """fc2's wgrad runs inside the fused bias + GELU + linear backward, fc1's in its own: both
+    accumulate in fp32; overwrite_main_grad writes over NaN."""
+    torch.manual_seed(6)
+    seq = ops.Sequential(
+        ops.Linear(32, 64, device=device, dtype=BF, accumulate_into_main_grad=True),
+        ops.GELU(),
+        ops.Linear(64, 16, device=device, dtype=BF, accumulate_into_main_grad=True),
+    )
+    fc1, fc2 = seq[0], seq[2]
+    for p in (fc1.bias, fc2.bias):
+        torch.nn.init.normal_(p)
+    fc1.weight.main_grad = torch.full((64, 32), float("nan"), device=device)
+    fc1.weight.overwrite_main_grad = True
+    start = torch.randn(16, 64, device=device)
+    fc2.weight.main_grad = start.clone()
+    [(x, dy)] = _train(seq, 1, device)
+
+    def weight_grads(dtype):  # autograd's, computed in dtype from the same values
+        w1, w2 = (fc.weight.detach().to(dtype).requires_grad_() for fc in (fc1, fc2))
+        h = torch.nn.functional.gelu(
+            torch.nn.functional.linear(x.to(dtype), w1, fc1.bias.detach().to(dtype)),
+            approximate="tanh",
+        )
+        y = torch.nn.functional.linear(h, w2, fc2.bias.detach().to(dtype))
+        (y * dy.to(dtype)).sum().backward()
+        return w1.grad.double(), w2.grad.double()
+
+    ref = weight_grads(torch.float64)
+    bf16_autograd = weight_grads(BF)
+    got = (fc1.weight.main_grad.double(), fc2.weight.main_grad.double() - start.double())
+    for g, r, b in zip(got, ref, bf16_autograd):
+        assert torch.isfinite(g).all()
+        # Relative error against float64 no larger than bf16 autograd's (which rounds dw too).
+        err = ((g - r).norm() / r.norm()).item()
+        assert err <= ((b - r).norm() / r.norm()).item() and err < 1e-2
+    for got in (fc1.weight.main_grad, fc2.weight.main_grad):
+        assert not torch.equal(got, got.to(BF).float())  # not rounded to bf16 on the way
+
+
+@pytest.mark.parametrize("device", FP8_GEMM_DEVICES)
+def test_fp8_main_grad_is_the_wgrad_gemm_in_fp32(device):
+    """Under FP8 the wgrad GEMM of the FP8 operands accumulates into main_grad in fp32: rounded to
+    bf16 it is the weight gradient of the same run without main_grad."""
+    torch.manual_seed(7)
+    lin = ops.Linear(32, 16, device=device, dtype=BF)
+    torch.nn.init.normal_(lin.bias)
+    _train(lin, 1, device, fp8=True)
+    want = lin.weight.grad.clone()
+    mg = ops.Linear(32, 16, device=device, dtype=BF, accumulate_into_main_grad=True)
+    mg.load_state_dict(lin.state_dict())
+    mg.weight.main_grad = torch.zeros(16, 32, device=device)
+    _train(mg, 1, device, fp8=True)
+    got = mg.weight.main_grad
+    assert not torch.equal(got, got.to(BF).float())
+    if device == "cpu":  # the emulation: one fp32 product, rounded once either way
+        assert torch.equal(got.to(BF), want)
+    else:
+        torch.testing.assert_close(got.to(BF), want, rtol=2**-7, atol=1e-3)
