@@ -1,0 +1,67 @@
+"""Host time of the small MLP (T=16, H=1024, F=4096) forward+backward per FP8 recipe against
+fusible bf16, where the GPU work is tiny and each call's host work is what counts; then where the
+host time of one FP8 current-scaling step goes (torch.profiler CPU self time by op). CUDA only.
+
+Wall time per step: a back-to-back loop of 200 steps synchronized at the end, min of 5 repeats.
+
+    python bench/bench_fp8_small_host.py [--rows N]
+"""
+
+import argparse
+import time
+
+import torch
+from bench_mlp import SHAPES, make_models
+
+
+def wall_us(step, iters=200, repeats=5):
+    for _ in range(20):
+        step()
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t) / iters * 1e6)
+    return best
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=25, help="profiler table rows")
+    args = p.parse_args()
+    s = SHAPES["small"]
+    torch.manual_seed(0)
+    models, params, _ = make_models(s["T"], s["H"], s["F"], "cuda")
+    x = torch.randn(s["T"], s["H"], device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+
+    def step_of(fn):
+        def step():
+            for q in params:
+                q.grad = None
+            x.grad = None
+            fn(x).backward(dy)
+
+        return step
+
+    labels = ["fusible", "fusible_fp8", "fusible_fp8_delayed", "fusible_fp8_block", "eager"]
+    times = {label: wall_us(step_of(models[label])) for label in labels}
+    print("small MLP forward+backward, host wall time per step (us, min of 5 x 200 steps)")
+    for label in labels:
+        print(f"  {label:22s} {times[label]:8.1f}  ({times[label] / times['fusible']:.2f}x bf16)")
+    step = step_of(models["fusible_fp8"])
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize()
+    print("fusible_fp8 (current scaling), CPU self time of 10 steps by op:")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+if __name__ == "__main__":
+    main()
