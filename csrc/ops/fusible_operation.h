@@ -135,7 +135,7 @@ class BasicOperation : public FusibleOperation {
   /// What autograd receives as the gradient of parameter `index` (op_parameters() order), given
   /// the one this op's backward computed (in the compute dtype; the fuser casts the result to the
   /// parameter's dtype): by default that gradient; an op may send it elsewhere and return what
-  /// autograd gets instead (undefined: no gradient), as BasicLinear's main_grad.
+  /// autograd gets instead (undefined: no gradient), as GroupedLinear's main_grad does.
   virtual at::Tensor take_param_grad(size_t index, const at::Tensor& grad) { return grad; }
   /// Sequence parallelism over a replicated parameter (the bias after a row-parallel linear's
   /// reduce-scatter, a norm over sequence-sharded rows): each rank's gradient covers its own rows

@@ -5,11 +5,8 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
-#include <functional>
 #include <memory>
-#include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "ops/quantization.h"
@@ -38,16 +35,7 @@ struct DeferredActivation {
   bool for_tensor(const at::Tensor& t) const { return pre.defined() && t.is_same(of); }
 };
 
-/// te.ops' accumulate_into_main_grad (Megatron's `weight.main_grad`) as a linear's backward sees
-/// it: `target()` returns the buffer the weight gradient goes into instead of autograd (raising
-/// where the weight has none) and whether it is overwritten rather than added to; `result()`
-/// what autograd then gets as the weight's gradient (nullopt: none). The wgrad GEMM writes into
-/// the buffer itself, accumulating in its precision (fp32), with no rounding to the compute dtype
-/// between.
-struct MainGrad {
-  std::function<std::pair<at::Tensor, bool>()> target;
-  std::function<std::optional<at::Tensor>()> result;
-};
+struct MainGradCall;  // ops/basic/basic_linear.h
 
 /// One per basic op per fuser call. The fuser moves every context's `to_save` into one flat
 /// save_for_backward and hands them back as `saved_tensors` before the backward runs.
@@ -103,9 +91,9 @@ struct OperationContext : std::enable_shared_from_this<OperationContext> {
   /// in output_act; the fuser moves it to the next op's input_act, which must resolve it.
   bool want_output_act = false;
   DeferredActivation output_act, input_act;
-  /// Set by the forward of a linear whose weight gradient goes into a main_grad (MainGrad): its
-  /// backward's wgrad GEMM accumulates there.
-  std::shared_ptr<const MainGrad> main_grad;
+  /// Set by the forward of a linear whose weight gradient goes into a main_grad: its backward's
+  /// wgrad accumulates there (ops/basic/basic_linear.h).
+  std::shared_ptr<const MainGradCall> main_grad;
   /// Shape of the input as it arrived (Reshape's backward needs it).
   std::vector<int64_t> input_shape;
   /// Free-form op state that is not a tensor (scalars).

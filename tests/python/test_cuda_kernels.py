@@ -111,6 +111,9 @@ def test_column_sums_over_many_row_chunks(dtype):
     _, mean, rstd = F.layernorm_fwd(x, w, b, 1e-5, False)
     _, rmean, rrstd = F.layernorm_fwd(_ref(x), _ref(w), _ref(b), 1e-5, False)
     rtol, atol = tols(dtype, gemm=True)  # device "cpu": no TF32 allowance
+    # A column that cancels to near 0 keeps the rounding of terms of magnitude ~1: about
+    # sqrt(8192) * 2^-24 * a few (2.3e-5 seen on the H200), above the table's atol of 1e-5.
+    atol = max(atol, 1e-4)
     pairs = [
         (_cuda(F.bias_bwd, dy), F.bias_bwd(_ref(dy))),
         (_cuda(F.bias_act_bwd, dy, pre, "gelu"), F.bias_act_bwd(_ref(dy), _ref(pre), "gelu")),

@@ -6,7 +6,7 @@ against float64 references."""
 import fusible
 import pytest
 import torch
-from conftest import DEVICES, FP8_GEMM_DEVICES
+from conftest import DEVICES, FP8_BLOCK_GEMM_DEVICES, FP8_GEMM_DEVICES
 from fusible import ops, recipe
 
 F = torch.ops.fusible
@@ -42,13 +42,33 @@ def test_wgrad_add_with_beta_zero_ignores_nan_in_out(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_wgrad_add_into_a_bf16_out_rounds_once(device):
-    torch.manual_seed(2)
-    dy, x = torch.randn(64, 16, device=device).to(BF), torch.randn(64, 24, device=device).to(BF)
-    out = torch.randn(16, 24, device=device).to(BF)
-    want = (out.double() + _f64_wgrad(dy, x)).to(BF)
+    """Small integers: the fp32 sum is exact, so one rounding to bf16 is the float64 sum's; the
+    product rounded to bf16 before the add (two roundings) is not, for some elements."""
+    g = torch.Generator().manual_seed(2)
+    ints = lambda lo, hi, *s: torch.randint(lo, hi, s, generator=g).to(device, BF)  # noqa: E731
+    dy, x, out = ints(-16, 17, 64, 16), ints(-16, 17, 64, 24), ints(-50, 51, 16, 24)
+    product = _f64_wgrad(dy, x)
+    want = (out.double() + product).to(BF)
+    twice = (out.double() + product.to(BF).double()).to(BF)
+    assert not torch.equal(twice, want)  # the check below can fail
     F.linear_wgrad_add_(out, dy, x)
-    # One rounding of the fp32 sum: at most one bf16 ulp from the float64 sum's rounding.
-    torch.testing.assert_close(out, want, rtol=2**-7, atol=1e-2)
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_cuda_ops_run_one_gemm_not_the_reference(device):
+    """On CUDA the accumulation is cuBLASLt's (no ATen matmul of the fallback), bf16 and FP8."""
+    if device == "cpu":
+        pytest.skip("the reference is what CPU runs")
+    dy, x = torch.randn(64, 32, device=device).to(BF), torch.randn(64, 48, device=device).to(BF)
+    a, _, sa = F.fp8_cast(torch.randn(32, 64, device=device), "e4m3")
+    b, _, sb = F.fp8_cast(torch.randn(48, 64, device=device), "e4m3")
+    out = torch.zeros(32, 48, device=device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        F.linear_wgrad_add_(out, dy, x)
+        F.fp8_gemm_out(a, sa, b, sb, out, None, 1.0, False, 0, 0, True)
+    names = {e.name for e in prof.events()}
+    assert not names & {"aten::addmm", "aten::mm", "aten::matmul", "aten::addmm_"}, names
 
 
 def test_wgrad_add_bad_arguments_name_it():
@@ -143,6 +163,33 @@ def test_main_grad_through_the_fused_mlp_backward(device):
         assert err <= ((b - r).norm() / r.norm()).item() and err < 1e-2
     for got in (fc1.weight.main_grad, fc2.weight.main_grad):
         assert not torch.equal(got, got.to(BF).float())  # not rounded to bf16 on the way
+
+
+@pytest.mark.parametrize("device", FP8_BLOCK_GEMM_DEVICES)
+def test_block_scaled_main_grad_accumulates_in_fp32(device):
+    """Float8BlockScaling: two steps into a random fp32 main_grad are the start plus each step's
+    weight gradient of the same run without main_grad, within that gradient's bf16 rounding."""
+    torch.manual_seed(8)
+    lin = ops.Linear(128, 128, device=device, dtype=BF)
+    torch.nn.init.normal_(lin.bias)
+    mg = ops.Linear(128, 128, device=device, dtype=BF, accumulate_into_main_grad=True)
+    mg.load_state_dict(lin.state_dict())
+    start = torch.randn(128, 128, device=device)
+    mg.weight.main_grad = start.clone()
+    want = start.double()
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(2):
+        x = torch.randn(128, 128, generator=gen).to(device, BF)
+        dy = torch.randn(128, 128, generator=gen).to(device, BF)
+        for model in (lin, mg):
+            with fusible.autocast(recipe=recipe.Float8BlockScaling()):
+                y = model(x)
+            y.backward(dy)
+        want += lin.weight.grad.double()
+        lin.weight.grad = None
+    got = mg.weight.main_grad.double()
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2 * 2**-8 * want.abs().max().item())
+    assert not torch.equal(mg.weight.main_grad, mg.weight.main_grad.to(BF).float())
 
 
 @pytest.mark.parametrize("device", FP8_GEMM_DEVICES)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from fusible import ops
+from fusible.ops._distributed import group_spec
 
 T, H, FF = 8, 12, 16  # rows, model width, hidden width (divisible by 2 and 4)
 # Under the sanitizer (scripts/sanitize.sh sets FUSIBLE_SANITIZE) two ranks only: four run the same
@@ -502,3 +503,24 @@ def _load_full_case(rank, world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_a_full_state_dict_loads_into_the_shards(world_size):
     _spawn(world_size, _load_full_case)
+
+
+def _main_grad_summed_over_ranks(rank, world_size):
+    torch.manual_seed(0)  # the same weight and main_grad on every rank
+    lin = ops.BasicLinear(6, 4, dtype=torch.float64, accumulate_into_main_grad=True)
+    lin._cpp.set_param_grad_reduction(group_spec("BasicLinear", None))
+    start = torch.randn(4, 6, dtype=torch.float64)
+    lin.weight.main_grad = start.clone()
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(5, 6, generator=g, dtype=torch.float64) for _ in range(world_size)]
+    dys = [torch.randn(5, 4, generator=g, dtype=torch.float64) for _ in range(world_size)]
+    lin(xs[rank]).backward(dys[rank])  # each rank its own rows
+    want = start + sum(dy.T @ x for x, dy in zip(xs, dys))
+    torch.testing.assert_close(lin.weight.main_grad, want)
+    assert lin.weight.grad is None
+
+
+def test_main_grad_with_a_grad_reduction_adds_the_sum_over_ranks():
+    """A linear whose weight gradient is summed over a group (set_param_grad_reduction) adds the
+    sum into main_grad, once."""
+    _spawn(2, _main_grad_summed_over_ranks)

@@ -96,8 +96,10 @@ std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContex
   // The dgrad reads w itself, or its FP8 transpose.
   auto wo = ctx.fp8.forward_operand(cast_to(weight, ctx.compute_dtype), 1, /*weight=*/true,
                                     /*rowwise=*/true, /*columnwise=*/need_w && ctx.fp8.gemm_fp8);
-  // The backward's wgrad writes into main_grad where no reduction comes between.
-  ctx.main_grad = need_x && !param_grad_reduction() ? main_grad_ : nullptr;
+  ctx.main_grad =
+      need_x && main_grad_
+          ? std::make_shared<const MainGradCall>(MainGradCall{main_grad_, param_grad_reduction()})
+          : nullptr;
   if (ctx.requires_grad) {
     const auto& w_dgrad = ctx.fp8.gemm_fp8 ? wo.columnwise : wo.rowwise;
     ctx.save_for_backward({need_x ? xo.columnwise : at::Tensor(), need_w ? w_dgrad : at::Tensor()});
@@ -144,27 +146,20 @@ void BasicLinear::set_main_grad_hook(std::optional<MainGrad> main_grad) {
   main_grad_ = main_grad ? std::make_shared<const MainGrad>(std::move(*main_grad)) : nullptr;
 }
 
-at::Tensor BasicLinear::wgrad_into_main_grad(const MainGrad& main_grad, const GemmOperand& dy,
+at::Tensor BasicLinear::wgrad_into_main_grad(const MainGradCall& call, const GemmOperand& dy,
                                              const GemmOperand& x, double alpha) {
-  const auto [buffer, overwrite] = main_grad.target();
+  const auto [buffer, overwrite] = call.hook->target();
   TORCH_CHECK(buffer.defined(), "BasicLinear: the main_grad target returned no tensor");
-  {
-    const at::NoGradGuard no_grad;  // a buffer, not part of any graph
+  const at::NoGradGuard no_grad;  // a buffer, not part of any graph
+  if (!call.reduction) {
     gemms::wgrad_into(dy, x, buffer, alpha, /*accumulate=*/!overwrite);
+  } else {  // each rank's gradient covers its own rows: summed over the group first
+    auto dw = at::empty(buffer.sizes(), buffer.options());
+    gemms::wgrad_into(dy, x, dw, alpha, /*accumulate=*/false);
+    dw = wait(all_reduce_start("BasicLinear", dw, *call.reduction));
+    overwrite ? buffer.copy_(dw) : buffer.add_(dw);
   }
-  return main_grad.result().value_or(at::Tensor());
-}
-
-at::Tensor BasicLinear::take_param_grad(size_t, const at::Tensor& grad) {
-  // Without a reduction the backward's GEMM already wrote main_grad: grad is autograd's.
-  if (!main_grad_ || !param_grad_reduction()) return grad;
-  const auto [buffer, overwrite] = main_grad_->target();
-  TORCH_CHECK(buffer.defined(), "BasicLinear: the main_grad target returned no tensor");
-  {
-    const at::NoGradGuard no_grad;
-    overwrite ? buffer.copy_(grad) : buffer.add_(grad);
-  }
-  return main_grad_->result().value_or(at::Tensor());
+  return call.hook->result().value_or(at::Tensor());
 }
 
 at::Tensor BasicLinear::op_forward(OperationContext& ctx, const at::Tensor& x,

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
+#include <utility>
 
 #include "kernels/dispatch.h"
 #include "ops/distributed.h"
@@ -10,6 +12,22 @@
 #include "ops/linear_gemms.h"
 
 namespace fusible::ops {
+
+/// te.ops' accumulate_into_main_grad (Megatron's `weight.main_grad`) as a linear's backward sees
+/// it: `target()` returns the buffer the weight gradient goes into instead of autograd (raising
+/// where the weight has none) and whether it is overwritten rather than added to; `result()`
+/// what autograd then gets as the weight's gradient (nullopt: none).
+struct MainGrad {
+  std::function<std::pair<at::Tensor, bool>()> target;
+  std::function<std::optional<at::Tensor>()> result;
+};
+
+/// One forward's main_grad routing, as its backward follows it: the hook and the parameter
+/// gradient reduction in effect at the forward.
+struct MainGradCall {
+  std::shared_ptr<const MainGrad> hook;
+  std::optional<ProcessGroupSpec> reduction;
+};
 
 /// te.ops' tensor parallelism of a linear. "column": the weight's output rows are sharded over the
 /// group, the output is this rank's slice of features (with sequence_parallel, the input is first
@@ -53,11 +71,12 @@ class BasicLinear : public BasicOperation {
   /// Megatron's weight.main_grad (te.ops' accumulate_into_main_grad): the backward's wgrad GEMM
   /// adds the weight gradient into main_grad.target()'s buffer (fp32 accumulation for an fp32
   /// buffer, as TransformerEngine's) and autograd gets main_grad.result(). With a parameter
-  /// gradient reduction (set_param_grad_reduction) the gradient is reduced first, then added.
+  /// gradient reduction (set_param_grad_reduction) at the forward, the gradient is computed in
+  /// the buffer's dtype, summed over the group, then added. A fused backward that computes the
+  /// weight gradient itself (not through backward_gemms) handles main_grad itself, as in te.ops.
   /// nullopt: off.
   void set_main_grad_hook(std::optional<MainGrad> main_grad);
   bool accumulates_into_main_grad() const { return main_grad_ != nullptr; }
-  at::Tensor take_param_grad(size_t index, const at::Tensor& grad) override;
   std::pair<int64_t, int64_t> num_quantizers() const override { return {2, 1}; }
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
@@ -97,7 +116,7 @@ class BasicLinear : public BasicOperation {
  private:
   // alpha * dy^T x added into (or written over) the main-grad buffer by the GEMM -> what autograd
   // gets for the weight.
-  static at::Tensor wgrad_into_main_grad(const MainGrad& main_grad, const GemmOperand& dy,
+  static at::Tensor wgrad_into_main_grad(const MainGradCall& call, const GemmOperand& dy,
                                          const GemmOperand& x, double alpha);
   // The wgrad's x and the dgrad's w as prepare_forward saved them.
   static GemmOperand saved_input(const OperationContext& ctx);

@@ -45,10 +45,8 @@ def target(weight, op_label):
 
 
 def result(weight):
-    """What autograd gets as the weight's gradient once main_grad holds it: main_grad itself where
-    it is overwritten, te.ops' dummy where the weight has grad_added_to_main_grad, else None."""
-    if getattr(weight, "overwrite_main_grad", False):
-        return weight.main_grad
+    """What autograd gets as the weight's gradient once main_grad holds it (overwritten or added
+    to alike, as te's): te.ops' dummy where the weight has grad_added_to_main_grad, else None."""
     if not hasattr(weight, "grad_added_to_main_grad"):
         return None
     weight.grad_added_to_main_grad = True
