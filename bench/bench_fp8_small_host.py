@@ -8,6 +8,7 @@ Wall time per step: a back-to-back loop of 200 steps synchronized at the end, mi
 """
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -28,9 +29,31 @@ def wall_us(step, iters=200, repeats=5):
     return best
 
 
+def phase_us(fn, x, dy, params, iters=200):
+    """Median host wall time of the forward and of the backward alone, each between syncs."""
+    fwd, bwd = [], []
+    for i in range(iters + 20):
+        for q in params:
+            q.grad = None
+        x.grad = None
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        y = fn(x)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        y.backward(dy)
+        t3 = time.perf_counter()
+        torch.cuda.synchronize()
+        if i >= 20:
+            fwd.append((t1 - t0) * 1e6)
+            bwd.append((t3 - t2) * 1e6)
+    return statistics.median(fwd), statistics.median(bwd)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=25, help="profiler table rows")
+    p.add_argument("--rows", type=int, default=18, help="profiler table rows")
     args = p.parse_args()
     s = SHAPES["small"]
     torch.manual_seed(0)
@@ -52,15 +75,20 @@ def main():
     print("small MLP forward+backward, host wall time per step (us, min of 5 x 200 steps)")
     for label in labels:
         print(f"  {label:22s} {times[label]:8.1f}  ({times[label] / times['fusible']:.2f}x bf16)")
-    step = step_of(models["fusible_fp8"])
-    step()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        for _ in range(10):
-            step()
+    print("host time per phase (us, median of 200; synchronized before and after each phase)")
+    for label in ("fusible", "fusible_fp8"):
+        fwd, bwd = phase_us(models[label], x, dy, params)
+        print(f"  {label:22s} forward {fwd:7.1f}  backward {bwd:7.1f}")
+    for label in ("fusible", "fusible_fp8"):
+        step = step_of(models[label])
+        step()
         torch.cuda.synchronize()
-    print("fusible_fp8 (current scaling), CPU self time of 10 steps by op:")
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(10):
+                step()
+            torch.cuda.synchronize()
+        print(f"{label}, CPU self time of 10 steps by op:")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
 
 
 if __name__ == "__main__":

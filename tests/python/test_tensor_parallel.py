@@ -507,7 +507,7 @@ def test_a_full_state_dict_loads_into_the_shards(world_size):
 
 def _main_grad_summed_over_ranks(rank, world_size):
     torch.manual_seed(0)  # the same weight and main_grad on every rank
-    lin = ops.BasicLinear(6, 4, dtype=torch.float64, accumulate_into_main_grad=True)
+    lin = ops.BasicLinear(6, 4, device="cpu", dtype=torch.float64, accumulate_into_main_grad=True)
     lin._cpp.set_param_grad_reduction(group_spec("BasicLinear", None))
     start = torch.randn(4, 6, dtype=torch.float64)
     lin.weight.main_grad = start.clone()
