@@ -178,8 +178,17 @@ void bind_ops(py::module_& m) {
       }));
   py::class_<GroupedLinear, BasicOperation, std::shared_ptr<GroupedLinear>>(m, "GroupedLinear")
       .def(py::init<int64_t, int64_t, int64_t, bool, OptDevice, OptDtype, bool, bool, bool>())
-      // hook(i, dw) -> weight parameter i's gradient for autograd, or None; None clears it.
-      .def("set_main_grad_hook", &GroupedLinear::set_main_grad_hook, py::arg("hook"));
+      // target(i) -> (weight i's main_grad, overwrite); result(i) -> weight i's gradient for
+      // autograd, or None. target None: off.
+      .def(
+          "set_main_grad_hook",
+          [](GroupedLinear& op, py::object target, py::object result) {
+            if (target.is_none()) return op.set_main_grad_hook(std::nullopt);
+            op.set_main_grad_hook(GroupedLinear::MainGrad{
+                target.cast<std::function<std::pair<at::Tensor, bool>(int64_t)>>(),
+                result.cast<std::function<std::optional<at::Tensor>(int64_t)>>()});
+          },
+          py::arg("target"), py::arg("result") = py::none());
   py::class_<LayerNorm, BasicOperation, std::shared_ptr<LayerNorm>>(m, "LayerNorm")
       .def(py::init<std::vector<int64_t>, double, OptDevice, OptDtype, bool>());
   py::class_<RMSNorm, BasicOperation, std::shared_ptr<RMSNorm>>(m, "RMSNorm")

@@ -211,3 +211,81 @@ def test_fp8_main_grad_is_the_wgrad_gemm_in_fp32(device):
         assert torch.equal(got.to(BF), want)
     else:
         torch.testing.assert_close(got.to(BF), want, rtol=2**-7, atol=1e-3)
+
+
+def _grouped_steps(op, sizes, steps, device, fp8=False, seed=10):
+    """steps forward+backward passes of a GroupedLinear(., 32, 16) on bf16 rows split by sizes
+    -> the (x, dy) of each step."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = sum(sizes)
+    inputs = []
+    for _ in range(steps):
+        x = torch.randn(rows, 32, generator=gen).to(device, BF)
+        dy = torch.randn(rows, 16, generator=gen).to(device, BF)
+        with fusible.autocast(enabled=fp8, recipe=recipe.Float8CurrentScaling()):
+            y = op(x, torch.tensor(sizes, device=device))
+        y.backward(dy)
+        inputs.append((x, dy))
+    return inputs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("single", [False, True])
+def test_grouped_main_grad_is_the_fp32_sum_per_group(device, single):
+    """Per-group or single grouped weights, a group without rows, two steps into random fp32
+    main_grads: each group's sum of bf16 products, exact to fp32 (the bf16-rounded sum is not)."""
+    torch.manual_seed(11)
+    sizes = [48, 0, 80]
+    op = ops.GroupedLinear(
+        3, 32, 16, device=device, dtype=BF, accumulate_into_main_grad=True,
+        single_grouped_weight=single,
+    )  # fmt: skip
+    starts = torch.randn(3, 16, 32, device=device)
+    if single:
+        op.weight.main_grad = starts.clone()
+    else:
+        for g in range(3):
+            getattr(op, f"weight{g}").main_grad = starts[g].clone()
+    inputs = _grouped_steps(op, sizes, 2, device)
+    bounds = [0, 48, 48, 128]
+    for g in range(3):
+        got = op.weight.main_grad[g] if single else getattr(op, f"weight{g}").main_grad
+        parts = [_f64_wgrad(dy[bounds[g] : bounds[g + 1]], x[bounds[g] : bounds[g + 1]])
+                 for x, dy in inputs]  # fmt: skip
+        want = starts[g].double() + sum(parts)
+        if g == 1:  # no rows: unchanged
+            assert torch.equal(got, starts[g])
+            continue
+        bound = 1e-4 * want.abs().max().item()
+        assert (got.double() - want).abs().max().item() < bound
+        rounded = starts[g].double() + sum(p.to(BF).double() for p in parts)
+        assert (rounded - want).abs().max().item() > 10 * bound
+    assert all(p.grad is None for n, p in op.named_parameters() if n.startswith("weight"))
+
+
+@pytest.mark.parametrize("device", FP8_GEMM_DEVICES)
+def test_grouped_fp8_main_grad_is_the_wgrad_gemm_in_fp32(device):
+    """FP8 GEMMs per group (rows multiples of 16): overwritten main_grads (NaN before) rounded to
+    bf16 are the weight gradients of the same run without main_grad."""
+    torch.manual_seed(12)
+    sizes = [32, 0, 64]
+    plain = ops.GroupedLinear(3, 32, 16, device=device, dtype=BF)
+    _grouped_steps(plain, sizes, 1, device, fp8=True)
+    into = ops.GroupedLinear(3, 32, 16, device=device, dtype=BF, accumulate_into_main_grad=True)
+    into.load_state_dict(plain.state_dict())
+    for g in range(3):
+        w = getattr(into, f"weight{g}")
+        w.main_grad = torch.full((16, 32), float("nan"), device=device)
+        w.overwrite_main_grad = True
+    _grouped_steps(into, sizes, 1, device, fp8=True)
+    for g in range(3):
+        got, want = getattr(into, f"weight{g}").main_grad, getattr(plain, f"weight{g}").grad
+        assert torch.isfinite(got).all()
+        if g == 1:
+            assert torch.count_nonzero(got) == 0
+            continue
+        assert not torch.equal(got, got.to(BF).float())
+        if device == "cpu":
+            assert torch.equal(got.to(BF), want)
+        else:
+            torch.testing.assert_close(got.to(BF), want, rtol=2**-7, atol=1e-3)

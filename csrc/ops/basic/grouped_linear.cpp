@@ -2,6 +2,8 @@
 // them as a tensor, so on CUDA nothing waits for the host.
 #include "ops/basic/grouped_linear.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
@@ -167,9 +169,71 @@ void GroupedLinear::reset_parameters() {
   }
 }
 
+void GroupedLinear::set_main_grad_hook(std::optional<MainGrad> hook) {
+  if (hook) {
+    TORCH_CHECK_VALUE(hook->target && hook->result,
+                      "GroupedLinear: set_main_grad_hook expects both target and result");
+  }
+  main_grad_ = hook ? std::make_shared<const MainGrad>(std::move(*hook)) : nullptr;
+}
+
 at::Tensor GroupedLinear::take_param_grad(size_t index, const at::Tensor& grad) {
-  if (!main_grad_hook_ || static_cast<int64_t>(index) >= num_weight_params()) return grad;
-  return main_grad_hook_(static_cast<int64_t>(index), grad).value_or(at::Tensor());
+  // Without a reduction param_grads already wrote main_grad: grad is autograd's. With one, the
+  // summed gradient is added here.
+  const auto i = static_cast<int64_t>(index);
+  if (!main_grad_ || !param_grad_reduction() || i >= num_weight_params()) return grad;
+  const auto [buffer, overwrite] = main_grad_->target(i);
+  TORCH_CHECK(buffer.defined(), "GroupedLinear: the main_grad target returned no tensor");
+  {
+    const at::NoGradGuard no_grad;
+    overwrite ? buffer.copy_(grad) : buffer.add_(grad);
+  }
+  return main_grad_->result(i).value_or(at::Tensor());
+}
+
+void GroupedLinear::weight_grads_into(const OperationContext& ctx, const Grad& grad,
+                                      const at::Tensor& x, const MainGradBuffers& buffers) const {
+  const auto& dy = grad.wgrad;
+  const auto sizes = host_split_sizes(ctx.saved_tensors.at(0), dy.size(0));
+  int64_t start = 0;
+  for (int64_t g = 0; g < num_groups_; ++g) {
+    const int64_t m = sizes[g];
+    const auto& [buffer, overwrite] = buffers[g];
+    if (buffer.defined()) {
+      kernels::linear_wgrad_add_(buffer, dy.narrow(0, start, m), x.narrow(0, start, m), 1.0,
+                                 overwrite ? 0.0 : 1.0);
+    }
+    start += m;
+  }
+}
+
+void GroupedLinear::weight_grads_into_main_grad(const OperationContext& ctx, const Grad& grad,
+                                                const at::Tensor& x,
+                                                std::vector<at::Tensor>& grads) const {
+  const int64_t nw = num_weight_params();
+  std::vector<std::pair<at::Tensor, bool>> targets(nw);
+  for (int64_t i = 0; i < nw; ++i) {
+    if (!ctx.param_requires_grad.at(i)) continue;
+    targets[i] = main_grad_->target(i);
+    TORCH_CHECK(targets[i].first.defined(), "GroupedLinear: the main_grad target returned no tensor");
+  }
+  // Group g's buffer: its own parameter's main_grad, or slice g of the single grouped weight's.
+  MainGradBuffers buffers(num_groups_);
+  for (int64_t g = 0; g < num_groups_; ++g) {
+    const auto& [buffer, overwrite] = targets[single_weight_ ? 0 : g];
+    if (buffer.defined()) buffers[g] = {single_weight_ ? buffer.select(0, g) : buffer, overwrite};
+  }
+  {
+    const at::NoGradGuard no_grad;  // buffers, not part of any graph
+    if (ctx.fp8.gemm_fp8) {
+      fp8_weight_grads_into(ctx, grad, buffers);
+    } else {
+      weight_grads_into(ctx, grad, x, buffers);
+    }
+  }
+  for (int64_t i = 0; i < nw; ++i) {
+    if (targets[i].first.defined()) grads[i] = main_grad_->result(i).value_or(at::Tensor());
+  }
 }
 
 at::Tensor GroupedLinear::split_sizes_for(const at::Tensor& sizes, const at::Tensor& x) const {
@@ -381,7 +445,13 @@ std::pair<std::vector<at::Tensor>, at::Tensor> GroupedLinear::param_grads(
   std::vector<at::Tensor> grads(ctx.param_requires_grad.size());
   bool need_dw = false;
   for (int64_t i = 0; i < nw; ++i) need_dw |= ctx.param_requires_grad.at(i);
-  if (need_dw && ctx.fp8.gemm_fp8) {  // the forward's FP8 x^T per group
+  if (need_dw && main_grad_ && !param_grad_reduction()) {  // each GEMM adds into main_grad
+    at::Tensor x;  // FP8 GEMMs read the x^T the forward cast
+    if (!ctx.fp8.gemm_fp8) {
+      x = input.defined() && !ctx.fp8.on() ? input : saved.at(1).reshape({-1, in_features_});
+    }
+    weight_grads_into_main_grad(ctx, grad, x, grads);
+  } else if (need_dw && ctx.fp8.gemm_fp8) {  // the forward's FP8 x^T per group
     auto dws = fp8_weight_grads(ctx, grad);
     if (single_weight_) {
       if (ctx.param_requires_grad.at(0)) grads[0] = at::stack(dws);

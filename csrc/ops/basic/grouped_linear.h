@@ -4,7 +4,9 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "ops/fusible_operation.h"
@@ -34,11 +36,17 @@ class GroupedLinear : public BasicOperation {
   bool scale_bias() const { return scale_bias_; }
   bool single_grouped_weight() const { return single_weight_; }
   bool single_grouped_bias() const { return single_bias_; }
-  /// Megatron's main_grad per weight parameter (te.ops' accumulate_into_main_grad): the backward
-  /// hands weight parameter i's gradient to hook(i, dw) (i = the group, or 0 for the single
-  /// grouped weight), which returns what autograd gets (nullopt: none).
-  using MainGradHook = std::function<std::optional<at::Tensor>(int64_t group, const at::Tensor&)>;
-  void set_main_grad_hook(MainGradHook hook) { main_grad_hook_ = std::move(hook); }
+  /// Megatron's main_grad per weight parameter (te.ops' accumulate_into_main_grad), as
+  /// BasicLinear's MainGrad with weight parameter i (the group, or 0 for the single grouped
+  /// weight) passed to each callback: each group's wgrad GEMM adds into target(i)'s buffer (its
+  /// slice g of a single grouped weight's), in the buffer's precision, and autograd gets
+  /// result(i). With a parameter gradient reduction the gradients are computed in the compute
+  /// dtype, summed, then added. nullopt: off.
+  struct MainGrad {
+    std::function<std::pair<at::Tensor, bool>(int64_t)> target;
+    std::function<std::optional<at::Tensor>(int64_t)> result;
+  };
+  void set_main_grad_hook(std::optional<MainGrad> hook);
   at::Tensor take_param_grad(size_t index, const at::Tensor& grad) override;
   void reset_parameters() override;
   bool materialize_meta_parameters(c10::Device device) override;
@@ -118,6 +126,18 @@ class GroupedLinear : public BasicOperation {
   /// empty group, undefined for a per-group weight that needs no gradient).
   at::Tensor fp8_input_grad(const OperationContext& ctx, const Grad& grad) const;
   std::vector<at::Tensor> fp8_weight_grads(const OperationContext& ctx, const Grad& grad) const;
+  /// Group g's weight gradient added into buffers[g].first (written over it where .second), for
+  /// each g with a defined buffer: by its FP8 GEMM (grouped_linear_fp8.cpp) or, else, one GEMM of
+  /// its rows of dy and x.
+  using MainGradBuffers = std::vector<std::pair<at::Tensor, bool>>;
+  void fp8_weight_grads_into(const OperationContext& ctx, const Grad& grad,
+                             const MainGradBuffers& buffers) const;
+  void weight_grads_into(const OperationContext& ctx, const Grad& grad, const at::Tensor& x,
+                         const MainGradBuffers& buffers) const;
+  /// The weight gradients into main_grad (param_grads' route with a hook and no reduction):
+  /// grads[i] receives what autograd gets for weight parameter i.
+  void weight_grads_into_main_grad(const OperationContext& ctx, const Grad& grad,
+                                   const at::Tensor& x, std::vector<at::Tensor>& grads) const;
   /// Saved slot of group g's x^T (and, + num_groups, of its W^T) under FP8 GEMMs; after them, the
   /// split sizes on the host.
   static constexpr int64_t kFp8Slots = 5;
@@ -125,7 +145,7 @@ class GroupedLinear : public BasicOperation {
 
   int64_t num_groups_, in_features_, out_features_;
   bool has_bias_, scale_bias_, single_weight_, single_bias_;
-  MainGradHook main_grad_hook_;
+  std::shared_ptr<const MainGrad> main_grad_;
 };
 
 }  // namespace fusible::ops

@@ -128,4 +128,18 @@ std::vector<at::Tensor> GroupedLinear::fp8_weight_grads(const OperationContext& 
   return dws;
 }
 
+void GroupedLinear::fp8_weight_grads_into(const OperationContext& ctx, const Grad& grad,
+                                          const MainGradBuffers& buffers) const {
+  for (int64_t g = 0; g < num_groups_; ++g) {
+    const auto& [buffer, overwrite] = buffers[g];
+    if (!buffer.defined()) continue;
+    if (grad.sizes[g] == 0) {  // no rows: a zero gradient
+      if (overwrite) buffer.zero_();
+      continue;
+    }
+    gemms::wgrad_into(grad.groups[g], saved_fp8(ctx, kFp8Slots + g), buffer, 1.0,
+                      /*accumulate=*/!overwrite);
+  }
+}
+
 }  // namespace fusible::ops

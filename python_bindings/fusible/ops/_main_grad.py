@@ -16,12 +16,12 @@ def set_linear_hook(cpp, op):
     )
 
 
-def set_hook(cpp, op, op_label, weight_name):
-    """GroupedLinear: its backward hands each weight gradient to into_main_grad; weight_name(i)
-    names the weight attribute of op that gradient i belongs to."""
+def set_grouped_hook(cpp, op, weight_name):
+    """GroupedLinear: as set_linear_hook, for weight parameter i (named weight_name(i))."""
     op_ref = weakref.ref(op)
     cpp.set_main_grad_hook(
-        lambda *args: into_main_grad(getattr(op_ref(), weight_name(*args[:-1])), args[-1], op_label)
+        lambda i: target(getattr(op_ref(), weight_name(i)), "GroupedLinear"),
+        lambda i: result(getattr(op_ref(), weight_name(i))),
     )
 
 
@@ -53,14 +53,3 @@ def result(weight):
     if getattr(weight, "zero_out_wgrad", False):
         return torch.zeros_like(weight)
     return torch.empty_like(weight)
-
-
-def into_main_grad(weight, dw, op_label):
-    """dw added into weight.main_grad (or written, with overwrite_main_grad); returns result()."""
-    main_grad, overwrite = target(weight, op_label)
-    with torch.no_grad():
-        if overwrite:
-            main_grad.copy_(dw)
-        else:
-            main_grad.add_(dw)
-    return result(weight)

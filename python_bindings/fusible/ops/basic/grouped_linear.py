@@ -21,8 +21,7 @@ class GroupedLinear(BasicOperation):
         scale_bias (bool): with bias, extra input 1 is a per-row scale [rows] (the router's
             probabilities) and each row adds bias_g * its scale; the scales get a gradient.
         accumulate_into_main_grad (bool): each weight's gradient goes into its `main_grad`, as
-            BasicLinear's, but computed in the compute dtype first, then added (BasicLinear's
-            GEMM adds into main_grad in its precision).
+            BasicLinear's: each group's wgrad GEMM adds into it in its precision (fp32).
         single_grouped_weight (bool): one parameter `weight` [num_groups, out, in] instead of
             weight0.. (te.ops' GroupedTensor parameter, here a plain tensor).
         single_grouped_bias (bool): likewise one `bias` [num_groups, out].
@@ -114,7 +113,7 @@ class GroupedLinear(BasicOperation):
         if self._accumulate_into_main_grad:
             single = self.single_grouped_weight
             name = (lambda i: "weight") if single else (lambda i: f"weight{i}")
-            _main_grad.set_hook(cpp, self, "GroupedLinear", name)
+            _main_grad.set_grouped_hook(cpp, self, name)
         return cpp
 
 
