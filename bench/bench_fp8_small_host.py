@@ -13,20 +13,7 @@ import time
 
 import torch
 from bench_mlp import SHAPES, make_models
-
-
-def wall_us(step, iters=200, repeats=5):
-    for _ in range(20):
-        step()
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(iters):
-            step()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / iters * 1e6)
-    return best
+from bench_small_host import wall_us
 
 
 def phase_us(fn, x, dy, params, iters=200):
@@ -71,7 +58,7 @@ def main():
         return step
 
     labels = ["fusible", "fusible_fp8", "fusible_fp8_delayed", "fusible_fp8_block", "eager"]
-    times = {label: wall_us(step_of(models[label])) for label in labels}
+    times = {label: wall_us(step_of(models[label]), stat=min) for label in labels}
     print("small MLP forward+backward, host wall time per step (us, min of 5 x 200 steps)")
     for label in labels:
         print(f"  {label:22s} {times[label]:8.1f}  ({times[label] / times['fusible']:.2f}x bf16)")
