@@ -289,3 +289,25 @@ def test_grouped_fp8_main_grad_is_the_wgrad_gemm_in_fp32(device):
             assert torch.equal(got.to(BF), want)
         else:
             torch.testing.assert_close(got.to(BF), want, rtol=2**-7, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_bf16_on_cuda_adds_the_grouped_gemm_gradients(device):
+    """bf16 on CUDA: the split sizes stay on the device (no host wait), so main_grad gets the one
+    grouped GEMM's bf16 gradients added: start + the gradients of the same run without
+    main_grad."""
+    if device == "cpu":
+        pytest.skip("CPU has the sizes on the host: the per-group GEMMs (tested above)")
+    torch.manual_seed(13)
+    sizes = [48, 0, 80]
+    plain = ops.GroupedLinear(3, 32, 16, device=device, dtype=BF)
+    _grouped_steps(plain, sizes, 1, device)
+    into = ops.GroupedLinear(3, 32, 16, device=device, dtype=BF, accumulate_into_main_grad=True)
+    into.load_state_dict(plain.state_dict())
+    starts = torch.randn(3, 16, 32, device=device)
+    for g in range(3):
+        getattr(into, f"weight{g}").main_grad = starts[g].clone()
+    _grouped_steps(into, sizes, 1, device)
+    for g in range(3):
+        want = starts[g] + getattr(plain, f"weight{g}").grad.float()
+        assert torch.equal(getattr(into, f"weight{g}").main_grad, want)

@@ -3,7 +3,6 @@
 #include "ops/basic/grouped_linear.h"
 
 #include <ATen/core/grad_mode.h>
-
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
@@ -191,10 +190,18 @@ at::Tensor GroupedLinear::take_param_grad(size_t index, const at::Tensor& grad) 
   return main_grad_->result(i).value_or(at::Tensor());
 }
 
-void GroupedLinear::weight_grads_into(const OperationContext& ctx, const Grad& grad,
-                                      const at::Tensor& x, const MainGradBuffers& buffers) const {
+std::optional<std::vector<int64_t>> GroupedLinear::host_sizes_at_hand(const OperationContext& ctx,
+                                                                      const Grad& grad) const {
+  if (!grad.sizes.empty()) return grad.sizes;
+  const auto& sizes = ctx.saved_tensors.at(0);
+  if (!sizes.is_cpu()) return std::nullopt;
+  return host_split_sizes(sizes, grad.wgrad.size(0));
+}
+
+void GroupedLinear::weight_grads_into(const Grad& grad, const at::Tensor& x,
+                                      const std::vector<int64_t>& sizes,
+                                      const MainGradBuffers& buffers) const {
   const auto& dy = grad.wgrad;
-  const auto sizes = host_split_sizes(ctx.saved_tensors.at(0), dy.size(0));
   int64_t start = 0;
   for (int64_t g = 0; g < num_groups_; ++g) {
     const int64_t m = sizes[g];
@@ -215,7 +222,8 @@ void GroupedLinear::weight_grads_into_main_grad(const OperationContext& ctx, con
   for (int64_t i = 0; i < nw; ++i) {
     if (!ctx.param_requires_grad.at(i)) continue;
     targets[i] = main_grad_->target(i);
-    TORCH_CHECK(targets[i].first.defined(), "GroupedLinear: the main_grad target returned no tensor");
+    TORCH_CHECK(targets[i].first.defined(),
+                "GroupedLinear: the main_grad target returned no tensor");
   }
   // Group g's buffer: its own parameter's main_grad, or slice g of the single grouped weight's.
   MainGradBuffers buffers(num_groups_);
@@ -227,8 +235,16 @@ void GroupedLinear::weight_grads_into_main_grad(const OperationContext& ctx, con
     const at::NoGradGuard no_grad;  // buffers, not part of any graph
     if (ctx.fp8.gemm_fp8) {
       fp8_weight_grads_into(ctx, grad, buffers);
+    } else if (const auto sizes = host_sizes_at_hand(ctx, grad)) {
+      weight_grads_into(grad, x, *sizes, buffers);
     } else {
-      weight_grads_into(ctx, grad, x, buffers);
+      // Split sizes on the device: the one grouped GEMM (in the compute dtype), then added. A
+      // GEMM per group would wait for the sizes on the host and break CUDA-graph capture.
+      const auto dw = kernels::grouped_linear_wgrad(grad.wgrad, x, ctx.saved_tensors.at(0));
+      for (int64_t g = 0; g < num_groups_; ++g) {
+        const auto& [buffer, overwrite] = buffers[g];
+        if (buffer.defined()) overwrite ? buffer.copy_(dw[g]) : buffer.add_(dw[g]);
+      }
     }
   }
   for (int64_t i = 0; i < nw; ++i) {
@@ -420,7 +436,7 @@ GroupedLinear::Grad GroupedLinear::grad_operands(const OperationContext& ctx,
   auto [dgrad, wgrad] = cast_groups(dy, sizes, need_dx, need_dw, [&](int64_t g, auto& part) {
     return ctx.fp8.backward_operand(part, g, need_dx, need_dw);
   });
-  return {dy, dgrad, wgrad};
+  return {dy, dgrad, wgrad, {}, sizes};
 }
 
 at::Tensor GroupedLinear::input_grad(const OperationContext& ctx, const Grad& grad) const {
@@ -445,7 +461,7 @@ std::pair<std::vector<at::Tensor>, at::Tensor> GroupedLinear::param_grads(
   std::vector<at::Tensor> grads(ctx.param_requires_grad.size());
   bool need_dw = false;
   for (int64_t i = 0; i < nw; ++i) need_dw |= ctx.param_requires_grad.at(i);
-  if (need_dw && main_grad_ && !param_grad_reduction()) {  // each GEMM adds into main_grad
+  if (need_dw && main_grad_ && !param_grad_reduction()) {  // into main_grad
     at::Tensor x;  // FP8 GEMMs read the x^T the forward cast
     if (!ctx.fp8.gemm_fp8) {
       x = input.defined() && !ctx.fp8.on() ? input : saved.at(1).reshape({-1, in_features_});

@@ -128,14 +128,20 @@ class GroupedLinear : public BasicOperation {
   std::vector<at::Tensor> fp8_weight_grads(const OperationContext& ctx, const Grad& grad) const;
   /// Group g's weight gradient added into buffers[g].first (written over it where .second), for
   /// each g with a defined buffer: by its FP8 GEMM (grouped_linear_fp8.cpp) or, else, one GEMM of
-  /// its rows of dy and x.
+  /// its rows of dy and x (split by sizes).
   using MainGradBuffers = std::vector<std::pair<at::Tensor, bool>>;
   void fp8_weight_grads_into(const OperationContext& ctx, const Grad& grad,
                              const MainGradBuffers& buffers) const;
-  void weight_grads_into(const OperationContext& ctx, const Grad& grad, const at::Tensor& x,
+  void weight_grads_into(const Grad& grad, const at::Tensor& x, const std::vector<int64_t>& sizes,
                          const MainGradBuffers& buffers) const;
-  /// The weight gradients into main_grad (param_grads' route with a hook and no reduction):
-  /// grads[i] receives what autograd gets for weight parameter i.
+  /// The split sizes where the host has them without waiting for the device (read by the
+  /// backward's casts, or a CPU tensor); nullopt otherwise.
+  std::optional<std::vector<int64_t>> host_sizes_at_hand(const OperationContext& ctx,
+                                                         const Grad& grad) const;
+  /// The weight gradients into main_grad (param_grads' route with a hook and no reduction), one
+  /// GEMM per group where the split sizes are on the host; with them on the device (bf16 on
+  /// CUDA) the grouped GEMM's, added after. grads[i] receives what autograd gets for weight
+  /// parameter i.
   void weight_grads_into_main_grad(const OperationContext& ctx, const Grad& grad,
                                    const at::Tensor& x, std::vector<at::Tensor>& grads) const;
   /// Saved slot of group g's x^T (and, + num_groups, of its W^T) under FP8 GEMMs; after them, the
