@@ -229,11 +229,12 @@ def _grouped_steps(op, sizes, steps, device, fp8=False, seed=10):
     return inputs
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("single", [False, True])
-def test_grouped_main_grad_is_the_fp32_sum_per_group(device, single):
-    """Per-group or single grouped weights, a group without rows, two steps into random fp32
-    main_grads: each group's sum of bf16 products, exact to fp32 (the bf16-rounded sum is not)."""
+def test_grouped_main_grad_is_the_fp32_sum_per_group(single):
+    """Split sizes on the host (CPU): per-group or single grouped weights, a group without rows,
+    two steps into random fp32 main_grads: each group's sum of bf16 products, exact to fp32 (the
+    bf16-rounded sum is not). (bf16 on CUDA adds the grouped GEMM's gradients: tested below.)"""
+    device = "cpu"
     torch.manual_seed(11)
     sizes = [48, 0, 80]
     op = ops.GroupedLinear(
