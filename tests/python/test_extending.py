@@ -241,6 +241,23 @@ class TestFusedOpsAndFusions:
         ):
             torch.testing.assert_close(a, b)
 
+    def test_forward_fusion_keeps_the_linears_main_grad(self):
+        """The unfused backward after a Python forward fusion routes the weight gradient into
+        main_grad, as the unfused forward would have."""
+        ops.register_forward_fusion(_pairwise(LinearSiLU, ops.BasicLinear, ops.SiLU))
+        lin = ops.BasicLinear(4, 6, device="cpu", dtype=D, accumulate_into_main_grad=True)
+        start = torch.randn(6, 4, dtype=D)
+        lin.weight.main_grad = start.clone()
+        x = _x(3, 4)
+        seq = ops.Sequential(lin, ops.SiLU())
+        dy = torch.randn(3, 6, dtype=D)
+        seq(x).backward(dy)
+        assert seq.fusion_plan()[0]["forward"] == ["LinearSiLU"]
+        w = lin.weight.detach().clone().requires_grad_()
+        F.silu(x.detach() @ w.T).backward(dy)
+        torch.testing.assert_close(lin.weight.main_grad, start + w.grad)
+        assert lin.weight.grad is None
+
     def test_backward_only_reads_what_basic_linear_saved(self):
         ops.register_backward_fusion(
             _pairwise(ScaleThenLinearBackward, ops.ConstantScale, ops.BasicLinear)

@@ -227,6 +227,11 @@ std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::tensor_parallel_back
 
 std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::op_backward(OperationContext& ctx,
                                                                         const at::Tensor& dy) {
+  // A fused forward (a Python fusion, say) left no main_grad routing in the context: this op's.
+  if (!ctx.main_grad && main_grad_) {
+    ctx.main_grad =
+        std::make_shared<const MainGradCall>(MainGradCall{main_grad_, param_grad_reduction()});
+  }
   if (is_tensor_parallel()) return tensor_parallel_backward(ctx, dy);
   // dw in the compute dtype: the fuser casts it to the weight's.
   auto [dx, dw] =

@@ -22,8 +22,8 @@ class GroupedLinear(BasicOperation):
             probabilities) and each row adds bias_g * its scale; the scales get a gradient.
         accumulate_into_main_grad (bool): each weight's gradient goes into its `main_grad`, as
             BasicLinear's: each group's wgrad GEMM adds into it in its precision (fp32) where
-            the split sizes are on the host anyway (CPU, FP8); bf16 on CUDA adds the grouped
-            GEMM's bf16 gradients (no host wait, graph-capturable).
+            the split sizes are on the host anyway (CPU, FP8); 16-bit on CUDA adds the grouped
+            GEMM's 16-bit gradients (no host wait, graph-capturable).
         single_grouped_weight (bool): one parameter `weight` [num_groups, out, in] instead of
             weight0.. (te.ops' GroupedTensor parameter, here a plain tensor).
         single_grouped_bias (bool): likewise one `bias` [num_groups, out].
