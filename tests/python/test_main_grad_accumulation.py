@@ -241,6 +241,9 @@ def test_grouped_main_grad_is_the_fp32_sum_per_group(single):
         3, 32, 16, device=device, dtype=BF, accumulate_into_main_grad=True,
         single_grouped_weight=single,
     )  # fmt: skip
+    for name, p in op.named_parameters():
+        if name.startswith("bias"):
+            torch.nn.init.normal_(p)
     starts = torch.randn(3, 16, 32, device=device)
     if single:
         op.weight.main_grad = starts.clone()
@@ -271,6 +274,8 @@ def test_grouped_fp8_main_grad_is_the_wgrad_gemm_in_fp32(device):
     torch.manual_seed(12)
     sizes = [32, 0, 64]
     plain = ops.GroupedLinear(3, 32, 16, device=device, dtype=BF)
+    for g in range(3):
+        torch.nn.init.normal_(getattr(plain, f"bias{g}"))
     _grouped_steps(plain, sizes, 1, device, fp8=True)
     into = ops.GroupedLinear(3, 32, 16, device=device, dtype=BF, accumulate_into_main_grad=True)
     into.load_state_dict(plain.state_dict())
@@ -302,6 +307,8 @@ def test_grouped_bf16_on_cuda_adds_the_grouped_gemm_gradients(device):
     torch.manual_seed(13)
     sizes = [48, 0, 80]
     plain = ops.GroupedLinear(3, 32, 16, device=device, dtype=BF)
+    for g in range(3):
+        torch.nn.init.normal_(getattr(plain, f"bias{g}"))
     _grouped_steps(plain, sizes, 1, device)
     into = ops.GroupedLinear(3, 32, 16, device=device, dtype=BF, accumulate_into_main_grad=True)
     into.load_state_dict(plain.state_dict())

@@ -13,6 +13,15 @@
 #include "ops/parameter_utils.h"
 
 namespace fusible::ops {
+namespace {
+
+// A call's main_grad routing: the op's hook and the reduction in effect now (null without a hook).
+std::shared_ptr<const MainGradCall> main_grad_call(
+    const std::shared_ptr<const MainGrad>& hook, const std::optional<ProcessGroupSpec>& reduction) {
+  return hook ? std::make_shared<const MainGradCall>(MainGradCall{hook, reduction}) : nullptr;
+}
+
+}  // namespace
 
 TensorParallel checked_tensor_parallel(const char* op, TensorParallel tp, int64_t in_features,
                                        int64_t out_features) {
@@ -96,10 +105,7 @@ std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContex
   // The dgrad reads w itself, or its FP8 transpose.
   auto wo = ctx.fp8.forward_operand(cast_to(weight, ctx.compute_dtype), 1, /*weight=*/true,
                                     /*rowwise=*/true, /*columnwise=*/need_w && ctx.fp8.gemm_fp8);
-  ctx.main_grad =
-      need_x && main_grad_
-          ? std::make_shared<const MainGradCall>(MainGradCall{main_grad_, param_grad_reduction()})
-          : nullptr;
+  ctx.main_grad = need_x ? main_grad_call(main_grad_, param_grad_reduction()) : nullptr;
   if (ctx.requires_grad) {
     const auto& w_dgrad = ctx.fp8.gemm_fp8 ? wo.columnwise : wo.rowwise;
     ctx.save_for_backward({need_x ? xo.columnwise : at::Tensor(), need_w ? w_dgrad : at::Tensor()});
@@ -228,10 +234,7 @@ std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::tensor_parallel_back
 std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::op_backward(OperationContext& ctx,
                                                                         const at::Tensor& dy) {
   // A fused forward (a Python fusion, say) left no main_grad routing in the context: this op's.
-  if (!ctx.main_grad && main_grad_) {
-    ctx.main_grad =
-        std::make_shared<const MainGradCall>(MainGradCall{main_grad_, param_grad_reduction()});
-  }
+  if (!ctx.main_grad) ctx.main_grad = main_grad_call(main_grad_, param_grad_reduction());
   if (is_tensor_parallel()) return tensor_parallel_backward(ctx, dy);
   // dw in the compute dtype: the fuser casts it to the weight's.
   auto [dx, dw] =
