@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "bindings.h"
+#include "kernels/fp8/fp8.h"
 #include "kernels/fp8/fp8_support.h"
 
 namespace py = pybind11;
@@ -141,6 +142,8 @@ void bind_quantization(py::module_& m) {
         py::arg("minor"));
   m.def("_fp8_amax_handoff", &ops::fp8_amax_handoff);
   m.def("_set_fp8_amax_handoff", &ops::set_fp8_amax_handoff, py::arg("on"));
+  m.def("_fp8_cast_one_launch", &kernels::fp8_cast_one_launch);
+  m.def("_set_fp8_cast_one_launch", &kernels::set_fp8_cast_one_launch, py::arg("on"));
   m.def("_num_quantizers", [](ops::BasicOperation& op) { return op.num_quantizers(); });
   m.def("_fp8_recipe", [](ops::BasicOperation& op) {
     return std::const_pointer_cast<Fp8Recipe>(op.fp8_recipe());

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -162,20 +161,32 @@ __device__ __forceinline__ void block_amax_into(float m, float* amax) {
   }
 }
 
-/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
-/// Safe to call repeatedly: it synchronizes before reusing its shared scratch.
-template <typename A>
-__device__ __forceinline__ A block_sum(A v) {
+/// op(v of every thread) over the block (blockDim.x a multiple of 32, at most 1024; `identity`:
+/// op's neutral value); every thread gets the result. Safe to call repeatedly: it synchronizes
+/// before reusing its shared scratch.
+template <typename A, typename Op>
+__device__ __forceinline__ A block_reduce(A v, Op op, A identity) {
   __shared__ A scratch[32];
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // an earlier call may still be reading scratch
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   const int warps = blockDim.x / 32;
-  A total = lane < warps ? scratch[lane] : A(0);
-  for (int o = 16; o > 0; o /= 2) total += __shfl_xor_sync(0xffffffffu, total, o);
+  A total = lane < warps ? scratch[lane] : identity;
+  for (int o = 16; o > 0; o /= 2) total = op(total, __shfl_xor_sync(0xffffffffu, total, o));
   return total;
+}
+
+/// Sum over the block (block_reduce's shape rules); every thread gets the total.
+template <typename A>
+__device__ __forceinline__ A block_sum(A v) {
+  return block_reduce(v, [](A a, A b) { return a + b; }, A(0));
+}
+
+/// Max over the block of non-negative floats (block_reduce's shape rules); every thread gets it.
+__device__ __forceinline__ float block_max(float v) {
+  return block_reduce(v, [](float a, float b) { return fmaxf(a, b); }, 0.f);
 }
 
 inline void check_launch(const char* what) {
@@ -258,9 +269,8 @@ template <typename Kernel>
 int resident_blocks_here(Kernel kernel, int threads) {
   int device = 0;
   cudaGetDevice(&device);
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int> known;
-  const std::lock_guard<std::mutex> lock(mutex);
+  // Per thread: no lock on a launch's host path (a thread asks at most once per kernel).
+  thread_local std::map<std::pair<const void*, int>, int> known;
   const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
   auto it = known.find(key);
   if (it == known.end()) it = known.emplace(key, resident_blocks(kernel, threads)).first;

@@ -19,6 +19,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -27,6 +28,13 @@
 #include "kernels/op_schema.h"
 
 namespace fusible::kernels {
+
+namespace {
+std::atomic<bool> one_launch{true};
+}  // namespace
+
+bool fp8_cast_one_launch() { return one_launch.load(std::memory_order_relaxed); }
+void set_fp8_cast_one_launch(bool on) { one_launch.store(on, std::memory_order_relaxed); }
 
 int64_t leading_rows(const at::Tensor& t) {
   int64_t rows = 1;

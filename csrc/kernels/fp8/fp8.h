@@ -55,6 +55,12 @@ void check_fp8_amax_arg(const char* op, const at::Tensor& x, const at::Tensor& a
 void check_fp8_cast_grouped_args(const at::Tensor& x, at::IntArrayRef sizes,
                                  c10::string_view format, double margin);
 
+/// Whether the CUDA fp8_cast and fp8_cast_delayed of a small tensor run as one cooperative launch
+/// (on by default; off: the plain launches, as for a large tensor). The same bytes either way; the
+/// switch is for tests and benchmarks.
+bool fp8_cast_one_launch();
+void set_fp8_cast_one_launch(bool on);
+
 /// fp8_cast's outputs: data in x's shape, data_t [K, M] for x as [M, K] rows (empty [0] unless
 /// asked for), scale_inv [1] fp32.
 using Fp8Cast = std::tuple<at::Tensor, at::Tensor, at::Tensor>;

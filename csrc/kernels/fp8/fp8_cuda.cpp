@@ -1,6 +1,7 @@
 // fp8_quantize_dequantize(_delayed), fp8_cast(_with_amax, _delayed) and fp8_cast_grouped on CUDA:
-// wrappers around fp8_kernels.cu (two kernels for a cast, plus one for the delayed-scaling
-// update; two for all groups of a grouped cast).
+// wrappers around fp8_kernels.cu (a small tensor's cast: one allocation and one launch; a large
+// one: two kernels, plus one for the delayed-scaling update; two for all groups of a grouped
+// cast).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/common/carved_tensor.h"
 #include "kernels/common/cuda_device.h"
 #include "kernels/common/cuda_dtype.h"
 #include "kernels/fp8/fp8.h"
@@ -63,6 +65,12 @@ bool cast_kernel_runs(const at::Tensor& x, bool transpose) {
          reinterpret_cast<std::uintptr_t>(x.const_data_ptr()) % 16 == 0;
 }
 
+// At most this many elements, a cast's outputs and scratch take one allocation and, unless its
+// amax is given, one launch: a small tensor's cast costs its host calls, not its bytes. Beyond it,
+// the outputs stay separate allocations, so that a saved transpose does not keep the row-wise
+// data alive (at most 4 MiB of FP8 data is kept so here).
+constexpr int64_t kOneAllocationMaxElements = int64_t{1} << 22;
+
 // x: contiguous, and passing cast_kernel_runs.
 // amax_given: amax(x) as the kernel that wrote x computed it (current scaling, no amax pass).
 // act: an activation applied on load (16-bit x; fp8.h's cast_activation).
@@ -70,22 +78,48 @@ Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool t
              const at::Tensor* history, const at::Tensor* scale, bool use_max,
              const at::Tensor* amax_given = nullptr, std::optional<ActKind> act = std::nullopt) {
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t cols = x.size(-1), rows = leading_rows(x);
+  const int64_t cols = x.size(-1), rows = leading_rows(x), n = x.numel();
   const auto fp8 = fp8_dtype("fp8_cast", format);
-  auto data = at::empty(x.sizes(), x.options().dtype(fp8));
   const std::vector<int64_t> t_shape =
       transpose ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{0};
-  auto data_t = at::empty(t_shape, data.options());
-  auto scale_inv = at::empty({1}, x.options().dtype(at::kFloat));
+  at::Tensor data, data_t, scale_inv, amax;
+  float* amax_ptr = nullptr;
+  float* partial = nullptr;  // the one-launch kernel's scratch
+  if (n > 0 && n <= kOneAllocationMaxElements) {
+    // One buffer: [data | data_t | scale_inv, 16-byte aligned as cuBLASLt takes scale pointers |
+    // amax | one partial amax per tile].
+    const int64_t scale_at = (n + (transpose ? n : 0) + 15) / 16 * 16;
+    const int64_t tiles = fp8_cast_tiles(rows, cols);
+    auto buffer = at::empty({scale_at + 16 + 4 * (1 + tiles)}, x.options().dtype(at::kByte));
+    data = carve(buffer, 0, x.sizes(), fp8);
+    data_t = carve(buffer, n, t_shape, fp8);
+    scale_inv = carve(buffer, scale_at, {1}, at::kFloat);
+    auto* scratch = reinterpret_cast<float*>(buffer.mutable_data_ptr<uint8_t>() + scale_at + 16);
+    amax_ptr = scratch;
+    if (fp8_cast_one_launch()) partial = scratch + 1;
+  } else {
+    data = at::empty(x.sizes(), x.options().dtype(fp8));
+    data_t = at::empty(t_shape, data.options());
+    scale_inv = at::empty({1}, x.options().dtype(at::kFloat));
+    if (amax_given == nullptr) {
+      amax = at::empty({1}, x.options().dtype(at::kFloat));
+      amax_ptr = amax.mutable_data_ptr<float>();
+    }
+  }
   // Read only where given (the kernels write *amax only while they compute it).
-  auto amax = amax_given ? amax_given->contiguous() : at::empty({1}, x.options().dtype(at::kFloat));
-  launch_fp8_cast(
-      x.const_data_ptr(), data.mutable_data_ptr(), transpose ? data_t.mutable_data_ptr() : nullptr,
-      rows, cols, format == "e4m3", margin, static_cast<float*>(amax.data_ptr()),
-      amax_given != nullptr, scale ? scale->mutable_data_ptr<float>() : nullptr,
-      scale_inv.mutable_data_ptr<float>(), history ? history->mutable_data_ptr<float>() : nullptr,
-      history ? history->size(0) : 0, use_max, kernel_dtype("fp8_cast", x), current_sm_count(),
-      c10::cuda::getCurrentCUDAStream(), act ? &*act : nullptr);
+  if (amax_given != nullptr) {
+    amax = amax_given->contiguous();
+    amax_ptr = static_cast<float*>(amax.data_ptr());
+  }
+  launch_fp8_cast(x.const_data_ptr(), data.mutable_data_ptr(),
+                  transpose ? data_t.mutable_data_ptr() : nullptr, rows, cols, format == "e4m3",
+                  margin, amax_ptr, amax_given != nullptr,
+                  scale ? scale->mutable_data_ptr<float>() : nullptr,
+                  scale_inv.mutable_data_ptr<float>(),
+                  history ? history->mutable_data_ptr<float>() : nullptr,
+                  history ? history->size(0) : 0, use_max, kernel_dtype("fp8_cast", x),
+                  current_sm_count(), c10::cuda::getCurrentCUDAStream(), act ? &*act : nullptr,
+                  partial);
   return {data, data_t, scale_inv};
 }
 

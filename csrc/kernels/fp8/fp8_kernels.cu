@@ -4,12 +4,14 @@
 // transpose (the operands themselves). Delayed scaling casts with its held scale, takes the amax
 // in the same pass, then rolls its amax history and sets the next scale in one small kernel. No
 // host synchronization anywhere.
+#include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cfloat>
 #include <stdexcept>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/activation/activation_math.cuh"
 #include "kernels/common/cuda_common.cuh"
@@ -134,7 +136,8 @@ __global__ void qdq_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n
 // cast_transpose_kernel's tile: 128 rows x 64 columns, 256 threads. 128 rows make each row of the
 // transpose one 128-byte line; the shared tile's 65-byte pitch keeps the column reads free of bank
 // conflicts.
-constexpr int kTileRows = 128, kTileCols = 64, kTilePitch = kTileCols + 1;
+constexpr int kTileRows = kFp8CastTileRows, kTileCols = kFp8CastTileCols;
+constexpr int kTilePitch = kTileCols + 1;
 
 // One 128 x 64 tile (number `tile` of x [rows, cols], col_tiles per tile row) of x cast with
 // scale s to FP8 data [rows, cols] and, where data_t is given, its transpose [cols, rows], through
@@ -276,16 +279,15 @@ __global__ void grouped_cast_transpose_kernel(const T* __restrict__ x, uint8_t* 
                             blockIdx.x - table.block_start[g], col_tiles, s, e4m3);
 }
 
-// history rolls by one (newest first) taking *amax_now; scale = fmax / (max or newest) * 2^-m,
-// kept where that amax is 0 or not finite. An amax of 0 (an empty or all-zero tensor) leaves
-// history and scale as they are, as te's update does. One block: the shift runs from the oldest end
-// one block-wide chunk at a time (a chunk reads all it moves before it writes, and a younger chunk
-// never reads what an older one wrote), so a 1024-entry history takes four steps, not 1024.
+// history rolls by one (newest first) taking `now`; scale = fmax / (max or newest) * 2^-m, kept
+// where that amax is 0 or not finite. An amax of 0 (an empty or all-zero tensor) leaves history
+// and scale as they are, as te's update does. Every thread of one block of kUpdateThreads calls:
+// the shift runs from the oldest end one block-wide chunk at a time (a chunk reads all it moves
+// before it writes, and a younger chunk never reads what an older one wrote), so a 1024-entry
+// history takes four steps, not 1024.
 constexpr int kUpdateThreads = 256;
-__global__ void __launch_bounds__(kUpdateThreads)
-    delayed_update_kernel(float* history, int64_t len, const float* amax_now, float* scale,
-                          float fmax, float margin_factor, bool use_max) {
-  const float now = *amax_now;
+__device__ __forceinline__ void delayed_update(float* history, int64_t len, float now, float* scale,
+                                               float fmax, float margin_factor, bool use_max) {
   if (now == 0.f) return;  // the same value in every thread: the block returns as one
   float m = now;
   for (int64_t end = len; end > 1; end -= kUpdateThreads) {
@@ -299,14 +301,110 @@ __global__ void __launch_bounds__(kUpdateThreads)
     if (i >= 1) history[i] = v;
   }
   if (threadIdx.x == 0) history[0] = now;
-  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  __shared__ float warp_max[kUpdateThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kUpdateThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-    *scale = scale_from(use_max ? m : now, fmax, margin_factor, *scale);
+  m = cuda::block_max(m);
+  if (threadIdx.x == 0) *scale = scale_from(use_max ? m : now, fmax, margin_factor, *scale);
+}
+
+__global__ void __launch_bounds__(kUpdateThreads)
+    delayed_update_kernel(float* history, int64_t len, const float* amax_now, float* scale,
+                          float fmax, float margin_factor, bool use_max) {
+  delayed_update(history, len, *amax_now, scale, fmax, margin_factor, use_max);
+}
+
+// ---- One-launch cast (a small tensor, where launches and memsets, not bytes, cost the time):
+// the blocks meet at a grid-wide barrier (a cooperative launch keeps them all resident), so the
+// amax, the scale and the cast (or, delayed, the cast, the amax and the update) take one launch
+// and no zeroed scratch: each block writes its partial amax to partial[blockIdx.x], and after the
+// barrier every block reduces them.
+
+// The max of partial[0, n) over the block; every thread gets it.
+__device__ __forceinline__ float max_of_partials(const float* partial, int n) {
+  float m = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, partial[i]);
+  return cuda::block_max(m);
+}
+
+// cast_transpose_kernel's work over `tiles` tiles, grid-strided (gridDim.x <= tiles). Current
+// scaling (scale null): amax(x) first, then the cast with its scale. Delayed: the cast with
+// *scale, then block 0 updates history and scale with the cast's amax (every block read *scale
+// before the barrier). Block 0 writes *scale_inv.
+template <typename T, int V, bool kAct = false>
+__global__ void __launch_bounds__(kThreads)
+    cast_transpose_one_launch_kernel(const T* __restrict__ x, uint8_t* __restrict__ data,
+                                     uint8_t* __restrict__ data_t, int64_t rows, int64_t cols,
+                                     int64_t col_tiles, int64_t tiles, float* __restrict__ partial,
+                                     float* scale, float* __restrict__ scale_inv, float* history,
+                                     int64_t history_len, bool use_max, float fmax,
+                                     float margin_factor, bool e4m3, ActKind act) {
+  const auto grid = cooperative_groups::this_grid();
+  float s;
+  if (scale == nullptr) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    const float m = amax_of_vectors<T, V, kAct>(
+        x, blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x, rows * cols / V, stride,
+        act);
+    const float block_m = cuda::block_max(m);
+    if (threadIdx.x == 0) partial[blockIdx.x] = block_m;
+    grid.sync();
+    s = scale_from(max_of_partials(partial, gridDim.x), fmax, margin_factor, 1.f);
+  } else {
+    s = *scale;
   }
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.f / s;
+  float m = 0.f;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    __syncthreads();  // the previous tile's transpose may still read the shared tile
+    m = fmaxf(m, cast_transpose_tile<T, V, kAct>(x, data, data_t, rows, cols, tile, col_tiles, s,
+                                                 e4m3, act));
+  }
+  if (scale == nullptr) return;
+  const float block_m = cuda::block_max(m);
+  if (threadIdx.x == 0) partial[blockIdx.x] = block_m;
+  grid.sync();
+  if (blockIdx.x != 0) return;
+  const float now = max_of_partials(partial, gridDim.x);
+  delayed_update(history, history_len, now, scale, fmax, margin_factor, use_max);
+}
+
+// Blocks of the one-launch kernel that fit on the device at once (its grid's upper bound), asked
+// once per kernel, device and thread.
+template <typename Kernel>
+int64_t one_launch_capacity(Kernel kernel, int num_sms) {
+  return static_cast<int64_t>(cuda::resident_blocks_here(kernel, kThreads)) * num_sms;
+}
+
+}  // namespace
+
+namespace {
+
+// Whether work on stream is being captured into a CUDA graph (the one-launch cast is then left
+// out: a graph replays without host cost anyway, and capture keeps the plain launches).
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Launches kernel cooperatively (all its blocks resident at once) with args; false where the
+// device declines (the error cleared: the caller takes the plain launches).
+template <typename... Params, typename... Args>
+bool launch_cooperative(void (*kernel)(Params...), int64_t blocks, cudaStream_t stream,
+                        Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute cooperative = {};
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  config.attrs = &cooperative;
+  config.numAttrs = 1;
+  if (cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
 }
 
 }  // namespace
@@ -314,53 +412,66 @@ __global__ void __launch_bounds__(kUpdateThreads)
 void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int64_t cols, bool e4m3,
                      double margin, float* amax, bool amax_given, float* scale, float* scale_inv,
                      float* history, int64_t history_len, bool use_max, KernelDType dtype,
-                     int num_sms, cudaStream_t stream, const ActKind* act) {
+                     int num_sms, cudaStream_t stream, const ActKind* act, float* partial) {
   const float fmax = fp8_max_of(e4m3);
   const float margin_factor = exp2f(-static_cast<float>(margin));
-  const bool amax_pass = scale == nullptr && !amax_given;  // current scaling: amax(x) first
-  if (!amax_given) cudaMemsetAsync(amax, 0, sizeof(float), stream);
   const int64_t n = rows * cols;
+  const int64_t col_tiles = cols > 0 ? (cols + kTileCols - 1) / kTileCols : 1;
+  const int64_t tiles = n > 0 ? fp8_cast_tiles(rows, cols) : 1;
+  const bool one_launch = partial != nullptr && !amax_given && n > 0 && !capturing(stream);
+  const ActKind act_kind = act ? *act : ActKind::kGelu;
+  auto* d = static_cast<uint8_t*>(data);
+  auto* dt = static_cast<uint8_t*>(data_t);
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const auto* tx = static_cast<const T*>(x);
-    if (n > 0 && amax_pass) launch_amax(tx, n, amax, num_sms, stream, act);
-    const int64_t col_tiles = cols > 0 ? (cols + kTileCols - 1) / kTileCols : 1;
-    const int64_t blocks = n > 0 ? (rows + kTileRows - 1) / kTileRows * col_tiles : 1;
     // 16-bit inputs in 8-element vectors (16 bytes) where the rows (and, transposing, the row
     // count) allow; else 4.
     const bool wide = sizeof(T) <= 2 && cols % 8 == 0 && (data_t == nullptr || rows % 8 == 0);
-    const auto launch = [&](auto kernel) {
-      kernel<<<blocks, kThreads, 0, stream>>>(
-          tx, static_cast<uint8_t*>(data), static_cast<uint8_t*>(data_t), rows, cols, col_tiles,
-          amax, scale, scale_inv, fmax, margin_factor, e4m3, act ? *act : ActKind::kGelu);
+    const auto run = [&](auto plain_kernel, auto one_launch_kernel) {
+      if (one_launch) {
+        const int64_t blocks =
+            std::min(tiles, one_launch_capacity(one_launch_kernel, num_sms));
+        if (launch_cooperative(one_launch_kernel, blocks, stream, tx, d, dt, rows, cols, col_tiles,
+                               tiles, partial, scale, scale_inv, history, history_len, use_max,
+                               fmax, margin_factor, e4m3, act_kind)) {
+          return;
+        }
+      }
+      if (!amax_given) cudaMemsetAsync(amax, 0, sizeof(float), stream);
+      if (n > 0 && scale == nullptr && !amax_given) {  // current scaling: amax(x) first
+        launch_amax(tx, n, amax, num_sms, stream, act);
+      }
+      plain_kernel<<<tiles, kThreads, 0, stream>>>(tx, d, dt, rows, cols, col_tiles, amax, scale,
+                                                   scale_inv, fmax, margin_factor, e4m3, act_kind);
+      cuda::check_launch("cast_transpose_kernel");
+      if (history != nullptr) {
+        delayed_update_kernel<<<1, kUpdateThreads, 0, stream>>>(history, history_len, amax, scale,
+                                                                fmax, margin_factor, use_max);
+        cuda::check_launch("delayed_update_kernel");
+      }
     };
-    const auto launch_vec = [&](auto with_act) {
+    const auto run_vec = [&](auto with_act) {
       constexpr bool kAct = decltype(with_act)::value;
       if (wide) {
-        launch(cast_transpose_kernel<T, 8, kAct>);
+        run(cast_transpose_kernel<T, 8, kAct>, cast_transpose_one_launch_kernel<T, 8, kAct>);
       } else {
-        launch(cast_transpose_kernel<T, 4, kAct>);
+        run(cast_transpose_kernel<T, 4, kAct>, cast_transpose_one_launch_kernel<T, 4, kAct>);
       }
     };
     if constexpr (kActLoads<T>) {
       if (act != nullptr) {
-        launch_vec(std::true_type{});
+        run_vec(std::true_type{});
       } else {
-        launch_vec(std::false_type{});
+        run_vec(std::false_type{});
       }
     } else {
       if (act != nullptr) {
         throw std::invalid_argument("launch_fp8_cast: an activation on load needs 16-bit data");
       }
-      launch_vec(std::false_type{});
+      run_vec(std::false_type{});
     }
-    cuda::check_launch("cast_transpose_kernel");
   });
-  if (history != nullptr) {
-    delayed_update_kernel<<<1, kUpdateThreads, 0, stream>>>(history, history_len, amax, scale, fmax,
-                                                            margin_factor, use_max);
-    cuda::check_launch("delayed_update_kernel");
-  }
 }
 
 void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin, float* amax,

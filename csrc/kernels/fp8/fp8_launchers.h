@@ -17,6 +17,13 @@ namespace fusible::kernels {
 void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin, float* amax,
                     float* scale, float* history, int64_t history_len, bool use_max,
                     KernelDType dtype, int num_sms, cudaStream_t stream);
+/// The tile of launch_fp8_cast's kernels: 128 rows x 64 columns per block.
+constexpr int kFp8CastTileRows = 128, kFp8CastTileCols = 64;
+/// Tiles (blocks) of launch_fp8_cast over x [rows, cols], rows and cols > 0.
+inline int64_t fp8_cast_tiles(int64_t rows, int64_t cols) {
+  return (rows + kFp8CastTileRows - 1) / kFp8CastTileRows *
+         ((cols + kFp8CastTileCols - 1) / kFp8CastTileCols);
+}
 /// x [rows, cols] cast to FP8 data [rows, cols] and, where data_t is not null, its transpose
 /// [cols, rows] (cols, and with data_t rows, multiples of 4; x 16-byte aligned); *scale_inv = 1 /
 /// the scale used. Current scaling (scale null): scale from amax(x) as launch_fp8_qdq; with
@@ -24,10 +31,15 @@ void launch_fp8_qdq(const void* x, void* y, int64_t n, bool e4m3, double margin,
 /// one pass. Delayed (scale given): cast with *scale, amax(x) into *amax, then the history and
 /// scale update as there. With `act` (16-bit data only), everything above reads act(x) rounded to
 /// x's dtype instead of x: the cast of an activation's output, from its input.
+/// `partial` (null, or fp8_cast_tiles(rows, cols) floats of scratch): the whole cast in one
+/// cooperative launch, no memset (its amax then stays in the scratch, not *amax), where the device
+/// allows and the stream is not being captured (a small tensor's cast costs its launches, not its
+/// bytes); else, or with amax_given, the plain launches above.
 void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int64_t cols, bool e4m3,
                      double margin, float* amax, bool amax_given, float* scale, float* scale_inv,
                      float* history, int64_t history_len, bool use_max, KernelDType dtype,
-                     int num_sms, cudaStream_t stream, const ActKind* act = nullptr);
+                     int num_sms, cudaStream_t stream, const ActKind* act = nullptr,
+                     float* partial = nullptr);
 /// Per-tensor current-scaling casts of groups of consecutive rows of x [T, cols], each with the
 /// scale of its own amax: group g is rows [row_start[g], row_start[g + 1]) (row_start: num_groups
 /// + 1 host values), cast to data [T, cols] and, where data_t is not null, its transpose [cols,
