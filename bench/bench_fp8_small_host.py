@@ -11,6 +11,7 @@ import argparse
 import statistics
 import time
 
+import fusible
 import torch
 from bench_mlp import SHAPES, make_models
 from bench_small_host import wall_us
@@ -59,9 +60,16 @@ def main():
 
     labels = ["fusible", "fusible_fp8", "fusible_fp8_delayed", "fusible_fp8_block", "eager"]
     times = {label: wall_us(step_of(models[label]), stat=min) for label in labels}
+    # The per-tensor casts as plain launches (the one-launch cast of small tensors off).
+    fusible._C._set_fp8_cast_one_launch(False)
+    try:
+        for label in ("fusible_fp8", "fusible_fp8_delayed"):
+            times[label + " (plain casts)"] = wall_us(step_of(models[label]), stat=min)
+    finally:
+        fusible._C._set_fp8_cast_one_launch(True)
     print("small MLP forward+backward, host wall time per step (us, min of 5 x 200 steps)")
-    for label in labels:
-        print(f"  {label:22s} {times[label]:8.1f}  ({times[label] / times['fusible']:.2f}x bf16)")
+    for label in times:
+        print(f"  {label:34s} {times[label]:8.1f}  ({times[label] / times['fusible']:.2f}x bf16)")
     print("host time per phase (us, median of 200; synchronized before and after each phase)")
     for label in ("fusible", "fusible_fp8"):
         fwd, bwd = phase_us(models[label], x, dy, params)
