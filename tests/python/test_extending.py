@@ -136,6 +136,18 @@ class LinearSiLU(ops.FusedOperation):
         return F.silu(h), [[], []]
 
 
+class LinearThenScale(ops.FusedOperation):
+    """Forward-only BasicLinear + ConstantScale; fills the linear's context as its forward would
+    (the scale keeps none)."""
+
+    def fuser_forward(self, basic_op_ctxs, input_, **unused):
+        linear, scale = self.basic_ops
+        w = linear.weight.detach()
+        basic_op_ctxs[0].save_for_backward(input_, w)
+        basic_op_ctxs[0].compute_dtype = w.dtype
+        return scale.scale * (input_ @ w.T), [[], []]
+
+
 class ScaleThenLinearBackward(ops.FusedOperation):
     """Backward-only [ConstantScale, BasicLinear]: reads what BasicLinear's forward saved."""
 
@@ -257,6 +269,33 @@ class TestFusedOpsAndFusions:
         F.silu(x.detach() @ w.T).backward(dy)
         torch.testing.assert_close(lin.weight.main_grad, start + w.grad)
         assert lin.weight.grad is None
+
+    def test_forward_fusion_then_builtin_backward_fusion_keeps_main_grad(self):
+        """A Python forward fusion over the linear, then a built-in backward fusion of it
+        (BackwardLinearScale): the weight gradient still goes into main_grad, accumulated over
+        steps, and autograd gets none."""
+        ops.register_forward_fusion(_pairwise(LinearThenScale, ops.BasicLinear, ops.ConstantScale))
+        lin = ops.BasicLinear(4, 6, device="cpu", dtype=D, accumulate_into_main_grad=True)
+        start = torch.randn(6, 4, dtype=D)
+        lin.weight.main_grad = start.clone()
+        seq = ops.Sequential(lin, ops.ConstantScale(-0.5))
+        want = start.clone()
+        for _ in range(2):
+            x = _x(3, 4)
+            dy = torch.randn(3, 6, dtype=D)
+            y = seq(x)
+            assert seq.fusion_plan()[0] == {
+                "forward": ["LinearThenScale"],
+                "backward": ["BackwardLinearScale"],
+            }
+            y.backward(dy)
+            w = lin.weight.detach().clone().requires_grad_()
+            xr = x.detach().clone().requires_grad_()
+            (-0.5 * (xr @ w.T)).backward(dy)
+            want += w.grad
+            torch.testing.assert_close(x.grad, xr.grad)
+            torch.testing.assert_close(lin.weight.main_grad, want)
+            assert lin.weight.grad is None
 
     def test_backward_only_reads_what_basic_linear_saved(self):
         ops.register_backward_fusion(

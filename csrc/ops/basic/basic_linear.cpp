@@ -152,6 +152,10 @@ void BasicLinear::set_main_grad_hook(std::optional<MainGrad> main_grad) {
   main_grad_ = main_grad ? std::make_shared<const MainGrad>(std::move(*main_grad)) : nullptr;
 }
 
+void BasicLinear::route_main_grad(OperationContext& ctx) const {
+  if (!ctx.main_grad) ctx.main_grad = main_grad_call(main_grad_, param_grad_reduction());
+}
+
 at::Tensor BasicLinear::wgrad_into_main_grad(const MainGradCall& call, const GemmOperand& dy,
                                              const GemmOperand& x, double alpha) {
   const auto [buffer, overwrite] = call.hook->target();
@@ -233,8 +237,6 @@ std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::tensor_parallel_back
 
 std::pair<at::Tensor, std::vector<at::Tensor>> BasicLinear::op_backward(OperationContext& ctx,
                                                                         const at::Tensor& dy) {
-  // A fused forward (a Python fusion, say) left no main_grad routing in the context: this op's.
-  if (!ctx.main_grad) ctx.main_grad = main_grad_call(main_grad_, param_grad_reduction());
   if (is_tensor_parallel()) return tensor_parallel_backward(ctx, dy);
   // dw in the compute dtype: the fuser casts it to the weight's.
   auto [dx, dw] =

@@ -92,11 +92,14 @@ class BasicLinear : public BasicOperation {
   /// then dx = dgrad(dy, w) where the input needs a gradient (fused ops pass an epilogue GEMM from
   /// ops/linear_gemms.h). dy is cast as the forward's FP8 recipe says. dgrad_first: the dgrad
   /// runs first instead (a tensor-parallel linear starts dx's reduction there and the wgrad
-  /// overlaps it). -> (dx, dw), each undefined where not needed.
+  /// overlaps it). The weight gradient goes into main_grad where the forward routed it, or, after
+  /// a forward that left no routing (a Python fusion's), where this op routes it now.
+  /// -> (dx, dw), each undefined where not needed.
   template <typename Dgrad>
-  static std::pair<at::Tensor, at::Tensor> backward_gemms(OperationContext& ctx,
-                                                          const at::Tensor& dy_in, double alpha,
-                                                          Dgrad&& dgrad, bool dgrad_first = false) {
+  std::pair<at::Tensor, at::Tensor> backward_gemms(OperationContext& ctx, const at::Tensor& dy_in,
+                                                   double alpha, Dgrad&& dgrad,
+                                                   bool dgrad_first = false) const {
+    route_main_grad(ctx);
     at::Tensor dx, dw;
     const auto x = saved_input(ctx);
     const auto w = saved_weight(ctx);
@@ -114,6 +117,8 @@ class BasicLinear : public BasicOperation {
   }
 
  private:
+  // ctx's main_grad routing where its forward left none: this op's hook and reduction now.
+  void route_main_grad(OperationContext& ctx) const;
   // alpha * dy^T x added into (or written over) the main-grad buffer by the GEMM -> what autograd
   // gets for the weight.
   static at::Tensor wgrad_into_main_grad(const MainGradCall& call, const GemmOperand& dy,

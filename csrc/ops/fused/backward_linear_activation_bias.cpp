@@ -12,6 +12,7 @@ BackwardLinearActivationBias::BackwardLinearActivationBias(
     std::shared_ptr<Bias> bias, std::shared_ptr<ElementwiseActivation> activation,
     std::shared_ptr<BasicLinear> linear)
     : FusedOperation("BackwardLinearActivationBias", {bias, activation, linear}),
+      linear_(std::move(linear)),
       kind_(activation->kind()) {
   set_fused_directions(/*forward=*/false, /*backward=*/true);
 }
@@ -22,7 +23,7 @@ BackwardResult BackwardLinearActivationBias::fuser_backward(
   auto& linear_ctx = *ctxs.at(2);  // w is saved: the bias's backward runs
   auto& bias_ctx = *ctxs.at(0);
   at::Tensor dbias, amax;
-  auto [dpre, dw] = BasicLinear::backward_gemms(
+  auto [dpre, dw] = linear_->backward_gemms(
       linear_ctx, cast_to(grad_output, linear_ctx.compute_dtype), 1.0,
       [&](const GemmOperand& dy, const GemmOperand& w) {
         at::Tensor dpre;

@@ -20,6 +20,7 @@ class BackwardLinearActivationBias : public FusedOperation {
                                 const TensorLists& grad_extra_outputs) override;
 
  private:
+  std::shared_ptr<BasicLinear> linear_;
   std::string kind_;
 };
 

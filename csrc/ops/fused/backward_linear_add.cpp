@@ -8,7 +8,7 @@ namespace fusible::ops {
 
 BackwardLinearAdd::BackwardLinearAdd(std::shared_ptr<MakeExtraOutput> make,
                                      std::shared_ptr<BasicLinear> linear)
-    : FusedOperation("BackwardLinearAdd", {std::move(make), std::move(linear)}) {
+    : FusedOperation("BackwardLinearAdd", {std::move(make), linear}), linear_(std::move(linear)) {
   set_fused_directions(/*forward=*/false, /*backward=*/true);
 }
 
@@ -17,7 +17,7 @@ BackwardResult BackwardLinearAdd::fuser_backward(const std::vector<OperationCont
                                                  const TensorLists& grad_extra_outputs) {
   auto& ctx = *ctxs.at(1);
   const auto& dextra = grad_extra_outputs.at(0).at(0);
-  auto [dx, dw] = BasicLinear::backward_gemms(
+  auto [dx, dw] = linear_->backward_gemms(
       ctx, cast_to(grad_output, ctx.compute_dtype), 1.0,
       [&](const GemmOperand& dy, const GemmOperand& w) {
         if (!dextra.defined()) return gemms::dgrad(dy, w);

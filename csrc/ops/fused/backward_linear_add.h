@@ -15,6 +15,9 @@ class BackwardLinearAdd : public FusedOperation {
   BackwardResult fuser_backward(const std::vector<OperationContext*>& ctxs,
                                 const at::Tensor& grad_output,
                                 const TensorLists& grad_extra_outputs) override;
+
+ private:
+  std::shared_ptr<BasicLinear> linear_;
 };
 
 /// MakeExtraOutput(in_place=True), then BasicLinear, both running backward.

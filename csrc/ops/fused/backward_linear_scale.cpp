@@ -8,7 +8,9 @@ namespace fusible::ops {
 
 BackwardLinearScale::BackwardLinearScale(std::shared_ptr<BasicLinear> linear,
                                          std::shared_ptr<ConstantScale> scale)
-    : FusedOperation("BackwardLinearScale", {linear, scale}), scale_(scale->scale()) {
+    : FusedOperation("BackwardLinearScale", {linear, scale}),
+      linear_(std::move(linear)),
+      scale_(scale->scale()) {
   set_fused_directions(/*forward=*/false, /*backward=*/true);
 }
 
@@ -22,7 +24,7 @@ BackwardResult BackwardLinearScale::fuser_backward(const std::vector<OperationCo
   const double alpha = fp8 ? 1.0 : scale_;
   auto dy = cast_to(grad_output, ctx.compute_dtype);
   if (fp8) dy = dy * scale_;
-  auto [dx, dw] = BasicLinear::backward_gemms(
+  auto [dx, dw] = linear_->backward_gemms(
       ctx, dy, alpha,
       [&](const GemmOperand& g, const GemmOperand& w) { return gemms::dgrad(g, w, alpha); });
   return {dx, {{dw}, {}}, {{}, {}}};

@@ -16,6 +16,7 @@ class BackwardLinearScale : public FusedOperation {
                                 const TensorLists& grad_extra_outputs) override;
 
  private:
+  std::shared_ptr<BasicLinear> linear_;
   double scale_;
 };
 
