@@ -250,7 +250,8 @@ std::vector<at::Tensor> run_backward(FuserCall& call, const std::vector<at::Tens
         auto& owner =
             p.op->is_fused() ? *fused_basics.at(k) : static_cast<ops::BasicOperation&>(*p.op);
         check_grad_shape(call, *p.op, g, 1 + pp[s], "a parameter");
-        auto taken = owner.take_param_grad(s, owner.reduce_param_grad(g));
+        auto taken = owner.take_param_grad(
+            s, ctxs.at(k)->param_grads_reduced ? g : owner.reduce_param_grad(g));
         if (taken.defined()) grads[1 + pp[s]] = ops::cast_to(taken, call.param_dtypes[pp[s]]);
       }
       const auto& sources = routing.inputs[i];

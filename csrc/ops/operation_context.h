@@ -94,6 +94,9 @@ struct OperationContext : std::enable_shared_from_this<OperationContext> {
   /// Set by the forward of a linear whose weight gradient goes into a main_grad: its backward's
   /// wgrad accumulates there (ops/basic/basic_linear.h).
   std::shared_ptr<const MainGradCall> main_grad;
+  /// Set by a backward that summed its parameter gradients over param_grad_reduction()'s group
+  /// itself (a linear's, into main_grad): what it returns (te's dummy) is not reduced again.
+  bool param_grads_reduced = false;
   /// Shape of the input as it arrived (Reshape's backward needs it).
   std::vector<int64_t> input_shape;
   /// Free-form op state that is not a tensor (scalars).

@@ -524,3 +524,31 @@ def test_main_grad_with_a_grad_reduction_adds_the_sum_over_ranks():
     """A linear whose weight gradient is summed over a group (set_param_grad_reduction) adds the
     sum into main_grad, once."""
     _spawn(2, _main_grad_summed_over_ranks)
+
+
+def _main_grad_dummy_not_reduced(rank, world_size):
+    torch.manual_seed(0)
+    lin = ops.BasicLinear(6, 4, device="cpu", dtype=torch.float64, accumulate_into_main_grad=True)
+    lin._cpp.set_param_grad_reduction(group_spec("BasicLinear", None))
+    start = torch.randn(4, 6, dtype=torch.float64)
+    lin.weight.main_grad = start.clone()
+    lin.weight.grad_added_to_main_grad = False  # Megatron's flag: autograd gets te's dummy
+    lin.weight.zero_out_wgrad = True
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(5, 6, generator=g, dtype=torch.float64) for _ in range(world_size)]
+    dys = [torch.randn(5, 4, generator=g, dtype=torch.float64) for _ in range(world_size)]
+    y = lin(xs[rank])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y.backward(dys[rank])
+    reductions = [e for e in prof.events() if e.name == "_c10d_functional::all_reduce"]
+    assert len(reductions) == 1  # the gradient's sum; not the dummy's
+    want = start + sum(dy.T @ x for x, dy in zip(xs, dys))
+    torch.testing.assert_close(lin.weight.main_grad, want)
+    assert lin.weight.grad_added_to_main_grad
+    assert torch.equal(lin.weight.grad, torch.zeros(4, 6, dtype=torch.float64))
+
+
+def test_main_grad_reduction_leaves_the_dummy_gradient_alone():
+    """With a reduction, te's dummy gradient (Megatron's grad_added_to_main_grad) is not summed
+    over the group: one collective per backward, the gradient's."""
+    _spawn(2, _main_grad_dummy_not_reduced)

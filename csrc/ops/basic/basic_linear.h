@@ -108,9 +108,12 @@ class BasicLinear : public BasicOperation {
     const auto dy = ctx.fp8.backward_operand(dy_in, 0, need_dx, need_dw,
                                              ctx.grad_output_amax.for_tensor(dy_in));
     if (dgrad_first && need_dx) dx = dgrad(dy, w);
-    if (need_dw)
-      dw = ctx.main_grad ? wgrad_into_main_grad(*ctx.main_grad, dy, x, alpha)
-                         : gemms::wgrad(dy, x, alpha);
+    if (need_dw && ctx.main_grad) {
+      dw = wgrad_into_main_grad(*ctx.main_grad, dy, x, alpha);
+      ctx.param_grads_reduced = ctx.main_grad->reduction.has_value();
+    } else if (need_dw) {
+      dw = gemms::wgrad(dy, x, alpha);
+    }
     ctx.release_saved_tensor(0);
     if (!dgrad_first && need_dx) dx = dgrad(dy, w);
     return {dx, dw};
