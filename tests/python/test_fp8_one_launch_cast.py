@@ -17,15 +17,19 @@ def _bits(t):
     return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
 
+@pytest.fixture(autouse=True)
+def restore_the_switch():
+    before = fusible._C._fp8_cast_one_launch()
+    yield
+    fusible._C._set_fp8_cast_one_launch(before)
+
+
 def _casts(fn):
     """fn() with the one-launch cast on, then off; the outputs of each (cloned)."""
     out = {}
     for on in (True, False):
         fusible._C._set_fp8_cast_one_launch(on)
-        try:
-            out[on] = [t.clone() for t in fn()]
-        finally:
-            fusible._C._set_fp8_cast_one_launch(True)
+        out[on] = [t.clone() for t in fn()]
     return out[True], out[False]
 
 
@@ -36,13 +40,9 @@ def _assert_same(got, want):
 
 
 def test_the_switch_reads_back():
-    assert fusible._C._fp8_cast_one_launch()
-    fusible._C._set_fp8_cast_one_launch(False)
-    try:
-        assert not fusible._C._fp8_cast_one_launch()
-    finally:
-        fusible._C._set_fp8_cast_one_launch(True)
-    assert fusible._C._fp8_cast_one_launch()
+    for on in (True, False, True):
+        fusible._C._set_fp8_cast_one_launch(on)
+        assert fusible._C._fp8_cast_one_launch() == on
 
 
 @cuda_only
@@ -92,12 +92,9 @@ def test_delayed_scaling_casts_and_updates_as_the_plain_launches(shape, algo):
         outs = {}
         for on, (history, scale) in states.items():
             fusible._C._set_fp8_cast_one_launch(on)
-            try:
-                outs[on] = torch.ops.fusible.fp8_cast_delayed(
-                    x, "e4m3", history, scale, 0.0, algo, True
-                )
-            finally:
-                fusible._C._set_fp8_cast_one_launch(True)
+            outs[on] = torch.ops.fusible.fp8_cast_delayed(
+                x, "e4m3", history, scale, 0.0, algo, True
+            )
         _assert_same(outs[True], outs[False])
         assert torch.equal(states[True][0], states[False][0])
         assert torch.equal(states[True][1], states[False][1])
@@ -123,6 +120,7 @@ def test_outputs_are_separate_tensors_of_one_allocation():
 @cuda_only
 @pytest.mark.parametrize("delayed", [False, True])
 def test_graph_capture_replays_the_eager_cast(delayed):
+    fusible._C._set_fp8_cast_one_launch(True)  # eager: one launch; captured: the plain launches
     torch.manual_seed(3)
     x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
     history = torch.zeros(4, device="cuda")

@@ -20,8 +20,8 @@ inline at::Tensor carve(const at::Tensor& buffer, int64_t offset, at::IntArrayRe
   const auto item = static_cast<int64_t>(c10::elementSize(dtype));
   TORCH_INTERNAL_ASSERT(offset % item == 0, "carve: offset ", offset, " is not a multiple of ",
                         item);
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      c10::Storage(buffer.storage()), buffer.key_set(), c10::scalarTypeToTypeMeta(dtype));
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(buffer.storage()), buffer.key_set(),
+                                                   c10::scalarTypeToTypeMeta(dtype));
   impl->set_storage_offset(offset / item);
   impl->set_sizes_contiguous(sizes);
   return at::Tensor(std::move(impl));

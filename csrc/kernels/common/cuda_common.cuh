@@ -181,12 +181,14 @@ __device__ __forceinline__ A block_reduce(A v, Op op, A identity) {
 /// Sum over the block (block_reduce's shape rules); every thread gets the total.
 template <typename A>
 __device__ __forceinline__ A block_sum(A v) {
-  return block_reduce(v, [](A a, A b) { return a + b; }, A(0));
+  return block_reduce(
+      v, [](A a, A b) { return a + b; }, A(0));
 }
 
 /// Max over the block of non-negative floats (block_reduce's shape rules); every thread gets it.
 __device__ __forceinline__ float block_max(float v) {
-  return block_reduce(v, [](float a, float b) { return fmaxf(a, b); }, 0.f);
+  return block_reduce(
+      v, [](float a, float b) { return fmaxf(a, b); }, 0.f);
 }
 
 inline void check_launch(const char* what) {

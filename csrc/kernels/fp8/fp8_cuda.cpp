@@ -1,7 +1,7 @@
 // fp8_quantize_dequantize(_delayed), fp8_cast(_with_amax, _delayed) and fp8_cast_grouped on CUDA:
-// wrappers around fp8_kernels.cu (a small tensor's cast: one allocation and one launch; a large
-// one: two kernels, plus one for the delayed-scaling update; two for all groups of a grouped
-// cast).
+// wrappers around fp8_kernels.cu (a cast: two kernels, plus one for the delayed-scaling update, or
+// for a small tensor with fp8_cast_one_launch on, one allocation and one launch; two for all
+// groups of a grouped cast).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -65,10 +65,10 @@ bool cast_kernel_runs(const at::Tensor& x, bool transpose) {
          reinterpret_cast<std::uintptr_t>(x.const_data_ptr()) % 16 == 0;
 }
 
-// At most this many elements, a cast's outputs and scratch take one allocation and, unless its
-// amax is given, one launch: a small tensor's cast costs its host calls, not its bytes. Beyond it,
-// the outputs stay separate allocations, so that a saved transpose does not keep the row-wise
-// data alive (at most 4 MiB of FP8 data is kept so here).
+// At most this many elements (and with fp8_cast_one_launch on), a cast's outputs and scratch take
+// one allocation and, unless its amax is given, one launch: a small tensor's cast costs its host
+// calls, not its bytes. Beyond it, the outputs stay separate allocations, so that a saved transpose
+// does not keep the row-wise data alive (at most 4 MiB of FP8 data is kept so here).
 constexpr int64_t kOneAllocationMaxElements = int64_t{1} << 22;
 
 // x: contiguous, and passing cast_kernel_runs.
@@ -85,7 +85,7 @@ Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool t
   at::Tensor data, data_t, scale_inv, amax;
   float* amax_ptr = nullptr;
   float* partial = nullptr;  // the one-launch kernel's scratch
-  if (n > 0 && n <= kOneAllocationMaxElements) {
+  if (fp8_cast_one_launch() && n > 0 && n <= kOneAllocationMaxElements) {
     // One buffer: [data | data_t | scale_inv, 16-byte aligned as cuBLASLt takes scale pointers |
     // amax | one partial amax per tile].
     const int64_t scale_at = (n + (transpose ? n : 0) + 15) / 16 * 16;
@@ -96,7 +96,7 @@ Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool t
     scale_inv = carve(buffer, scale_at, {1}, at::kFloat);
     auto* scratch = reinterpret_cast<float*>(buffer.mutable_data_ptr<uint8_t>() + scale_at + 16);
     amax_ptr = scratch;
-    if (fp8_cast_one_launch()) partial = scratch + 1;
+    partial = scratch + 1;
   } else {
     data = at::empty(x.sizes(), x.options().dtype(fp8));
     data_t = at::empty(t_shape, data.options());
@@ -111,15 +111,13 @@ Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool t
     amax = amax_given->contiguous();
     amax_ptr = static_cast<float*>(amax.data_ptr());
   }
-  launch_fp8_cast(x.const_data_ptr(), data.mutable_data_ptr(),
-                  transpose ? data_t.mutable_data_ptr() : nullptr, rows, cols, format == "e4m3",
-                  margin, amax_ptr, amax_given != nullptr,
-                  scale ? scale->mutable_data_ptr<float>() : nullptr,
-                  scale_inv.mutable_data_ptr<float>(),
-                  history ? history->mutable_data_ptr<float>() : nullptr,
-                  history ? history->size(0) : 0, use_max, kernel_dtype("fp8_cast", x),
-                  current_sm_count(), c10::cuda::getCurrentCUDAStream(), act ? &*act : nullptr,
-                  partial);
+  launch_fp8_cast(
+      x.const_data_ptr(), data.mutable_data_ptr(), transpose ? data_t.mutable_data_ptr() : nullptr,
+      rows, cols, format == "e4m3", margin, amax_ptr, amax_given != nullptr,
+      scale ? scale->mutable_data_ptr<float>() : nullptr, scale_inv.mutable_data_ptr<float>(),
+      history ? history->mutable_data_ptr<float>() : nullptr, history ? history->size(0) : 0,
+      use_max, kernel_dtype("fp8_cast", x), current_sm_count(), c10::cuda::getCurrentCUDAStream(),
+      act ? &*act : nullptr, partial);
   return {data, data_t, scale_inv};
 }
 

@@ -340,9 +340,9 @@ __global__ void __launch_bounds__(kThreads)
   float s;
   if (scale == nullptr) {
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    const float m = amax_of_vectors<T, V, kAct>(
-        x, blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x, rows * cols / V, stride,
-        act);
+    const float m =
+        amax_of_vectors<T, V, kAct>(x, blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x,
+                                    rows * cols / V, stride, act);
     const float block_m = cuda::block_max(m);
     if (threadIdx.x == 0) partial[blockIdx.x] = block_m;
     grid.sync();
@@ -430,8 +430,7 @@ void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int6
     const bool wide = sizeof(T) <= 2 && cols % 8 == 0 && (data_t == nullptr || rows % 8 == 0);
     const auto run = [&](auto plain_kernel, auto one_launch_kernel) {
       if (one_launch) {
-        const int64_t blocks =
-            std::min(tiles, one_launch_capacity(one_launch_kernel, num_sms));
+        const int64_t blocks = std::min(tiles, one_launch_capacity(one_launch_kernel, num_sms));
         if (launch_cooperative(one_launch_kernel, blocks, stream, tx, d, dt, rows, cols, col_tiles,
                                tiles, partial, scale, scale_inv, history, history_len, use_max,
                                fmax, margin_factor, e4m3, act_kind)) {
