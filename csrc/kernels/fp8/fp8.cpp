@@ -21,7 +21,9 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "common/checks.h"
 #include "kernels/activation/activation.h"
@@ -30,8 +32,13 @@
 namespace fusible::kernels {
 
 namespace {
-// Off until the one-launch kernel has run on a GPU (its tests switch it on).
-std::atomic<bool> one_launch{false};
+// Off until the one-launch kernel has run on a GPU: its tests switch it on, and
+// FUSIBLE_FP8_CAST_ONE_LAUNCH=1 starts a process with it on (the whole test suite through it).
+bool one_launch_from_env() {
+  const char* v = std::getenv("FUSIBLE_FP8_CAST_ONE_LAUNCH");
+  return v != nullptr && std::string(v) == "1";
+}
+std::atomic<bool> one_launch{one_launch_from_env()};
 }  // namespace
 
 bool fp8_cast_one_launch() { return one_launch.load(std::memory_order_relaxed); }
