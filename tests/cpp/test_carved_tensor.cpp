@@ -1,5 +1,5 @@
-// kernels::carve: several tensors of one allocation (the small FP8 casts' outputs on CUDA), tested
-// on the CPU where the same code runs: offsets, shapes, dtypes, contiguity, one shared storage.
+// kernels::carve: tensors over parts of one allocation (a small FP8 cast's scale_inv beside its
+// scratch, on CUDA), tested on the CPU: offsets, shapes, dtypes, contiguity, the shared storage.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import cuda_only
 
-# (rows, cols): one tile; several; 4-wide vectors (cols % 8 != 0); more tiles than the device
-# keeps resident (each block then casts several); the one-allocation limit (2^22 elements)
-# exactly; just past it (the plain path's separate outputs).
-SHAPES = [(16, 64), (16, 1024), (136, 72), (262144, 16), (4096, 1024), (4100, 1024)]
+# (rows, cols): one tile; several; partial tiles; 4-wide vectors for 16-bit data too (cols % 8
+# != 0); more tiles than SMs (each block then casts several); the one-launch limit (2^22
+# elements) exactly; just past it (the plain launches either way).
+SHAPES = [(16, 64), (16, 1024), (136, 72), (132, 68), (262144, 16), (4096, 1024), (4100, 1024)]
 
 
 def _bits(t):
@@ -106,15 +106,82 @@ def test_delayed_scaling_casts_and_updates_as_the_plain_launches(shape, algo):
 
 
 @cuda_only
-def test_outputs_are_separate_tensors_of_one_allocation():
+def test_outputs_keep_storages_of_their_own():
+    fusible._C._set_fp8_cast_one_launch(True)
     x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
     data, data_t, scale_inv = torch.ops.fusible.fp8_cast(x, "e4m3", 0.0, True)
     assert data.is_contiguous() and data_t.is_contiguous() and scale_inv.is_contiguous()
     assert data.shape == (32, 64) and data_t.shape == (64, 32) and scale_inv.shape == (1,)
     assert scale_inv.data_ptr() % 16 == 0  # cuBLASLt's scale pointers
-    before = (data_t.clone(), scale_inv.clone())
-    data.fill_(0)  # writes only its own bytes
-    assert torch.equal(_bits(data_t), _bits(before[0])) and torch.equal(scale_inv, before[1])
+    # Outputs sharing a storage would alias in the op's schema (opcheck rejects that).
+    storages = {t.untyped_storage().data_ptr() for t in (data, data_t, scale_inv)}
+    assert len(storages) == 3
+    torch.library.opcheck(torch.ops.fusible.fp8_cast.default, (x, "e4m3", 0.0, True, "none"))
+
+
+@cuda_only
+@pytest.mark.parametrize("delayed", [False, True])
+def test_the_one_launch_kernel_is_what_runs(delayed):
+    """The equality tests above would pass if the cooperative launch always fell back: the
+    profiler shows which kernels ran."""
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    history, scale = torch.zeros(4, device="cuda"), torch.ones(1, device="cuda")
+
+    def cast():
+        if delayed:
+            return torch.ops.fusible.fp8_cast_delayed(x, "e4m3", history, scale, 0.0, "max", True)
+        return torch.ops.fusible.fp8_cast(x, "e4m3", 0.0, True)
+
+    names = {}
+    for on in (True, False):
+        fusible._C._set_fp8_cast_one_launch(on)
+        cast()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            cast()
+            torch.cuda.synchronize()
+        names[on] = [e.name for e in prof.events()]
+    one = [n for n in names[True] if "one_launch" in n]
+    assert len(one) == 1, names[True]
+    assert not any("amax_kernel" in n or "delayed_update" in n for n in names[True])
+    assert not any("one_launch" in n for n in names[False])
+    assert any("cast_transpose_kernel" in n for n in names[False])
+
+
+@cuda_only
+@pytest.mark.parametrize("fmt, margin", [("e5m2", 0.0), ("e4m3", 1.0)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("values", ["random", "zeros", "inf", "nan"])
+def test_formats_margins_and_special_values(fmt, margin, dtype, values):
+    torch.manual_seed(4)
+    x = (torch.randn(136, 200, device="cuda") * 7).to(dtype)
+    if values == "zeros":
+        x.zero_()
+    elif values != "random":
+        x[77, 13] = float(values)
+    for transpose in (True, False):
+        one, plain = _casts(lambda: torch.ops.fusible.fp8_cast(x, fmt, margin, transpose))
+        _assert_same(one, plain)
+
+
+@cuda_only
+@pytest.mark.parametrize("act", [None, "gelu"])
+def test_delayed_long_history_without_transpose(act):
+    # A history longer than the block (the shift runs in chunks), no transpose, with and without
+    # an activation on load.
+    torch.manual_seed(5)
+    start = torch.rand(300, device="cuda") * 10
+    states = {on: (start.clone(), torch.full((1,), 2.0, device="cuda")) for on in (True, False)}
+    for step in range(3):
+        x = torch.randn(48, 512, device="cuda", dtype=torch.bfloat16) * (step + 1)
+        outs = {}
+        for on, (history, scale) in states.items():
+            fusible._C._set_fp8_cast_one_launch(on)
+            args = (x, "e4m3", history, scale, 0.0, "max", False)
+            outs[on] = torch.ops.fusible.fp8_cast_delayed(*args, *([act] if act else []))
+        _assert_same(outs[True], outs[False])
+        assert torch.equal(states[True][0], states[False][0])
+        assert torch.equal(states[True][1], states[False][1])
 
 
 @cuda_only

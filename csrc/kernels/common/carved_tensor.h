@@ -1,5 +1,6 @@
-// Several outputs of one kernel call in one allocation: where a call's host time, not its bytes,
-// sets the pace (small tensors), each allocator call counts.
+// A tensor over part of a larger allocation, made without the dispatcher: an output and its
+// kernel's scratch in one allocator call, where a call's host time, not its bytes, sets the pace
+// (small tensors). Never two outputs of one op: outputs sharing a storage alias in its schema.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,8 +14,8 @@
 namespace fusible::kernels {
 
 /// A contiguous tensor of `sizes` and `dtype` over `buffer`'s storage from byte `offset` on (a
-/// multiple of dtype's size; the caller sized the buffer). Made without the dispatcher: it shares
-/// the storage, so the whole buffer lives while any tensor carved from it does.
+/// multiple of dtype's size; the caller sized the buffer). It shares the storage, so the whole
+/// buffer lives while any tensor carved from it does.
 inline at::Tensor carve(const at::Tensor& buffer, int64_t offset, at::IntArrayRef sizes,
                         at::ScalarType dtype) {
   const auto item = static_cast<int64_t>(c10::elementSize(dtype));

@@ -1,7 +1,7 @@
 // fp8_quantize_dequantize(_delayed), fp8_cast(_with_amax, _delayed) and fp8_cast_grouped on CUDA:
-// wrappers around fp8_kernels.cu (a cast: two kernels, plus one for the delayed-scaling update, or
-// for a small tensor with fp8_cast_one_launch on, one allocation and one launch; two for all
-// groups of a grouped cast).
+// wrappers around fp8_kernels.cu (a cast: a memset and two kernels, plus one for the
+// delayed-scaling update, or for a small tensor with fp8_cast_one_launch on, one launch; two
+// kernels for all groups of a grouped cast).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -65,11 +65,11 @@ bool cast_kernel_runs(const at::Tensor& x, bool transpose) {
          reinterpret_cast<std::uintptr_t>(x.const_data_ptr()) % 16 == 0;
 }
 
-// At most this many elements (and with fp8_cast_one_launch on), a cast's outputs and scratch take
-// one allocation and, unless its amax is given, one launch: a small tensor's cast costs its host
-// calls, not its bytes. Beyond it, the outputs stay separate allocations, so that a saved transpose
-// does not keep the row-wise data alive (at most 4 MiB of FP8 data is kept so here).
-constexpr int64_t kOneAllocationMaxElements = int64_t{1} << 22;
+// At most this many elements (and with fp8_cast_one_launch on), a cast computing its own amax
+// takes one launch, with scale_inv and the scratch in one allocation: a small tensor's cast costs
+// its host calls, not its bytes. (Each output keeps a storage of its own: outputs sharing one
+// would alias in the op's schema.)
+constexpr int64_t kOneLaunchMaxElements = int64_t{1} << 22;
 
 // x: contiguous, and passing cast_kernel_runs.
 // amax_given: amax(x) as the kernel that wrote x computed it (current scaling, no amax pass).
@@ -82,24 +82,21 @@ Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool t
   const auto fp8 = fp8_dtype("fp8_cast", format);
   const std::vector<int64_t> t_shape =
       transpose ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{0};
-  at::Tensor data, data_t, scale_inv, amax;
+  auto data = at::empty(x.sizes(), x.options().dtype(fp8));
+  auto data_t = at::empty(t_shape, data.options());
+  at::Tensor scale_inv, amax;
   float* amax_ptr = nullptr;
   float* partial = nullptr;  // the one-launch kernel's scratch
-  if (fp8_cast_one_launch() && n > 0 && n <= kOneAllocationMaxElements) {
-    // One buffer: [data | data_t | scale_inv, 16-byte aligned as cuBLASLt takes scale pointers |
-    // amax | one partial amax per tile].
-    const int64_t scale_at = (n + (transpose ? n : 0) + 15) / 16 * 16;
-    const int64_t tiles = fp8_cast_tiles(rows, cols);
-    auto buffer = at::empty({scale_at + 16 + 4 * (1 + tiles)}, x.options().dtype(at::kByte));
-    data = carve(buffer, 0, x.sizes(), fp8);
-    data_t = carve(buffer, n, t_shape, fp8);
-    scale_inv = carve(buffer, scale_at, {1}, at::kFloat);
-    auto* scratch = reinterpret_cast<float*>(buffer.mutable_data_ptr<uint8_t>() + scale_at + 16);
-    amax_ptr = scratch;
-    partial = scratch + 1;
+  const int sms = current_sm_count();
+  if (fp8_cast_one_launch() && amax_given == nullptr && n > 0 && n <= kOneLaunchMaxElements) {
+    // [scale_inv, 16-byte aligned as cuBLASLt takes scale pointers | amax | a partial amax per
+    // block]: scale_inv is carved out, the rest is scratch.
+    const int64_t blocks = fp8_cast_one_launch_blocks(rows, cols, sms);
+    auto buffer = at::empty({5 + blocks}, x.options().dtype(at::kFloat));
+    scale_inv = carve(buffer, 0, {1}, at::kFloat);
+    amax_ptr = buffer.mutable_data_ptr<float>() + 4;
+    partial = amax_ptr + 1;
   } else {
-    data = at::empty(x.sizes(), x.options().dtype(fp8));
-    data_t = at::empty(t_shape, data.options());
     scale_inv = at::empty({1}, x.options().dtype(at::kFloat));
     if (amax_given == nullptr) {
       amax = at::empty({1}, x.options().dtype(at::kFloat));
@@ -116,7 +113,7 @@ Fp8Cast cast(const at::Tensor& x, c10::string_view format, double margin, bool t
       rows, cols, format == "e4m3", margin, amax_ptr, amax_given != nullptr,
       scale ? scale->mutable_data_ptr<float>() : nullptr, scale_inv.mutable_data_ptr<float>(),
       history ? history->mutable_data_ptr<float>() : nullptr, history ? history->size(0) : 0,
-      use_max, kernel_dtype("fp8_cast", x), current_sm_count(), c10::cuda::getCurrentCUDAStream(),
+      use_max, kernel_dtype("fp8_cast", x), sms, c10::cuda::getCurrentCUDAStream(),
       act ? &*act : nullptr, partial);
   return {data, data_t, scale_inv};
 }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <set>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -328,6 +329,7 @@ __device__ __forceinline__ float max_of_partials(const float* partial, int n) {
 // scaling (scale null): amax(x) first, then the cast with its scale. Delayed: the cast with
 // *scale, then block 0 updates history and scale with the cast's amax (every block read *scale
 // before the barrier). Block 0 writes *scale_inv.
+static_assert(kThreads == kUpdateThreads, "block 0 of the one-launch cast runs delayed_update");
 template <typename T, int V, bool kAct = false>
 __global__ void __launch_bounds__(kThreads)
     cast_transpose_one_launch_kernel(const T* __restrict__ x, uint8_t* __restrict__ data,
@@ -389,10 +391,16 @@ bool capturing(cudaStream_t stream) {
 }
 
 // Launches kernel cooperatively (all its blocks resident at once) with args; false where the
-// device declines (the error cleared: the caller takes the plain launches).
+// device declines (the error cleared: the caller takes the plain launches), and from then on
+// for that kernel and device without asking again.
 template <typename... Params, typename... Args>
 bool launch_cooperative(void (*kernel)(Params...), int64_t blocks, cudaStream_t stream,
                         Args&&... args) {
+  int device = 0;
+  cudaGetDevice(&device);
+  thread_local std::set<std::pair<const void*, int>> declined;
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+  if (declined.count(key) != 0) return false;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(kThreads);
@@ -404,6 +412,7 @@ bool launch_cooperative(void (*kernel)(Params...), int64_t blocks, cudaStream_t 
   config.numAttrs = 1;
   if (cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...) == cudaSuccess) return true;
   cudaGetLastError();
+  declined.insert(key);
   return false;
 }
 
@@ -418,7 +427,8 @@ void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int6
   const int64_t n = rows * cols;
   const int64_t col_tiles = cols > 0 ? (cols + kTileCols - 1) / kTileCols : 1;
   const int64_t tiles = n > 0 ? fp8_cast_tiles(rows, cols) : 1;
-  const bool one_launch = partial != nullptr && !amax_given && n > 0 && !capturing(stream);
+  const bool one_launch = partial != nullptr && !amax_given && n > 0 &&
+                          (scale == nullptr || history != nullptr) && !capturing(stream);
   const ActKind act_kind = act ? *act : ActKind::kGelu;
   auto* d = static_cast<uint8_t*>(data);
   auto* dt = static_cast<uint8_t*>(data_t);
@@ -430,7 +440,8 @@ void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int6
     const bool wide = sizeof(T) <= 2 && cols % 8 == 0 && (data_t == nullptr || rows % 8 == 0);
     const auto run = [&](auto plain_kernel, auto one_launch_kernel) {
       if (one_launch) {
-        const int64_t blocks = std::min(tiles, one_launch_capacity(one_launch_kernel, num_sms));
+        const int64_t blocks = std::min(fp8_cast_one_launch_blocks(rows, cols, num_sms),
+                                        one_launch_capacity(one_launch_kernel, num_sms));
         if (launch_cooperative(one_launch_kernel, blocks, stream, tx, d, dt, rows, cols, col_tiles,
                                tiles, partial, scale, scale_inv, history, history_len, use_max,
                                fmax, margin_factor, e4m3, act_kind)) {

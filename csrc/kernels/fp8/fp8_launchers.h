@@ -24,6 +24,13 @@ inline int64_t fp8_cast_tiles(int64_t rows, int64_t cols) {
   return (rows + kFp8CastTileRows - 1) / kFp8CastTileRows *
          ((cols + kFp8CastTileCols - 1) / kFp8CastTileCols);
 }
+/// The one-launch cast's grid over x [rows, cols] (rows and cols > 0) on num_sms SMs: at most a
+/// block per SM, so that it fits beside what else runs (a cooperative launch needs all its blocks
+/// resident at once); its `partial` scratch holds one float per block.
+inline int64_t fp8_cast_one_launch_blocks(int64_t rows, int64_t cols, int num_sms) {
+  const int64_t tiles = fp8_cast_tiles(rows, cols);
+  return tiles < num_sms ? tiles : num_sms;
+}
 /// x [rows, cols] cast to FP8 data [rows, cols] and, where data_t is not null, its transpose
 /// [cols, rows] (cols, and with data_t rows, multiples of 4; x 16-byte aligned); *scale_inv = 1 /
 /// the scale used. Current scaling (scale null): scale from amax(x) as launch_fp8_qdq; with
@@ -31,10 +38,10 @@ inline int64_t fp8_cast_tiles(int64_t rows, int64_t cols) {
 /// one pass. Delayed (scale given): cast with *scale, amax(x) into *amax, then the history and
 /// scale update as there. With `act` (16-bit data only), everything above reads act(x) rounded to
 /// x's dtype instead of x: the cast of an activation's output, from its input.
-/// `partial` (null, or fp8_cast_tiles(rows, cols) floats of scratch): the whole cast in one
-/// cooperative launch, no memset (its amax then stays in the scratch, not *amax), where the device
-/// allows and the stream is not being captured (a small tensor's cast costs its launches, not its
-/// bytes); else, or with amax_given, the plain launches above.
+/// `partial` (null, or fp8_cast_one_launch_blocks(rows, cols, num_sms) floats of scratch): the
+/// whole cast in one cooperative launch, no memset (its amax then stays in the scratch, not
+/// *amax), where the device allows and the stream is not being captured (a small tensor's cast
+/// costs its launches, not its bytes); else, or with amax_given, the plain launches above.
 void launch_fp8_cast(const void* x, void* data, void* data_t, int64_t rows, int64_t cols, bool e4m3,
                      double margin, float* amax, bool amax_given, float* scale, float* scale_inv,
                      float* history, int64_t history_len, bool use_max, KernelDType dtype,
