@@ -240,6 +240,32 @@ std::pair<std::vector<std::string>, std::vector<std::string>> OperationFuser::fu
   return names;
 }
 
+namespace {
+
+// Whether the caller's extra tensor `index` shares no storage with the call's other tensors (its
+// input, other extra tensors): an op before the in-place one may have saved any of those for its
+// backward (y = x + f(x) called as seq(x, x): f's saved x would hold the sum). The add then runs
+// out of place, with the same values.
+bool read_only_elsewhere(int64_t index, const at::Tensor& input,
+                         const std::vector<at::Tensor>& extra_inputs,
+                         const std::vector<at::Tensor>& external) {
+  const auto& extra = extra_inputs[index];
+  if (!extra.defined() || !extra.has_storage()) return true;
+  const auto shares = [&](const at::Tensor& t) {
+    return t.defined() && t.has_storage() && extra.is_alias_of(t);
+  };
+  if (shares(input)) return false;
+  for (size_t i = 0; i < extra_inputs.size(); ++i) {
+    if (static_cast<int64_t>(i) != index && shares(extra_inputs[i])) return false;
+  }
+  for (const auto& t : external) {
+    if (shares(t)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
                                                         at::TensorList params,
                                                         const std::vector<at::Tensor>& extra_inputs,
@@ -281,7 +307,9 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
           break;
       }
       ctx.extra_input_requires_grad.push_back(ctx.requires_grad && needs);
-      ctx.extra_input_writable.push_back(src.kind == InputSource::Kind::kPublic);
+      ctx.extra_input_writable.push_back(src.kind == InputSource::Kind::kPublic &&
+                                         read_only_elsewhere(src.index, input, extra_inputs,
+                                                             external));
     }
   }
   return call;

@@ -377,11 +377,157 @@ class TestHooks:
         model(x)
         assert len(model.fusion_plan()) == fused_groups  # fused again once the hooks are gone
 
-    def test_backward_hook_warns(self):
+    def test_backward_hooks_on_an_op_inside_sequential_run(self):
+        """A full backward (pre-)hook on an op runs with the op's real gradients, as in
+        torch.nn.Sequential (the op runs as a group of its own while hooked)."""
         model = _mlp()
-        model[1].register_full_backward_hook(lambda m, gi, go: None)
-        with pytest.warns(UserWarning, match="hook the Sequential|on the Sequential"):
-            model(torch.randn(2, 8, dtype=D, device="cpu"))
+        x = torch.randn(3, 8, dtype=D, device="cpu", requires_grad=True)
+        seen = {}
+
+        def pre(m, grad_out):
+            seen["pre"] = grad_out[0].clone()
+
+        def post(m, grad_in, grad_out):
+            seen["in"], seen["out"] = grad_in[0].clone(), grad_out[0].clone()
+
+        handles = [
+            model[2].register_full_backward_pre_hook(pre),
+            model[2].register_full_backward_hook(post),
+        ]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # runs, so nothing to warn about
+            y = model(x)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        ln, fc1, _, fc2 = model
+        h = torch.nn.functional.layer_norm(x.detach(), (8,), ln.weight, ln.bias, ln.eps)
+        pre_act = (h @ fc1.weight.T + fc1.bias).detach().requires_grad_()
+        out = torch.nn.functional.gelu(pre_act, approximate="tanh")
+        (out @ fc2.weight.T + fc2.bias).backward(dy)
+        gelu_out_grad = dy @ fc2.weight
+        torch.testing.assert_close(seen["pre"], gelu_out_grad)
+        torch.testing.assert_close(seen["out"], gelu_out_grad)
+        torch.testing.assert_close(seen["in"], pre_act.grad)
+        for hd in handles:
+            hd.remove()
+        model(x)
+        assert len(model.fusion_plan()) < len(model)  # fused again once the hooks are gone
+
+    def test_global_backward_hooks_run_for_each_op_as_in_torch_sequential(self):
+        from torch.nn.modules.module import (
+            register_module_full_backward_hook,
+            register_module_full_backward_pre_hook,
+        )
+
+        model = _mlp()
+        x = torch.randn(3, 8, dtype=D, device="cpu", requires_grad=True)
+        want = model(x)
+        order = []
+        handles = [
+            register_module_full_backward_pre_hook(lambda m, go: order.append(("pre", m))),
+            register_module_full_backward_hook(lambda m, gi, go: order.append(("post", m))),
+        ]
+        try:
+            y = model(x)
+            y.sum().backward()
+        finally:
+            for hd in handles:
+                hd.remove()
+        torch.testing.assert_close(y, want)
+        assert [m for kind, m in order if kind == "post"] == [*reversed(list(model)), model]
+        assert [m for kind, m in order if kind == "pre"] == [model, *reversed(list(model))]
+
+
+class TestSequentialChildren:
+    def test_slicing_keeps_the_children_names(self):
+        model = ops.Sequential(*[ops.Linear(4, 4, dtype=D, device="cpu") for _ in range(3)])
+        tail = model[1:]
+        assert list(tail.state_dict())[:2] == ["1.weight", "1.bias"]
+        torch.nn.init.normal_(model[0].weight)
+        tail.load_state_dict(model.state_dict(), strict=False)  # its own layers' entries
+        assert torch.equal(tail[0].weight, model[1].weight)
+        assert torch.equal(model[1:2][0].weight, model[1].weight)
+        x = torch.randn(2, 4, dtype=D)
+        torch.testing.assert_close(tail(x), model[2](model[1](x)))
+
+    def test_a_child_set_through_modules_takes_effect(self):
+        """torch.ao.quantization's convert assigns module._modules[key] directly."""
+        model = ops.Sequential(ops.Linear(8, 8, dtype=D, device="cpu"), ops.GELU())
+        x = torch.randn(3, 8, dtype=D)
+        model(x)
+        model._modules["1"] = ops.ReLU()
+        torch.testing.assert_close(model(x), torch.relu(model[0](x)))
+        # A shallow copy shares the dict: a child set through the copy changes both.
+        twin = copy.copy(model)
+        twin[1] = torch.nn.Tanh()
+        torch.testing.assert_close(model(x), torch.tanh(model[0](x)))
+
+    def test_quantize_dynamic_replaces_a_torch_linear_between_ops(self):
+        torch.manual_seed(0)
+        model = ops.Sequential(ops.LayerNorm(8, device="cpu"), torch.nn.Linear(8, 8), ops.GELU())
+        x = torch.randn(4, 8)
+        model(x)
+        torch.ao.quantization.quantize_dynamic(
+            model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
+        )
+        seen = []
+        model[1].register_forward_hook(lambda m, a, out: seen.append(out))
+        y = model(x)
+        assert len(seen) == 1  # the quantized Linear ran
+        h = torch.nn.functional.layer_norm(x, (8,), model[0].weight, model[0].bias, model[0].eps)
+        torch.testing.assert_close(y, torch.nn.functional.gelu(model[1](h), approximate="tanh"))
+
+    def test_a_subclass_forward_runs_inside_sequential(self):
+        class Doubled(ops.Linear):
+            def forward(self, x):
+                return super().forward(x) * 2
+
+        lin = Doubled(8, 8, dtype=D, device="cpu")
+        x = torch.randn(3, 8, dtype=D, requires_grad=True)
+        model = ops.Sequential(ops.GELU(), lin, ops.ReLU())
+        y = model(x)
+        h = torch.nn.functional.gelu(x, approximate="tanh")
+        want = torch.relu(2 * torch.nn.functional.linear(h, lin.weight, lin.bias))
+        torch.testing.assert_close(y, want)
+        dy = torch.randn_like(y)
+        got = torch.autograd.grad(y, [x, lin.weight], dy)
+        torch.testing.assert_close(got, torch.autograd.grad(want, [x, lin.weight], dy))
+        assert [g.get("module") for g in model.fusion_plan()] == [None, "Doubled", None]
+
+
+class TestInPlaceResidual:
+    @pytest.mark.parametrize("mlp", [False, True])
+    def test_residual_that_is_also_the_input(self, mlp):
+        """y = x + f(x) called as seq(x, x) with AddExtraInput(in_place=True): an op before the
+        add saved x for its backward, so the add runs out of place and the gradients are right."""
+        torch.manual_seed(1)
+        body = [m for m in _mlp()] if mlp else [ops.GELU()]  # LayerNorm, Linear, GELU, Linear
+        model = ops.Sequential(*body, ops.AddExtraInput(in_place=True))
+        for p in model.parameters():
+            torch.nn.init.normal_(p)
+        x = torch.randn(4, 8, dtype=D, requires_grad=True)
+        h = x * 1  # a non-leaf, as a residual stream is
+        y = model(h, h)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        r = x.detach().requires_grad_()
+        params = [p.detach().clone().requires_grad_() for p in model.parameters()]
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), params):
+                q.copy_(p)
+        f = r
+        if mlp:
+            lw, lb, w1, b1, w2, b2 = params
+            f = torch.nn.functional.layer_norm(r, (8,), lw, lb, body[0].eps)
+            f = torch.nn.functional.gelu(f @ w1.T + b1, approximate="tanh") @ w2.T + b2
+        else:
+            f = torch.nn.functional.gelu(r, approximate="tanh")
+        want = r + f
+        want.backward(dy)
+        torch.testing.assert_close(y, want)
+        torch.testing.assert_close(x.grad, r.grad)
+        for p, q in zip(model.parameters(), params):
+            torch.testing.assert_close(p.grad, q.grad)
 
 
 class TestCompile:

@@ -27,7 +27,7 @@ from .. import _C, quantization
 from .._float8_tensor import Float8Tensor
 from .basic.dropout import Dropout
 from .basic.extra_io import AddExtraInput, MakeExtraOutput
-from .op import FusibleOperation
+from .op import runs_fused
 
 _live = {}  # id(Sequential) -> weakref: what the ops' handle names
 
@@ -55,8 +55,8 @@ def _sequential(handle):
 
 
 _HOOKED = (
-    "Sequential: forward hooks on ops inside a Sequential under torch.compile are not supported "
-    "yet; register the hook on the Sequential itself"
+    "Sequential: hooks on ops inside a Sequential under torch.compile are not supported yet; "
+    "register the hook on the Sequential itself"
 )
 _SEP = "\x1f"  # joins the channel names into one string argument (the schema has no str[])
 
@@ -68,7 +68,7 @@ def _check_runnable(seq):
         # call's: under compile that would differentiate the wrong tensors.
         raise NotImplementedError(_HOOKED)
     for m in seq._entries():
-        if not isinstance(m, FusibleOperation) and any(True for _ in m.parameters()):
+        if not runs_fused(m) and any(True for _ in m.parameters()):
             # Its parameters are not inputs of the op: they would get no gradient.
             raise NotImplementedError(
                 f"Sequential: a {type(m).__name__} with parameters between fuser groups under "
@@ -321,7 +321,8 @@ def check_traceable(seq, what):
     # Read while tracing, so Dynamo guards on them: a hook added later recompiles (and is refused)
     # instead of going unseen by the compiled call.
     for m in seq._modules.values():
-        if isinstance(m, FusibleOperation) and (m._forward_hooks or m._forward_pre_hooks):
+        hooks = (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks, m._backward_pre_hooks)
+        if any(hooks) and runs_fused(m):
             raise NotImplementedError(_HOOKED.replace("torch.compile", what))
 
 

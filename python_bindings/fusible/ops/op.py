@@ -432,6 +432,23 @@ def _defines(cls, base, name):
     return any(name in vars(c) for c in cls.__mro__ if issubclass(c, base) and c is not base)
 
 
+def _user_forward(module):
+    """Whether a class outside fusible (a user's subclass of a built-in op) defines `forward`."""
+    for cls in type(module).__mro__:
+        if cls.__module__.split(".")[0] == "fusible":
+            return False
+        if "forward" in cls.__dict__:
+            return True
+    return False
+
+
+def runs_fused(module):
+    """Whether a Sequential runs a module inside its fuser groups: a fusible op, unless its class
+    overrides forward (a subclass of a built-in op): that one is called as any other module is,
+    so its forward is what runs."""
+    return isinstance(module, FusibleOperation) and not _user_forward(module)
+
+
 class BasicOperation(FusibleOperation):
     """A single computation with its own parameters.
 

@@ -3,7 +3,7 @@ groups the ops, routes channels across groups and calls other Python modules bac
 Here: the list API, each call's parameters, forward hooks, and te.ops' call convention."""
 
 import operator
-import warnings
+from collections import OrderedDict
 
 import torch
 from torch.nn.modules import module as _torch_module
@@ -12,7 +12,7 @@ from .. import _C, quantization
 from . import _call, _compile_support, _func_support
 from ._tracing import func_active, refuse_forward_ad
 from .fuser import OperationFuser, basic_wrappers
-from .op import BasicOperation, FusibleOperation
+from .op import BasicOperation, FusibleOperation, runs_fused
 
 __all__ = ["Sequential"]
 
@@ -24,34 +24,31 @@ def _check_modules(modules):
 
 
 def _global_forward_hooks():
-    """Whether forward hooks registered for every module (register_module_forward_hook and
-    register_module_forward_pre_hook) are set: torch.nn.Sequential's children run them, so ours
-    do too."""
-    return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
+    """Whether hooks registered for every module (register_module_forward_hook,
+    register_module_forward_pre_hook, register_module_full_backward_hook and
+    register_module_full_backward_pre_hook) are set: torch.nn.Sequential's children run them, so
+    ours do too."""
+    m = _torch_module
+    return bool(
+        m._global_forward_hooks
+        or m._global_forward_pre_hooks
+        or m._global_backward_hooks
+        or m._global_backward_pre_hooks
+    )
 
 
-def _hooks(module, global_forward=False):
-    """1 when a fusible op has forward hooks, its own or `global_forward` ones (it then runs
-    unfused, as its own group), 2 when it has backward hooks (which cannot run inside a fuser: a
-    warning), else 0."""
-    if not isinstance(module, FusibleOperation):
-        return 0
-    forward = bool(global_forward or module._forward_hooks or module._forward_pre_hooks)
-    backward = bool(module._backward_hooks or module._backward_pre_hooks)
-    return forward | 2 * backward
-
-
-_warned_backward_hooks = set()
-
-
-def _warn_backward_hooks(op):
-    if id(op) not in _warned_backward_hooks:
-        _warned_backward_hooks.add(id(op))
-        warnings.warn(
-            f"{type(op).__name__}: backward hooks on an op inside a fusible Sequential do not run "
-            "(its backward is part of the fuser's); register the hook on the Sequential instead",
-            stacklevel=3,
-        )
+def _hooks(module, global_hooks=False):
+    """Whether a fusible op has hooks, its own (forward or backward) or `global_hooks`: it then
+    runs through its own __call__, as a group of its own, so that torch runs them."""
+    if not runs_fused(module):
+        return False
+    return bool(
+        global_hooks
+        or module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+    )
 
 
 def _plain_step(module):
@@ -147,10 +144,9 @@ class Sequential(torch.nn.Module):
         return iter(self._entries())
 
     def __getitem__(self, idx):
-        entries = self._entries()
-        if isinstance(idx, slice):
-            return Sequential(*entries[idx])
-        return entries[idx]
+        if isinstance(idx, slice):  # the children keep their names, as torch.nn.Sequential's
+            return Sequential(OrderedDict(list(self._modules.items())[idx]))
+        return self._entries()[idx]
 
     def __setitem__(self, idx, module):
         if isinstance(idx, slice):
@@ -172,8 +168,6 @@ class Sequential(torch.nn.Module):
         """Appends a module (under `name`, else its position); returns self."""
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"Sequential: expected a torch.nn.Module, got {type(module).__name__}")
-        if _hooks(module) & 2:
-            _warn_backward_hooks(module)
         self.add_module(str(len(self._modules)) if name is None else name, module)
         self._invalidate()
         return self
@@ -207,19 +201,23 @@ class Sequential(torch.nn.Module):
     # ---- running: the C++ Sequential groups and routes; this passes parameters and runs hooks
     def _engine(self, global_forward=None):
         """The C++ Sequential, with its hook flags brought up to date. global_forward: whether
-        global forward hooks isolate the ops (an eager call passes whether any are set, a compiled
-        one False); None keeps the last call's choice."""
+        global hooks isolate the ops (an eager call passes whether any are set, a compiled one
+        False); None keeps the last call's choice."""
         if global_forward is None:
             global_forward = self.__dict__.get("_global_forward", False)
         self.__dict__["_global_forward"] = global_forward
+        # A child set through _modules itself (torch.ao.quantization's convert does), or by a
+        # shallow copy sharing the dict, bypasses the setters above.
+        if self._cpp is not None and self._built_from != tuple(self._modules.values()):
+            self._invalidate()
         if self._cpp is None:
             cpp = _C.Sequential()
             for m in self._modules.values():
-                if isinstance(m, FusibleOperation):
+                if runs_fused(m):
                     cpp.append_op(m._cpp)
                 else:
                     cpp.append_step(_plain_step(m), type(m).__name__)
-            fusible = [m for m in self._modules.values() if isinstance(m, FusibleOperation)]
+            fusible = [m for m in self._modules.values() if runs_fused(m)]
             self._param_sources = [src for m in fusible for src in m._param_sources()]
             self._basic = basic_wrappers(fusible)
             self._pre_hooks = _call.PreForwardHooks(self._basic)
@@ -243,17 +241,14 @@ class Sequential(torch.nn.Module):
                     m._backward_pre_hooks,
                 )
             )
+            self._built_from = tuple(self._modules.values())
             self._cpp, self._hook_flags = cpp, None  # last: a failure above leaves no engine
-        if self._hook_flags is None or self._any_hook or global_forward or any(self._hook_dicts):
+        if self._hook_flags is None or self._hooked or global_forward or any(self._hook_dicts):
             hooks = tuple(_hooks(m, global_forward) for m in self._modules.values())
             if hooks != self._hook_flags:
-                for m, h in zip(self._modules.values(), hooks):
-                    if h & 2:
-                        _warn_backward_hooks(m)
-                self._cpp.set_isolated([bool(h & 1) for h in hooks])
+                self._cpp.set_isolated(list(hooks))
                 self._hook_flags = hooks
-                self._hooked = any(h & 1 for h in hooks)
-                self._any_hook = any(hooks)
+                self._hooked = any(hooks)
         return self._cpp
 
     def forward(self, input, *extra_inputs, op_kwargs=None, channel_inputs=None, return_dict=False):
