@@ -147,7 +147,17 @@ def test_forward_hooks_on_inner_ops_are_refused_with_a_clear_error():
     model = _model("cpu")
     model[2].register_forward_hook(lambda m, i, o: o * 2)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    with pytest.raises(Exception, match="forward hooks on ops inside a Sequential under"):
+    with pytest.raises(Exception, match="hooks on ops inside a Sequential under"):
+        _run(compiled, torch.randn(4, 8, dtype=D), torch.randn(4, 8, dtype=D))
+
+
+def test_backward_hooks_on_inner_ops_are_refused_with_a_clear_error():
+    # Eager runs them (the op unfused); a compiled Sequential is one call that cannot.
+    torch._dynamo.reset()
+    model = _model("cpu")
+    model[2].register_full_backward_hook(lambda m, gi, go: None)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="hooks on ops inside a Sequential under"):
         _run(compiled, torch.randn(4, 8, dtype=D), torch.randn(4, 8, dtype=D))
 
 
@@ -161,7 +171,7 @@ def test_a_hook_added_after_compiling_is_seen_with_dynamo_hook_guards():
         compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
         ref = _run(compiled, x, gate)[0]
         handle = model[2].register_forward_hook(lambda m, i, o: o * 2)
-        with pytest.raises(Exception, match="forward hooks on ops inside a Sequential under"):
+        with pytest.raises(Exception, match="hooks on ops inside a Sequential under"):
             _run(compiled, x, gate)
         handle.remove()
         torch.testing.assert_close(_run(compiled, x, gate)[0], ref)
