@@ -93,6 +93,7 @@ class Sequential(torch.nn.Module):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_cpp"] = None  # rebuilt on the copy's first call: a copy is not locked
+        state.pop("_built_from", None)  # set again with the engine
         state.pop("_quantize_last", None)  # C++ ops; set again with the engine
         state.pop("_quantize_first", None)
         return state
