@@ -640,6 +640,42 @@ class TestBlockScaling:
         for got, ref in zip((y, x.grad, model.weight.grad, model.bias.grad), refs):
             assert_close_to_ref(got, ref, torch.float32, gemm=True)
 
+    @pytest.mark.parametrize("device", DEVICES)
+    def test_1x128_weight_blocks_run_the_dgrad_on_128x1_blocks(self, device):
+        """w_block_scaling_dim=1: the forward reads W in 1x128 blocks, the dgrad in 128x1 blocks
+        (te's column-wise usage), on the emulated path (here: float32, 30 rows) as on FP8 data;
+        GroupedLinear's groups as one Linear each."""
+        torch.manual_seed(8)
+        r = recipe.Float8BlockScaling(w_block_scaling_dim=1)
+        model = ops.Linear(256, 192, bias=False, dtype=torch.float32, device=device)
+        grouped = ops.GroupedLinear(2, 256, 192, bias=False, dtype=torch.float32, device=device)
+        with torch.no_grad():  # column scales over six decades: the block direction matters
+            model.weight.copy_(torch.randn(192, 256) * torch.logspace(-3, 3, 256))
+            grouped.weight0.copy_(model.weight)
+            grouped.weight1.copy_(torch.randn(192, 256) * torch.logspace(3, -3, 256))
+        x = torch.randn(30, 256, device=device, requires_grad=True)
+        dy = torch.randn(30, 192, device=device)
+        with fusible.autocast(recipe=r):
+            y = model(x)
+        y.backward(dy)
+        wd, dyd = model.weight.detach().double().cpu(), dy.double().cpu()
+        w_cols = qdq_blocks(wd.T, "e4m3", 1).T  # 128x1 blocks of W
+        want = qdq_blocks(dyd, "e4m3", 1) @ w_cols
+        assert_close_to_ref(x.grad, want, torch.float32, gemm=True)
+        # GroupedLinear: group g's rows as a Linear of weight g.
+        xg = x.detach().clone().requires_grad_()
+        with fusible.autocast(recipe=r):
+            yg = grouped(xg, torch.tensor([12, 18], device=device))
+        yg.backward(dy)
+        w1 = grouped.weight1.detach().double().cpu()
+        want_g = torch.cat(
+            [
+                qdq_blocks(dyd[:12], "e4m3", 1) @ w_cols,
+                qdq_blocks(dyd[12:], "e4m3", 1) @ qdq_blocks(w1.T, "e4m3", 1).T,
+            ]
+        )
+        assert_close_to_ref(xg.grad, want_g, torch.float32, gemm=True)
+
 
 @pytest.mark.parametrize(
     "r", [recipe.Float8CurrentScaling(), recipe.DelayedScaling(), recipe.Float8BlockScaling()]

@@ -102,12 +102,14 @@ std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContex
   // A row-parallel linear under sequence parallelism casts dy after gathering it.
   ctx.takes_grad_output_amax = ctx.requires_grad && ctx.fp8.takes_produced_amax() &&
                                !(tp_.mode == "row" && tp_.sequence_parallel);
-  // The dgrad reads w itself, or its FP8 transpose.
+  // The dgrad reads w itself, or its FP8 transpose; under block scaling with 1x128 weight blocks
+  // its column-wise cast (128x1 blocks) on the emulated path too.
+  const bool w_columnwise = need_w && (ctx.fp8.gemm_fp8 || ctx.fp8.needs_columnwise());
   auto wo = ctx.fp8.forward_operand(cast_to(weight, ctx.compute_dtype), 1, /*weight=*/true,
-                                    /*rowwise=*/true, /*columnwise=*/need_w && ctx.fp8.gemm_fp8);
+                                    /*rowwise=*/true, /*columnwise=*/w_columnwise);
   ctx.main_grad = need_x ? main_grad_call(main_grad_, param_grad_reduction()) : nullptr;
   if (ctx.requires_grad) {
-    const auto& w_dgrad = ctx.fp8.gemm_fp8 ? wo.columnwise : wo.rowwise;
+    const auto& w_dgrad = w_columnwise ? wo.columnwise : wo.rowwise;
     ctx.save_for_backward({need_x ? xo.columnwise : at::Tensor(), need_w ? w_dgrad : at::Tensor()});
     if (ctx.fp8.gemm_fp8) {
       ctx.fp8.saved_scale_inv = {xo.columnwise_scale_inv, wo.columnwise_scale_inv};

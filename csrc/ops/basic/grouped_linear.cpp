@@ -346,10 +346,16 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
             return ctx.fp8.forward_operand(part, g, /*weight=*/false, true, need_x);
           });
     }
-    const auto weight = ctx.fp8.on() ? fp8_weights(ctx)
-                                     : cast_to(grouped_param(ctx, 0, single_weight_, "weight",
-                                                             {out_features_, in_features_}),
-                                               ctx.compute_dtype);
+    at::Tensor weight, weight_dgrad;  // the dgrad's: under FP8 its own cast (fp8_weights)
+    if (ctx.fp8.on()) {
+      std::tie(weight, weight_dgrad) =
+          fp8_weights(ctx, ctx.requires_grad && ctx.input_requires_grad);
+    } else {
+      weight =
+          cast_to(grouped_param(ctx, 0, single_weight_, "weight", {out_features_, in_features_}),
+                  ctx.compute_dtype);
+      weight_dgrad = weight;
+    }
     at::Tensor scales;  // scale_bias: one per row, as given
     if (scale_bias_) {
       scales = extra_inputs.at(1);
@@ -366,7 +372,7 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
       // tensor dirty. Under FP8 the cast x is kept whatever keep_input says: a recast would not be
       // the forward's.
       ctx.save_for_backward({sizes, need_x && (keep_input || ctx.fp8.on()) ? x_wgrad : at::Tensor(),
-                             ctx.input_requires_grad ? weight : at::Tensor(), scales,
+                             ctx.input_requires_grad ? weight_dgrad : at::Tensor(), scales,
                              scale_bias_ ? bias : at::Tensor()});
     }
   }
@@ -386,16 +392,20 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
   return y.reshape(shape);
 }
 
-at::Tensor GroupedLinear::fp8_weights(OperationContext& ctx) const {
-  std::vector<at::Tensor> ws;
+std::pair<at::Tensor, at::Tensor> GroupedLinear::fp8_weights(OperationContext& ctx,
+                                                             bool dgrad) const {
+  const bool own_columnwise = dgrad && ctx.fp8.needs_columnwise();
+  std::vector<at::Tensor> ws, ws_dgrad;
   for (int64_t g = 0; g < num_groups_; ++g) {
-    ws.push_back(ctx.fp8
-                     .forward_operand(cast_to(weight_of(ctx, g), ctx.compute_dtype),
-                                      num_groups_ + g, /*weight=*/true, /*rowwise=*/true,
-                                      /*columnwise=*/false)
-                     .rowwise);
+    auto o = ctx.fp8.forward_operand(cast_to(weight_of(ctx, g), ctx.compute_dtype), num_groups_ + g,
+                                     /*weight=*/true, /*rowwise=*/true,
+                                     /*columnwise=*/own_columnwise);
+    ws.push_back(o.rowwise);
+    if (own_columnwise) ws_dgrad.push_back(o.columnwise);
   }
-  return at::stack(ws);
+  auto forward = at::stack(ws);
+  if (!dgrad) return {forward, at::Tensor()};
+  return {forward, own_columnwise ? at::stack(ws_dgrad) : forward};
 }
 
 at::Tensor GroupedLinear::weight_of(const OperationContext& ctx, int64_t g) const {

@@ -102,9 +102,11 @@ class GroupedLinear : public BasicOperation {
                            const char* name, c10::IntArrayRef shape) const;
   /// Checks the split sizes' metadata (dtype, shape) and puts them on x's device.
   at::Tensor split_sizes_for(const at::Tensor& sizes, const at::Tensor& x) const;
-  /// Under FP8: the weights [N, out, in] as the GEMMs see them, each group's parameter (an FP8
-  /// weight as it is stored) cast by its own quantizer.
-  at::Tensor fp8_weights(OperationContext& ctx) const;
+  /// Under FP8 (emulated): the weights [N, out, in] as the forward GEMMs see them, each group's
+  /// parameter (an FP8 weight as it is stored) cast by its own quantizer, and as the dgrad sees
+  /// them where `dgrad`: the same, or under block scaling with 1x128 weight blocks, each weight's
+  /// column-wise cast (128x1 blocks). Undefined second where not `dgrad`.
+  std::pair<at::Tensor, at::Tensor> fp8_weights(OperationContext& ctx, bool dgrad) const;
   /// The weights as one [N * out, in] tensor in the compute dtype for a grouped FP8 cast, or
   /// undefined where one is a tensor subclass (an FP8 weight hands its own cast its stored data).
   at::Tensor grouped_cast_weights(const OperationContext& ctx) const;
