@@ -120,6 +120,7 @@ std::vector<GroupChannels> plan_group_channels(
       const auto it = producer_group.find(*ch);
       if (it == producer_group.end()) {
         out[group_of[i]].external_inputs.insert(*ch);  // fed by the caller by name
+        out[group_of[i]].caller_inputs.insert(*ch);
       } else if (it->second != group_of[i]) {
         out[group_of[i]].external_inputs.insert(*ch);  // made by an earlier group
         out[it->second].export_channels.insert(*ch);

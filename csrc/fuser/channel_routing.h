@@ -55,7 +55,8 @@ std::shared_ptr<const Routing> build_routing(
 
 /// Channels one fuser group takes from outside and hands on (see FuserOptions).
 struct GroupChannels {
-  std::set<std::string> external_inputs;
+  std::set<std::string> external_inputs;  // from the caller or from an earlier group
+  std::set<std::string> caller_inputs;    // those the caller feeds by name (no producer here)
   std::set<std::string> export_channels;
 };
 

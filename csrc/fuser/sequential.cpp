@@ -77,7 +77,10 @@ std::shared_ptr<const Sequential::Grouping> Sequential::build_grouping(
     FuserOptions options;
     options.external_inputs = channels[g].external_inputs;
     options.export_channels = channels[g].export_channels;
-    grouping->consumed_names.insert(options.external_inputs.begin(), options.external_inputs.end());
+    // A name made by an earlier group is not the caller's to feed: channel_inputs naming it are
+    // refused below, as in a model of one group.
+    grouping->consumed_names.insert(channels[g].caller_inputs.begin(),
+                                    channels[g].caller_inputs.end());
     grouping->groups.push_back({std::make_shared<OperationFuser>(runs[g], std::move(options)),
                                 entry, entries[entry].isolated});
   }

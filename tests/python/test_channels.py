@@ -267,3 +267,14 @@ class TestSequentialChannels:
             seq(_x(2), return_dict=True)
         with pytest.raises(ValueError, match="feed no bound input"):
             seq(_x(2), channel_inputs={"nobody": _x(2)})
+
+    def test_a_channel_made_in_an_earlier_group_is_not_the_callers(self):
+        """channel_inputs naming a channel whose producer sits in an earlier fuser group (split by
+        a plain module) are refused, as in a model of one group; they were silently unused."""
+        make = ops.MakeExtraOutput().set_extra_output_channel(0, "r", output_to_caller=False)
+        add = ops.AddExtraInput().set_extra_input_channel(0, "r")
+        split = ops.Sequential(make, ops.ConstantScale(2.0), torch.nn.Tanh(), add)
+        x = _x(4)
+        with pytest.raises(ValueError, match="channel_inputs r feed no bound input"):
+            split(x, channel_inputs={"r": _x(4)})
+        torch.testing.assert_close(split(x), torch.tanh(2 * x) + x)

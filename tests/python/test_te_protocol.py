@@ -68,6 +68,30 @@ def test_op_kwargs_errors():
     seq(x)  # still usable
 
 
+def test_keywords_for_one_op_object_at_two_positions_are_refused():
+    """The keywords reach an op object: one object at two positions cannot take two dicts (they
+    reached both positions), nor may two keys name one op."""
+    s = Shift()
+    x = torch.zeros(1, 2, dtype=D)
+    fuser = ops.OperationFuser([s, ops.ConstantScale(10.0), s])
+    with pytest.raises(ValueError, match="basic op 0 and 2"):
+        fuser(x, basic_op_kwargs=[{}, {}, {"shift": 1.0}])
+    # The same keywords at both positions mean what they say.
+    torch.testing.assert_close(
+        fuser(x, basic_op_kwargs=[{"shift": 1.0}, {}, {"shift": 1.0}]), (x + 1) * 10 + 1
+    )
+    seq = ops.Sequential(s, ops.ConstantScale(10.0), s)
+    with pytest.raises(ValueError, match="more than once"):
+        seq(x, op_kwargs={2: {"shift": 1.0}})
+    t = Shift()
+    seq2 = ops.Sequential(t, ops.ConstantScale(10.0))
+    with pytest.raises(ValueError, match="names Shift twice"):
+        seq2(x, op_kwargs={t: {"shift": 1.0}, 0: {"shift": 5.0}})
+    with pytest.raises(IndexError, match="op_kwargs index 7 is out of range"):
+        seq2(x, op_kwargs={7: {"shift": 1.0}})
+    torch.testing.assert_close(seq2(x, op_kwargs={0: {"shift": 2.0}}), (x + 2) * 10)
+
+
 def test_fuser_and_standalone_calls_pass_keywords():
     a, b = Shift(name="a"), Shift(name="b")
     x = torch.randn(2, 4, dtype=D)

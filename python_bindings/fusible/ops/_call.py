@@ -62,6 +62,19 @@ def kwargs_of(op):
     return kwargs.get(id(op), {}) if kwargs else {}
 
 
+def _same_kwargs(a, b):
+    """Whether two keyword dicts are the same: tensors by identity, other values by ==."""
+
+    def same(x, y):
+        if x is y:
+            return True
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            return False
+        return bool(x == y)
+
+    return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+
+
 def run_with_op_kwargs(basic_ops, kwargs_list, run):
     """run() with kwargs_list[i] reaching basic_ops[i]'s op_forward (te.ops' basic_op_kwargs).
     Built-in ops take only their `_buffer_keywords` (GroupedLinear's "output" and "grad_input"
@@ -75,6 +88,15 @@ def run_with_op_kwargs(basic_ops, kwargs_list, run):
             f"basic_op_kwargs: expected one dict per basic op ({len(basic_ops)}), "
             f"got {len(kwargs_list)}"
         )
+    # The keywords reach an op object, not a position: one object at two positions takes one dict.
+    seen = {}
+    for i, (op, kwargs) in enumerate(zip(basic_ops, kwargs_list)):
+        first = seen.setdefault(id(op), (i, dict(kwargs or {})))
+        if not _same_kwargs(first[1], dict(kwargs or {})):
+            raise ValueError(
+                f"basic_op_kwargs: {type(op).__name__} is basic op {first[0]} and {i} (one object "
+                "twice) with different keywords; per-position keywords need separate op objects"
+            )
     mapping, buffers = {}, []
     for op, kwargs in zip(basic_ops, kwargs_list):
         if not kwargs:

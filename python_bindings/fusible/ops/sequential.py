@@ -302,11 +302,23 @@ class Sequential(torch.nn.Module):
         entries = self._entries()
         by_id = {}
         for key, kwargs in op_kwargs.items():
+            if isinstance(key, int) and not -len(entries) <= key < len(entries):
+                raise IndexError(
+                    f"Sequential: op_kwargs index {key} is out of range for {len(entries)} entries"
+                )
             op = entries[key] if isinstance(key, int) else key
             if not isinstance(op, BasicOperation):
                 raise ValueError(
                     f"Sequential: op_kwargs key {key!r} is not a basic operation "
                     f"(got {type(op).__name__})"
+                )
+            if id(op) in by_id:
+                raise ValueError(f"Sequential: op_kwargs names {type(op).__name__} twice")
+            if sum(b is op for b in self._basic) > 1:
+                raise ValueError(
+                    f"Sequential: op_kwargs for {type(op).__name__}, which this Sequential holds "
+                    "more than once: the keywords would reach every position; use separate op "
+                    "objects"
                 )
             by_id[id(op)] = kwargs
         if not by_id.keys() <= {id(op) for op in self._basic}:
