@@ -88,6 +88,10 @@ void bind_quantization(py::module_& m) {
       for (const auto& d : *states) l.append(py::make_tuple(d.amax_history, d.scale));
       out[name] = l;
     }
+    // The formats the scales are for (a later recipe of another format rescales them).
+    if (!s->forward_format.empty()) {
+      out["formats"] = py::make_tuple(s->forward_format, s->backward_format);
+    }
     return out;
   });
   m.def("_set_fp8_state", [](ops::BasicOperation& op, const py::object& state) {
@@ -103,6 +107,11 @@ void bind_quantization(py::module_& m) {
         states->push_back({pair.first.detach().to(at::kFloat).clone(),
                            pair.second.detach().to(at::kFloat).reshape({1}).clone()});
       }
+    }
+    // Absent in checkpoints written before fusible recorded them: unknown, never rescaled.
+    if (state.contains("formats")) {
+      std::tie(s->forward_format, s->backward_format) =
+          state["formats"].cast<std::pair<std::string, std::string>>();
     }
     const auto [n_fwd, n_bwd] = op.num_quantizers();
     TORCH_CHECK_VALUE(static_cast<int64_t>(s->forward.size()) == n_fwd &&
@@ -129,6 +138,8 @@ void bind_quantization(py::module_& m) {
           (*to)[i].scale.copy_((*from)[i].scale);
         }
       }
+      cur->forward_format = s->forward_format;
+      cur->backward_format = s->backward_format;
       return;
     }
     op.set_fp8_state(std::move(s));

@@ -43,6 +43,8 @@ BasicOperation::BasicOperation(const BasicOperation& other)
                             std::pair{&other.fp8_state_->backward, &state->backward}}) {
       for (const auto& d : *from) to->push_back({d.amax_history.clone(), d.scale.clone()});
     }
+    state->forward_format = other.fp8_state_->forward_format;
+    state->backward_format = other.fp8_state_->backward_format;
     fp8_state_ = std::move(state);
   }
 }

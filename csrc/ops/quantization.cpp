@@ -1,12 +1,15 @@
 // The thread's FP8 autocast and the per-op casts.
 #include "ops/quantization.h"
 
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/amax.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -15,6 +18,7 @@
 #include <iomanip>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <tuple>
 
 #include "kernels/dispatch.h"
@@ -161,6 +165,26 @@ void move_to(std::vector<DelayedScaling>& states, c10::Device device) {
       s = {s.amax_history.to(device), s.scale.to(device)};
     }
   }
+}
+
+// A format change between steps (another recipe, or a checkpoint of another format): each scale
+// computed from an amax (a history with an entry above 0) is made the new format's, fmax_new /
+// fmax_old times itself, as the update would have computed it; scales still at their start stay.
+// Without it the first cast after a HYBRID -> E4M3 switch would saturate nearly every value.
+// In place: a captured CUDA graph keeps reading the same scale tensors.
+void rescale_to_format(std::vector<DelayedScaling>& states, std::string& format,
+                       const std::string& wanted) {
+  if (format == wanted) return;
+  if (!format.empty()) {
+    const double ratio = kernels::fp8_max("FP8 delayed scaling", wanted) /
+                         kernels::fp8_max("FP8 delayed scaling", format);
+    const at::NoGradGuard no_grad;
+    for (auto& d : states) {
+      const auto updated = d.amax_history.amax().gt(0).to(at::kFloat);
+      d.scale.mul_(updated.mul(ratio - 1.0).add_(1.0));
+    }
+  }
+  format = wanted;
 }
 
 // The delayed cast of c's state `index`, through its period under an amax reduction
@@ -368,22 +392,31 @@ Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, 
   if (!a.enabled) return {};
   if (a.recipe->kind != "delayed") return {a.recipe, nullptr};
   TORCH_CHECK(state != nullptr, "FP8 delayed scaling: this op keeps no quantizer state");
+  // The state outlives this call: never inference tensors, which a later training step could not
+  // update (a forward under torch.inference_mode may make or move it).
+  const c10::InferenceMode not_inference(false);
   const auto len = a.recipe->amax_history_len;
   auto& s = *state;
   if (!serves(s, counts)) {
     auto fresh = std::make_shared<Fp8OpState>();
     fresh->forward = fresh_states(counts.first, len, device);
     fresh->backward = fresh_states(counts.second, len, device);
+    fresh->forward_format = a.recipe->forward_format;
+    fresh->backward_format = a.recipe->backward_format;
     s = std::move(fresh);
   } else if (!fits(s->forward, counts.first, len) || !fits(s->backward, counts.second, len)) {
     // Another history length: te keeps each tensor's scale and newest entries.
     auto resized = std::make_shared<Fp8OpState>();
     resized->forward = with_length(s->forward, len);
     resized->backward = with_length(s->backward, len);
+    resized->forward_format = s->forward_format;
+    resized->backward_format = s->backward_format;
     s = std::move(resized);
   }
   move_to(s->forward, device);
   move_to(s->backward, device);
+  rescale_to_format(s->forward, s->forward_format, a.recipe->forward_format);
+  rescale_to_format(s->backward, s->backward_format, a.recipe->backward_format);
   for (auto it = replaying.rbegin(); it != replaying.rend(); ++it) {
     if (it->first == s.get()) return {a.recipe, it->second};
   }

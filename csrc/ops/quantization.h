@@ -52,6 +52,9 @@ struct DelayedScaling {
 /// when the history length changes (scales kept, te.ops' rule).
 struct Fp8OpState {
   std::vector<DelayedScaling> forward, backward;
+  /// The FP8 formats ("e4m3" / "e5m2") the scales were computed for ("": unknown, as in an older
+  /// checkpoint): a recipe of another format rescales them first (current_fp8_cast).
+  std::string forward_format, backward_format;
 };
 
 /// The FP8 autocast of this thread: off, or on with a recipe.

@@ -477,6 +477,81 @@ class TestDelayedScaling:
             model.load_state_dict(sd)
 
 
+class TestDelayedStateAcrossModes:
+    @staticmethod
+    def _dx_error(lin, x, dy, fmt):
+        xx = x.clone().requires_grad_()
+        with fusible.autocast(recipe=recipe.DelayedScaling(fp8_format=fmt)):
+            lin(xx).backward(dy)
+        exact = dy.double() @ lin.weight.detach().double()
+        return ((xx.grad.double() - exact).norm() / exact.norm()).item()
+
+    def test_a_format_switch_rescales_the_held_scales(self):
+        """HYBRID (E5M2 gradients) then E4M3: the gradient's scale, computed for E5M2's max, is
+        made E4M3's before the first E4M3 cast (it saturated nearly every value: error ~1)."""
+        torch.manual_seed(0)
+        lin = ops.Linear(32, 16, device="cpu")
+        x, dy = torch.randn(16, 32), torch.randn(16, 16)
+        assert self._dx_error(lin, x, dy, recipe.Format.HYBRID) < 0.1  # scale 1: coarse
+        grad_q = lin.basic_ops[0].get_grad_output_quantizer()
+        e5m2_scale = grad_q.scale.clone()
+        err = self._dx_error(lin, x, dy, recipe.Format.E4M3)
+        assert err < 0.1
+        # The held amax is unchanged (the same dy): the scale is E4M3's for it.
+        torch.testing.assert_close(grad_q.scale, e5m2_scale * 448.0 / 57344.0)
+        # And back: E4M3's scale made E5M2's.
+        assert self._dx_error(lin, x, dy, recipe.Format.HYBRID) < 0.1
+        torch.testing.assert_close(grad_q.scale, e5m2_scale)
+
+    def test_a_checkpoint_of_another_format_is_rescaled_on_load(self):
+        torch.manual_seed(1)
+        x, dy = torch.randn(16, 32), torch.randn(16, 16)
+        lin = ops.Linear(32, 16, device="cpu")
+        self._dx_error(lin, x, dy, recipe.Format.HYBRID)
+        state = lin.state_dict()
+        fresh = ops.Linear(32, 16, device="cpu")
+        fresh.load_state_dict(state)
+        assert self._dx_error(fresh, x, dy, recipe.Format.E4M3) < 0.1
+        # A checkpoint without the formats (fusible before they were recorded) still loads.
+        old = copy.deepcopy(state)
+        for op_state in old["_extra_state"]["ops"]:
+            if op_state is not None:
+                op_state.pop("formats")
+        ops.Linear(32, 16, device="cpu").load_state_dict(old)
+
+    def test_an_inference_mode_forward_leaves_a_state_training_can_update(self):
+        torch.manual_seed(2)
+        lin = ops.Linear(8, 8, device="cpu")
+        r = recipe.DelayedScaling()
+        with torch.inference_mode(), fusible.autocast(recipe=r):
+            lin(torch.randn(4, 8))
+        x = torch.randn(4, 8, requires_grad=True)
+        with fusible.autocast(recipe=r):
+            y = lin(x)
+        y.sum().backward()  # raised "Inplace update to inference tensor outside InferenceMode"
+        q = lin.basic_ops[0].get_input_quantizer()
+        torch.testing.assert_close(q.amax_history[0], x.detach().abs().max())
+        with torch.inference_mode():
+            lin.basic_ops[0].reset_recipe_state(recipe=r)
+        with fusible.autocast(recipe=r):
+            lin(x).sum().backward()
+
+    def test_a_linear_hands_out_its_basic_ops_quantizers(self):
+        lin = ops.Linear(8, 8, device="cpu")
+        with fusible.autocast(recipe=recipe.DelayedScaling()):
+            lin(torch.randn(4, 8))
+        first, last = lin.basic_ops[0], lin.basic_ops[-1]
+        assert lin.get_input_quantizer().amax_history is not None
+        torch.testing.assert_close(
+            lin.get_input_quantizer().amax_history, first.get_input_quantizer().amax_history
+        )
+        assert lin.get_grad_output_quantizer() is last.get_grad_output_quantizer() is None
+        seq_lin = ops.Linear(8, 8, bias=False, device="cpu")
+        with fusible.autocast(recipe=recipe.DelayedScaling()):
+            seq_lin(torch.randn(4, 8))
+        assert seq_lin.get_grad_output_quantizer().scale.shape == (1,)
+
+
 class TestQuantizerAccessors:
     def test_before_any_recipe_and_bad_indices(self):
         lin = ops.BasicLinear(4, 4, device="cpu")

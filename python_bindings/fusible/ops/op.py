@@ -654,6 +654,14 @@ class FusedOperation(FusibleOperation):
     def _rebuild_cpp(self):
         return self._python_cpp()
 
+    def get_input_quantizer(self):
+        """The first basic op's input quantizer (te.ops)."""
+        return self.basic_ops[0].get_input_quantizer()
+
+    def get_grad_output_quantizer(self):
+        """The last basic op's grad-output quantizer (te.ops)."""
+        return self.basic_ops[-1].get_grad_output_quantizer()
+
     def _param_sources(self):
         return [src for op in self.basic_ops for src in op._param_sources()]
 
