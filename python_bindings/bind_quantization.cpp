@@ -88,9 +88,12 @@ void bind_quantization(py::module_& m) {
       for (const auto& d : *states) l.append(py::make_tuple(d.amax_history, d.scale));
       out[name] = l;
     }
-    // The formats the scales are for (a later recipe of another format rescales them).
+    // The formats the scales are for, as their largest values (a tensor, as the rest of a state
+    // dict: torch.testing.assert_close compares it); a recipe of another format rescales them.
     if (!s->forward_format.empty()) {
-      out["formats"] = py::make_tuple(s->forward_format, s->backward_format);
+      out["fp8_max"] = at::tensor({kernels::fp8_max("FP8 state", s->forward_format),
+                                   kernels::fp8_max("FP8 state", s->backward_format)},
+                                  at::kDouble);
     }
     return out;
   });
@@ -109,9 +112,17 @@ void bind_quantization(py::module_& m) {
       }
     }
     // Absent in checkpoints written before fusible recorded them: unknown, never rescaled.
-    if (state.contains("formats")) {
-      std::tie(s->forward_format, s->backward_format) =
-          state["formats"].cast<std::pair<std::string, std::string>>();
+    if (state.contains("fp8_max")) {
+      const auto fmax = state["fp8_max"].cast<at::Tensor>().to(at::kDouble).contiguous();
+      const auto format_of = [&](int64_t i) -> std::string {
+        const double v = fmax.numel() == 2 ? fmax.data_ptr<double>()[i] : 0.0;
+        TORCH_CHECK_VALUE(v == 448.0 || v == 57344.0, op.type_name(),
+                          ": bad FP8 state in a checkpoint (fp8_max ", fmax,
+                          " is not E4M3's 448 or E5M2's 57344)");
+        return v == 448.0 ? "e4m3" : "e5m2";
+      };
+      s->forward_format = format_of(0);
+      s->backward_format = format_of(1);
     }
     const auto [n_fwd, n_bwd] = op.num_quantizers();
     TORCH_CHECK_VALUE(static_cast<int64_t>(s->forward.size()) == n_fwd &&

@@ -132,7 +132,10 @@ def test_an_expert_whose_rows_are_zeros_keeps_its_delayed_history():
         y.backward(dy)
         if not step:
             state = _C._fp8_state(op._cpp)
-            before = {d: [t.clone() for h, sc in state[d] for t in (h, sc)] for d in state}
+            before = {
+                d: [t.clone() for h, sc in state[d] for t in (h, sc)]
+                for d in ("forward", "backward")
+            }
     state = _C._fp8_state(op._cpp)
     for d, n in (("forward", 3), ("backward", 3)):
         histories = [h for h, _ in state[d][:n]]
