@@ -71,6 +71,27 @@ void bind_quantization(py::module_& m) {
   // The key a compiled call carries for a recipe (ops::recipe_key; "" for None).
   m.def("_fp8_recipe_key",
         [](const std::shared_ptr<Fp8Recipe>& recipe) { return ops::recipe_key(recipe.get()); });
+  // fusible.checkpoint: an activation checkpoint's forward records the delayed casts it makes
+  // (with the scales it casts with); its recompute replays them (the same scales, no history
+  // update). Each scope is a context manager holding its C++ guard.
+  py::class_<ops::Fp8Record, std::shared_ptr<ops::Fp8Record>>(m, "_Fp8Record").def(py::init<>());
+  struct RecordScope {
+    std::shared_ptr<ops::Fp8Record> record;
+    std::unique_ptr<ops::Fp8RecordGuard> guard;
+  };
+  py::class_<RecordScope>(m, "_Fp8RecordScope")
+      .def(py::init([](std::shared_ptr<ops::Fp8Record> r) { return RecordScope{std::move(r)}; }))
+      .def("__enter__",
+           [](RecordScope& s) { s.guard = std::make_unique<ops::Fp8RecordGuard>(s.record); })
+      .def("__exit__", [](RecordScope& s, const py::args&) { s.guard.reset(); });
+  struct ReplayScope {
+    std::shared_ptr<ops::Fp8Record> record;
+    std::unique_ptr<ops::Fp8ReplayGuard> guard;
+  };
+  py::class_<ReplayScope>(m, "_Fp8ReplayScope")
+      .def(py::init([](std::shared_ptr<ops::Fp8Record> r) { return ReplayScope{std::move(r)}; }))
+      .def("__enter__", [](ReplayScope& s) { s.guard = s.record->replay(); })
+      .def("__exit__", [](ReplayScope& s, const py::args&) { s.guard.reset(); });
   m.def("_fp8_autocast_state", [] {
     const auto& a = ops::fp8_autocast();
     return std::make_pair(a.enabled, std::const_pointer_cast<Fp8Recipe>(a.recipe));

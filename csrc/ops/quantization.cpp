@@ -31,6 +31,8 @@ namespace {
 thread_local Fp8Autocast current;
 // The states whose forward casts this thread replays (Fp8ReplayGuard): op state -> its replay.
 thread_local std::vector<std::pair<const Fp8OpState*, std::shared_ptr<Fp8OpState>>> replaying;
+// Where this thread records its delayed casts (Fp8RecordGuard), or null.
+thread_local std::shared_ptr<Fp8Record> recording;
 
 void check(const Fp8Autocast& a) {
   if (!a.enabled) return;
@@ -420,8 +422,27 @@ Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, 
   for (auto it = replaying.rbegin(); it != replaying.rend(); ++it) {
     if (it->first == s.get()) return {a.recipe, it->second};
   }
+  if (recording) {  // the scales this forward casts with, before its first cast updates them
+    const auto& ops = recording->ops;
+    const bool seen =
+        std::any_of(ops.begin(), ops.end(), [&](const OpFp8State& o) { return o.state == s; });
+    if (!seen) {
+      recording->ops.push_back({s, counts});
+      recording->scales.push_back(delayed_forward_scales({{s, counts}}, device));
+    }
+  }
   return {a.recipe, s};
 }
+
+std::unique_ptr<Fp8ReplayGuard> Fp8Record::replay() const {
+  const auto all = scales.empty() ? at::empty({0}, at::kFloat) : at::cat(scales);
+  return std::make_unique<Fp8ReplayGuard>(ops, all);
+}
+
+Fp8RecordGuard::Fp8RecordGuard(std::shared_ptr<Fp8Record> record)
+    : saved_(std::exchange(recording, std::move(record))) {}
+
+Fp8RecordGuard::~Fp8RecordGuard() { recording = std::move(saved_); }
 
 std::string recipe_key(const Fp8Recipe* r) {
   if (r == nullptr) return "";

@@ -125,6 +125,29 @@ class Fp8ReplayGuard {
   std::vector<std::pair<const Fp8OpState*, std::shared_ptr<Fp8OpState>>> replay_, saved_;
 };
 
+/// The delayed-scaling states an activation checkpoint's forward cast with, each with its forward
+/// scales as they were before its first cast there (fusible.checkpoint): its recompute replays
+/// them (Fp8ReplayGuard) so that it casts as the forward did and leaves the histories alone.
+struct Fp8Record {
+  std::vector<OpFp8State> ops;
+  std::vector<at::Tensor> scales;  // per op: its forward scales, fp32 [forward count]
+  /// The Fp8ReplayGuard of the recorded casts.
+  std::unique_ptr<Fp8ReplayGuard> replay() const;
+};
+
+/// While alive, this thread's delayed-scaling forward casts are recorded into `record` (nested
+/// guards: the innermost records).
+class Fp8RecordGuard {
+ public:
+  explicit Fp8RecordGuard(std::shared_ptr<Fp8Record> record);
+  ~Fp8RecordGuard();
+  Fp8RecordGuard(const Fp8RecordGuard&) = delete;
+  Fp8RecordGuard& operator=(const Fp8RecordGuard&) = delete;
+
+ private:
+  std::shared_ptr<Fp8Record> saved_;
+};
+
 /// One tensor as a linear's GEMMs take it (ops/linear_gemms.h).
 /// - High precision (no FP8, or FP8 emulated by a cast and back): `rowwise` is the tensor the
 ///   forward and dgrad GEMMs read, `columnwise` the one the wgrad GEMM reads (the same tensor but

@@ -16,6 +16,7 @@ ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
 
 from . import _C, _inductor_fallbacks, functional, ops, recipe  # noqa: E402  (after the above)
 from ._version import __version__  # noqa: E402
+from .activation_checkpoint import checkpoint  # noqa: E402
 from .quantization import (  # noqa: E402
     autocast,
     fp8_available,
@@ -32,6 +33,7 @@ _inductor_fallbacks.install()
 __all__ = [
     "__version__",
     "autocast",
+    "checkpoint",
     "cmake_prefix_path",
     "cuda_built",
     "fp8_available",
