@@ -307,9 +307,9 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
           break;
       }
       ctx.extra_input_requires_grad.push_back(ctx.requires_grad && needs);
-      ctx.extra_input_writable.push_back(src.kind == InputSource::Kind::kPublic &&
-                                         read_only_elsewhere(src.index, input, extra_inputs,
-                                                             external));
+      ctx.extra_input_writable.push_back(
+          src.kind == InputSource::Kind::kPublic &&
+          read_only_elsewhere(src.index, input, extra_inputs, external));
     }
   }
   return call;
