@@ -31,8 +31,8 @@ namespace {
 thread_local Fp8Autocast current;
 // The states whose forward casts this thread replays (Fp8ReplayGuard): op state -> its replay.
 thread_local std::vector<std::pair<const Fp8OpState*, std::shared_ptr<Fp8OpState>>> replaying;
-// Where this thread records its delayed casts (Fp8RecordGuard), or null.
-thread_local std::shared_ptr<Fp8Record> recording;
+// Where this thread records its delayed casts (Fp8RecordGuard), outermost first.
+thread_local std::vector<std::shared_ptr<Fp8Record>> recordings;
 
 void check(const Fp8Autocast& a) {
   if (!a.enabled) return;
@@ -388,17 +388,43 @@ std::atomic<bool> amax_handoff{true};
 bool fp8_amax_handoff() { return amax_handoff.load(std::memory_order_relaxed); }
 void set_fp8_amax_handoff(bool on) { amax_handoff.store(on, std::memory_order_relaxed); }
 
+namespace {
+
+// Into every active record not holding it yet: state `key`'s forward histories and scales as
+// `now` holds them (the state itself, or its replay), before the op's first cast in the record.
+void record_casts(const std::shared_ptr<Fp8OpState>& key, const Fp8OpState& now,
+                  std::pair<int64_t, int64_t> counts) {
+  for (auto& r : recordings) {
+    const bool seen = std::any_of(r->ops.begin(), r->ops.end(),
+                                  [&](const OpFp8State& o) { return o.state == key; });
+    if (seen) continue;
+    std::vector<DelayedScaling> copies;
+    for (const auto& d : now.forward) copies.push_back({d.amax_history.clone(), d.scale.clone()});
+    r->ops.push_back({key, counts});
+    r->forward.push_back(std::move(copies));
+  }
+}
+
+}  // namespace
+
 Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, int64_t> counts,
                          c10::Device device) {
   const auto& a = fp8_autocast();
   if (!a.enabled) return {};
   if (a.recipe->kind != "delayed") return {a.recipe, nullptr};
   TORCH_CHECK(state != nullptr, "FP8 delayed scaling: this op keeps no quantizer state");
+  auto& s = *state;
+  // A replayed forward casts from its replay's copies and leaves the op's own state as it is.
+  for (auto it = replaying.rbegin(); s && it != replaying.rend(); ++it) {
+    if (it->first != s.get()) continue;
+    record_casts(s, *it->second, counts);
+    return {a.recipe, it->second};
+  }
   // The state outlives this call: never inference tensors, which a later training step could not
   // update (a forward under torch.inference_mode may make or move it).
-  const c10::InferenceMode not_inference(false);
+  std::optional<c10::InferenceMode> not_inference;
+  if (c10::InferenceMode::is_enabled()) not_inference.emplace(false);
   const auto len = a.recipe->amax_history_len;
-  auto& s = *state;
   if (!serves(s, counts)) {
     auto fresh = std::make_shared<Fp8OpState>();
     fresh->forward = fresh_states(counts.first, len, device);
@@ -419,30 +445,30 @@ Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, 
   move_to(s->backward, device);
   rescale_to_format(s->forward, s->forward_format, a.recipe->forward_format);
   rescale_to_format(s->backward, s->backward_format, a.recipe->backward_format);
-  for (auto it = replaying.rbegin(); it != replaying.rend(); ++it) {
-    if (it->first == s.get()) return {a.recipe, it->second};
-  }
-  if (recording) {  // the scales this forward casts with, before its first cast updates them
-    const auto& ops = recording->ops;
-    const bool seen =
-        std::any_of(ops.begin(), ops.end(), [&](const OpFp8State& o) { return o.state == s; });
-    if (!seen) {
-      recording->ops.push_back({s, counts});
-      recording->scales.push_back(delayed_forward_scales({{s, counts}}, device));
-    }
-  }
+  record_casts(s, *s, counts);
   return {a.recipe, s};
 }
 
 std::unique_ptr<Fp8ReplayGuard> Fp8Record::replay() const {
-  const auto all = scales.empty() ? at::empty({0}, at::kFloat) : at::cat(scales);
-  return std::make_unique<Fp8ReplayGuard>(ops, all);
+  std::vector<std::pair<const Fp8OpState*, std::shared_ptr<Fp8OpState>>> states;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& real = *ops[i].state;
+    auto r = std::make_shared<Fp8OpState>();
+    for (const auto& d : forward[i])
+      r->forward.push_back({d.amax_history.clone(), d.scale.clone()});
+    r->backward = real.backward;  // the same tensors: the backward records as usual
+    r->forward_format = real.forward_format;
+    r->backward_format = real.backward_format;
+    states.emplace_back(&real, std::move(r));
+  }
+  return std::make_unique<Fp8ReplayGuard>(std::move(states));
 }
 
-Fp8RecordGuard::Fp8RecordGuard(std::shared_ptr<Fp8Record> record)
-    : saved_(std::exchange(recording, std::move(record))) {}
+Fp8RecordGuard::Fp8RecordGuard(std::shared_ptr<Fp8Record> record) {
+  recordings.push_back(std::move(record));
+}
 
-Fp8RecordGuard::~Fp8RecordGuard() { recording = std::move(saved_); }
+Fp8RecordGuard::~Fp8RecordGuard() { recordings.pop_back(); }
 
 std::string recipe_key(const Fp8Recipe* r) {
   if (r == nullptr) return "";
@@ -523,6 +549,12 @@ Fp8ReplayGuard::Fp8ReplayGuard(const std::vector<OpFp8State>& ops, const at::Ten
     offset += op.counts.first;
   }
   saved_ = replaying;
+  replaying.insert(replaying.end(), replay_.begin(), replay_.end());
+}
+
+Fp8ReplayGuard::Fp8ReplayGuard(
+    std::vector<std::pair<const Fp8OpState*, std::shared_ptr<Fp8OpState>>> replay)
+    : replay_(std::move(replay)), saved_(replaying) {
   replaying.insert(replaying.end(), replay_.begin(), replay_.end());
 }
 

@@ -117,6 +117,9 @@ at::Tensor delayed_forward_scales(const std::vector<OpFp8State>& ops, c10::Devic
 class Fp8ReplayGuard {
  public:
   Fp8ReplayGuard(const std::vector<OpFp8State>& ops, const at::Tensor& scales);
+  /// Replays each state (key) with the given replay state (its forward casts start from it).
+  explicit Fp8ReplayGuard(
+      std::vector<std::pair<const Fp8OpState*, std::shared_ptr<Fp8OpState>>> replay);
   ~Fp8ReplayGuard();
   Fp8ReplayGuard(const Fp8ReplayGuard&) = delete;
   Fp8ReplayGuard& operator=(const Fp8ReplayGuard&) = delete;
@@ -125,27 +128,26 @@ class Fp8ReplayGuard {
   std::vector<std::pair<const Fp8OpState*, std::shared_ptr<Fp8OpState>>> replay_, saved_;
 };
 
-/// The delayed-scaling states an activation checkpoint's forward cast with, each with its forward
-/// scales as they were before its first cast there (fusible.checkpoint): its recompute replays
-/// them (Fp8ReplayGuard) so that it casts as the forward did and leaves the histories alone.
+/// The delayed-scaling states an activation checkpoint's forward cast with, each with copies of
+/// its forward histories and scales as they were before its first cast there (fusible.checkpoint):
+/// its recompute replays them (Fp8ReplayGuard), casting as the forward did, casts after the first
+/// included, and leaving the real histories alone.
 struct Fp8Record {
   std::vector<OpFp8State> ops;
-  std::vector<at::Tensor> scales;  // per op: its forward scales, fp32 [forward count]
-  /// The Fp8ReplayGuard of the recorded casts.
+  std::vector<std::vector<DelayedScaling>> forward;  // per op: the copies
+  /// The Fp8ReplayGuard of the recorded casts (fresh copies: a recompute may run more than once).
   std::unique_ptr<Fp8ReplayGuard> replay() const;
 };
 
-/// While alive, this thread's delayed-scaling forward casts are recorded into `record` (nested
-/// guards: the innermost records).
+/// While alive, this thread's delayed-scaling forward casts are recorded into `record` and into
+/// every record whose guard is alive around it (nested checkpoints: each recompute replays its
+/// own).
 class Fp8RecordGuard {
  public:
   explicit Fp8RecordGuard(std::shared_ptr<Fp8Record> record);
   ~Fp8RecordGuard();
   Fp8RecordGuard(const Fp8RecordGuard&) = delete;
   Fp8RecordGuard& operator=(const Fp8RecordGuard&) = delete;
-
- private:
-  std::shared_ptr<Fp8Record> saved_;
 };
 
 /// One tensor as a linear's GEMMs take it (ops/linear_gemms.h).

@@ -5,26 +5,33 @@ import contextlib
 
 import torch
 
-from . import _C
+from . import _C, quantization
 
 __all__ = ["checkpoint"]
 
 
 class _Recompute:
-    """The recompute's context: the forward's FP8 autocast, and its delayed casts replayed with
-    the scales they used (no history update)."""
+    """The recompute's context: the forward's FP8 autocast (C++ and Python sides), and its delayed
+    casts replayed from copies of the states they started from (no history update)."""
 
-    def __init__(self, autocast_state, record):
-        self._state, self._record = autocast_state, record
+    def __init__(self, autocast_state, python_recipe, record):
+        self._state, self._recipe, self._record = autocast_state, python_recipe, record
 
     def __enter__(self):
-        self._replay = _C._Fp8ReplayScope(self._record)
+        replay = _C._Fp8ReplayScope(self._record)
+        replay.__enter__()  # first: it may raise, before anything else changed
+        self._replay = replay
         self._previous = _C._exchange_fp8_autocast(*self._state)
-        self._replay.__enter__()
+        self._previous_recipe = getattr(quantization._autocast_recipe, "value", None)
+        self._previous_key = quantization._compiled_key
+        quantization._autocast_recipe.value = self._recipe
+        quantization._compiled_key = _C._fp8_recipe_key(self._state[1])
 
     def __exit__(self, *exc):
-        self._replay.__exit__(*exc)
+        quantization._autocast_recipe.value = self._previous_recipe
+        quantization._compiled_key = self._previous_key
         _C._exchange_fp8_autocast(*self._previous)
+        self._replay.__exit__(*exc)
 
 
 @contextlib.contextmanager
@@ -45,16 +52,23 @@ def checkpoint(function, *args, use_reentrant=False, context_fn=None, **kwargs):
     to torch.utils.checkpoint."""
     if use_reentrant:
         raise ValueError("fusible.checkpoint: only use_reentrant=False is supported")
+    if torch.compiler.is_compiling():
+        # torch's checkpoint under compile takes only TorchDispatchMode contexts.
+        raise NotImplementedError(
+            "fusible.checkpoint under torch.compile is not supported yet; checkpoint outside the "
+            "compiled region, or use torch.utils.checkpoint there"
+        )
 
     def contexts():
         state = _C._fp8_autocast_state()  # the forward's (enabled, recipe)
+        python_recipe = getattr(quantization._autocast_recipe, "value", None)
         record = _C._Fp8Record()
         forward, recompute = (
             context_fn() if context_fn else (contextlib.nullcontext(), contextlib.nullcontext())
         )
         return (
             _both(forward, _C._Fp8RecordScope(record)),
-            _both(recompute, _Recompute(state, record)),
+            _both(recompute, _Recompute(state, python_recipe, record)),
         )
 
     return torch.utils.checkpoint.checkpoint(

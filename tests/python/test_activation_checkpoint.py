@@ -83,6 +83,61 @@ def test_checkpointed_training_equals_plain_training(kind, backward_inside):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+class _Twice(torch.nn.Module):
+    """One linear applied twice: its state casts twice per forward."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.lin = ops.Linear(32, 32, device="cpu", dtype=D)
+
+    def forward(self, x):
+        return self.lin(torch.tanh(self.lin(x)))
+
+
+def _nested_outer(seq, x):
+    # The outer recompute runs the inner checkpoint again, under the outer replay.
+    return fusible.checkpoint(lambda t: _nested_plain(seq, t), x)
+
+
+def _nested_plain(seq, x):
+    h = seq[1](seq[0](x))
+    return fusible.checkpoint(lambda t: seq[3](seq[2](t)), h)
+
+
+@pytest.mark.parametrize("backward_inside", [False, True])
+def test_an_op_cast_twice_and_nested_checkpoints_replay_exactly(backward_inside):
+    rec = recipe.DelayedScaling(amax_history_len=4)
+    want = _train(_Twice(), rec, _plain, backward_inside, steps=4)
+    got = _train(_Twice(), rec, _checkpointed, backward_inside, steps=4)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    plain, nested = _block(), _block()
+    want = _train(plain, rec, lambda s, x: s(x), backward_inside)
+    got = _train(nested, rec, _nested_outer, backward_inside)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    for g, w in zip(_histories(nested), _histories(plain), strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_inside_a_compiled_function():
+    # Dynamo runs it eagerly (a graph break), never tracing torch's checkpoint with our
+    # contexts (which it could not); the result is the eager one.
+    seq = _block()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: fusible.checkpoint(seq, x) * 2, backend="eager")
+    x = torch.randn(4, 32, dtype=D, requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
+        y = compiled(x)
+        yr = fusible.checkpoint(seq, xr) * 2
+    torch.testing.assert_close(y, yr, rtol=0, atol=0)
+    y.sum().backward()
+    yr.sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=0, atol=0)
+
+
 def test_plain_torch_checkpoint_differs_where_the_backward_leaves_the_autocast():
     # The reason fusible.checkpoint exists: torch's recomputes without FP8 there.
     rec = recipe.Float8CurrentScaling()

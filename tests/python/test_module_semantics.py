@@ -450,6 +450,24 @@ class TestSequentialChildren:
         x = torch.randn(2, 4, dtype=D)
         torch.testing.assert_close(tail(x), model[2](model[1](x)))
 
+    def test_append_after_slicing_takes_a_free_name(self):
+        model = ops.Sequential(*[ops.Linear(4, 4, dtype=D, device="cpu") for _ in range(3)])
+        tail = model[1:]
+        tail.append(ops.ReLU())
+        assert list(tail._modules) == ["1", "2", "3"]
+        assert tail[1] is model[2] and isinstance(tail[2], ops.ReLU)
+        x = torch.randn(2, 4, dtype=D)
+        torch.testing.assert_close(tail(x), torch.relu(model[2](model[1](x))))
+
+    def test_a_forward_set_on_an_instance_runs_inside_sequential(self):
+        lin = ops.Linear(8, 8, dtype=D, device="cpu")
+        plain = lin.forward
+        lin.forward = lambda x: plain(x) * 3  # accelerate's add_hook_to_module does this
+        x = torch.randn(2, 8, dtype=D)
+        y = ops.Sequential(ops.GELU(), lin)(x)
+        h = torch.nn.functional.gelu(x, approximate="tanh")
+        torch.testing.assert_close(y, 3 * torch.nn.functional.linear(h, lin.weight, lin.bias))
+
     def test_a_child_set_through_modules_takes_effect(self):
         """torch.ao.quantization's convert assigns module._modules[key] directly."""
         model = ops.Sequential(ops.Linear(8, 8, dtype=D, device="cpu"), ops.GELU())

@@ -70,7 +70,10 @@ def _same_kwargs(a, b):
             return True
         if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
             return False
-        return bool(x == y)
+        try:
+            return bool(x == y)
+        except (RuntimeError, TypeError, ValueError):  # containers of tensors, arrays
+            return False
 
     return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
 

@@ -433,7 +433,10 @@ def _defines(cls, base, name):
 
 
 def _user_forward(module):
-    """Whether a class outside fusible (a user's subclass of a built-in op) defines `forward`."""
+    """Whether a forward of the user's replaces fusible's: one set on the instance, or defined by
+    a class outside fusible (a subclass of a built-in op)."""
+    if "forward" in module.__dict__:
+        return True
     for cls in type(module).__mro__:
         if cls.__module__.split(".")[0] == "fusible":
             return False

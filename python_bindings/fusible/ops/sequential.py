@@ -169,7 +169,12 @@ class Sequential(torch.nn.Module):
         """Appends a module (under `name`, else its position); returns self."""
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"Sequential: expected a torch.nn.Module, got {type(module).__name__}")
-        self.add_module(str(len(self._modules)) if name is None else name, module)
+        if name is None:  # the next free position name (a slice keeps its original names)
+            n = len(self._modules)
+            while str(n) in self._modules:
+                n += 1
+            name = str(n)
+        self.add_module(name, module)
         self._invalidate()
         return self
 

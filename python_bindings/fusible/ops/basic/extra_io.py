@@ -18,9 +18,9 @@ def _in_place_face(name, summary, in_place):
 AddExtraInput = _in_place_face(
     "AddExtraInput",
     "y = x + extra (extra input 0).",
-    "add into the extra tensor's storage and return it, where that is safe: the add runs out "
-    "of place (same values, a new tensor) for an extra tensor that is a view, that shares "
-    "storage with x or the call's other tensors, or that is a channel's value.",
+    "add into the extra tensor's storage and return it; the add runs out of place (same "
+    "values, a new tensor) for an extra tensor that is a view, a channel's value, or shares "
+    "storage with x or another extra tensor of the fuser call.",
 )
 MakeExtraOutput = _in_place_face(
     "MakeExtraOutput",
