@@ -41,15 +41,15 @@ def _both(first, second):
 
 
 def checkpoint(function, *args, use_reentrant=False, context_fn=None, **kwargs):
-    """torch.utils.checkpoint.checkpoint(function, *args) whose recompute in the backward runs
-    under the FP8 autocast of the forward, whether or not the backward runs inside one, and casts
-    as the forward did: DelayedScaling's casts take the scales the forward used and leave the amax
-    histories alone (the forward already recorded them). The gradients are then those of the
-    forward that ran. Plain torch.utils.checkpoint recomputes without FP8 where the backward runs
-    outside the autocast, and with updated scales inside it.
+    """``torch.utils.checkpoint.checkpoint(function, *args)`` whose recompute in the backward
+    runs under the FP8 autocast of the forward, whether or not the backward runs inside one, and
+    casts as the forward did: DelayedScaling's casts take the scales the forward used and leave
+    the amax histories alone (the forward already recorded them). The gradients are then those of
+    the forward that ran. Plain ``torch.utils.checkpoint`` recomputes without FP8 where the
+    backward runs outside the autocast, and with updated scales inside it.
 
-    Only the non-reentrant form (use_reentrant=False); context_fn and the other keywords pass on
-    to torch.utils.checkpoint."""
+    Only the non-reentrant form (``use_reentrant=False``); ``context_fn`` and the other keywords
+    pass on to ``torch.utils.checkpoint``."""
     if use_reentrant:
         raise ValueError("fusible.checkpoint: only use_reentrant=False is supported")
     if torch.compiler.is_compiling():
