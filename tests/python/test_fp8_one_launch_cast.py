@@ -11,6 +11,7 @@ from conftest import cuda_only
 # != 0); more tiles than SMs (each block then casts several); the one-launch limit (2^22
 # elements) exactly; just past it (the plain launches either way).
 SHAPES = [(16, 64), (16, 1024), (136, 72), (132, 68), (262144, 16), (4096, 1024), (4100, 1024)]
+SHAPE_IDS = [f"{r}x{c}" for r, c in SHAPES]
 
 
 def _bits(t):
@@ -46,7 +47,7 @@ def test_the_switch_reads_back():
 
 
 @cuda_only
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("transpose", [True, False])
 def test_current_scaling_bytes_equal_the_plain_launches(shape, dtype, transpose):
@@ -79,7 +80,7 @@ def test_activation_on_load_equals_the_plain_launches(shape, act):
 
 
 @cuda_only
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 def test_delayed_scaling_casts_and_updates_as_the_plain_launches(shape, algo):
     torch.manual_seed(2)
