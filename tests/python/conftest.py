@@ -66,3 +66,11 @@ def assert_close_to_ref(actual, ref64, dtype, gemm=False):
         rtol=rtol,
         atol=atol,
     )
+
+
+def randomized(module, scale=0.3):
+    """Every parameter random and nonzero, biases included (a zero default hides errors)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * scale + 0.01)
+    return module

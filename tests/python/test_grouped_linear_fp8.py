@@ -8,7 +8,7 @@ import copy
 import fusible
 import pytest
 import torch
-from conftest import DEVICES, FP8_GEMM_DEVICES
+from conftest import DEVICES, FP8_GEMM_DEVICES, randomized
 from fusible import ops, recipe
 from fusible._float8_tensor import Float8Tensor
 from test_fp8 import qdq, qdq_blocks
@@ -20,13 +20,6 @@ RECIPES = {
     "delayed": lambda: recipe.DelayedScaling(amax_history_len=4),
     "block": recipe.Float8BlockScaling,
 }
-
-
-def randomized(module, scale=0.3):
-    with torch.no_grad():
-        for p in module.parameters():  # every parameter random and nonzero, biases included
-            p.copy_(torch.randn_like(p) * scale + 0.01)
-    return module
 
 
 def sgd(params, lr=0.05):

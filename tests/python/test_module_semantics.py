@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import DEVICES
+from conftest import DEVICES, randomized
 from fusible import ops
 
 D = torch.float64
@@ -443,7 +443,7 @@ class TestSequentialChildren:
         model = ops.Sequential(*[ops.Linear(4, 4, dtype=D, device="cpu") for _ in range(3)])
         tail = model[1:]
         assert list(tail.state_dict())[:2] == ["1.weight", "1.bias"]
-        torch.nn.init.normal_(model[0].weight)
+        randomized(model)
         tail.load_state_dict(model.state_dict(), strict=False)  # its own layers' entries
         assert torch.equal(tail[0].weight, model[1].weight)
         assert torch.equal(model[1:2][0].weight, model[1].weight)
@@ -451,7 +451,9 @@ class TestSequentialChildren:
         torch.testing.assert_close(tail(x), model[2](model[1](x)))
 
     def test_append_after_slicing_takes_a_free_name(self):
-        model = ops.Sequential(*[ops.Linear(4, 4, dtype=D, device="cpu") for _ in range(3)])
+        model = randomized(
+            ops.Sequential(*[ops.Linear(4, 4, dtype=D, device="cpu") for _ in range(3)])
+        )
         tail = model[1:]
         tail.append(ops.ReLU())
         assert list(tail._modules) == ["1", "2", "3"]
@@ -460,7 +462,7 @@ class TestSequentialChildren:
         torch.testing.assert_close(tail(x), torch.relu(model[2](model[1](x))))
 
     def test_a_forward_set_on_an_instance_runs_inside_sequential(self):
-        lin = ops.Linear(8, 8, dtype=D, device="cpu")
+        lin = randomized(ops.Linear(8, 8, dtype=D, device="cpu"))
         plain = lin.forward
         lin.forward = lambda x: plain(x) * 3  # accelerate's add_hook_to_module does this
         x = torch.randn(2, 8, dtype=D)
@@ -500,7 +502,7 @@ class TestSequentialChildren:
             def forward(self, x):
                 return super().forward(x) * 2
 
-        lin = Doubled(8, 8, dtype=D, device="cpu")
+        lin = randomized(Doubled(8, 8, dtype=D, device="cpu"))
         x = torch.randn(3, 8, dtype=D, requires_grad=True)
         model = ops.Sequential(ops.GELU(), lin, ops.ReLU())
         y = model(x)
@@ -508,8 +510,8 @@ class TestSequentialChildren:
         want = torch.relu(2 * torch.nn.functional.linear(h, lin.weight, lin.bias))
         torch.testing.assert_close(y, want)
         dy = torch.randn_like(y)
-        got = torch.autograd.grad(y, [x, lin.weight], dy)
-        torch.testing.assert_close(got, torch.autograd.grad(want, [x, lin.weight], dy))
+        got = torch.autograd.grad(y, [x, lin.weight, lin.bias], dy)
+        torch.testing.assert_close(got, torch.autograd.grad(want, [x, lin.weight, lin.bias], dy))
         assert [g.get("module") for g in model.fusion_plan()] == [None, "Doubled", None]
 
 
