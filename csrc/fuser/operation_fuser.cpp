@@ -243,12 +243,12 @@ std::pair<std::vector<std::string>, std::vector<std::string>> OperationFuser::fu
 namespace {
 
 // Whether the caller's extra tensor `index` shares no storage with the call's other tensors (its
-// input, other extra tensors): an op before the in-place one may have saved any of those for its
-// backward (y = x + f(x) called as seq(x, x): f's saved x would hold the sum). The add then runs
-// out of place, with the same values.
+// input, other extra tensors, the parameters): an op before the in-place one may have saved any of
+// those for its backward (y = x + f(x) called as seq(x, x): f's saved x would hold the sum). The
+// add then runs out of place, with the same values.
 bool read_only_elsewhere(int64_t index, const at::Tensor& input,
                          const std::vector<at::Tensor>& extra_inputs,
-                         const std::vector<at::Tensor>& external) {
+                         const std::vector<at::Tensor>& external, at::TensorList params) {
   const auto& extra = extra_inputs[index];
   if (!extra.defined() || !extra.has_storage()) return true;
   const auto shares = [&](const at::Tensor& t) {
@@ -258,10 +258,8 @@ bool read_only_elsewhere(int64_t index, const at::Tensor& input,
   for (size_t i = 0; i < extra_inputs.size(); ++i) {
     if (static_cast<int64_t>(i) != index && shares(extra_inputs[i])) return false;
   }
-  for (const auto& t : external) {
-    if (shares(t)) return false;
-  }
-  return true;
+  return std::none_of(external.begin(), external.end(), shares) &&
+         std::none_of(params.begin(), params.end(), shares);
 }
 
 }  // namespace
@@ -308,8 +306,8 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
       }
       ctx.extra_input_requires_grad.push_back(ctx.requires_grad && needs);
       ctx.extra_input_writable.push_back(
-          src.kind == InputSource::Kind::kPublic &&
-          read_only_elsewhere(src.index, input, extra_inputs, external));
+          src.kind == InputSource::Kind::kPublic && basic_ops_[i]->writes_extra_inputs() &&
+          read_only_elsewhere(src.index, input, extra_inputs, external, params));
     }
   }
   return call;

@@ -114,6 +114,10 @@ class BasicOperation : public FusibleOperation {
   std::vector<std::shared_ptr<BasicOperation>> basic_ops() override;
   int64_t num_extra_inputs() const { return num_extra_inputs_; }
   int64_t num_extra_outputs() const { return num_extra_outputs_; }
+  /// Whether the forward may write into an extra input's storage (OperationContext's
+  /// extra_input_writable says where it may): the fuser checks the caller's tensors only for
+  /// such ops.
+  virtual bool writes_extra_inputs() const { return false; }
 
   virtual at::Tensor op_forward(OperationContext& ctx, const at::Tensor& input,
                                 const ForwardArgs& args);

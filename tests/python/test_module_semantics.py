@@ -549,6 +549,35 @@ class TestInPlaceResidual:
         for p, q in zip(model.parameters(), params):
             torch.testing.assert_close(p.grad, q.grad)
 
+    @pytest.mark.parametrize("between", [None, "bias", "gelu"])
+    def test_residual_that_is_a_saved_frozen_parameter(self, between):
+        """The in-place add's extra tensor is the frozen weight the linear before it saved for
+        its backward: the add runs out of place (fused with the linear or not), and the weight
+        and the input gradient stay right."""
+        torch.manual_seed(2)
+        lin = randomized(ops.BasicLinear(4, 4, dtype=D, device="cpu"))
+        bias = randomized(ops.Bias(4, dtype=D, device="cpu"))
+        middle = {None: [], "bias": [bias], "gelu": [ops.GELU()]}[between]
+        model = ops.Sequential(lin, *middle, ops.AddExtraInput(in_place=True))
+        lin.weight.requires_grad_(False)
+        w = lin.weight.detach().clone()
+        x = torch.randn(4, 4, dtype=D, requires_grad=True)
+        y = model(x, lin.weight)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        r = x.detach().requires_grad_()
+        h = r @ w.T
+        h = {
+            None: h,
+            "bias": h + bias.bias,
+            "gelu": torch.nn.functional.gelu(h, approximate="tanh"),
+        }[between]
+        want = h + w
+        want.backward(dy)
+        assert torch.equal(lin.weight, w)
+        torch.testing.assert_close(y, want)
+        torch.testing.assert_close(x.grad, r.grad)
+
 
 class TestCompile:
     @pytest.mark.parametrize("backend", ["eager", "inductor"])

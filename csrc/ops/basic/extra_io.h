@@ -13,6 +13,7 @@ class AddExtraInput : public BasicOperation {
   explicit AddExtraInput(bool in_place = false)
       : BasicOperation("AddExtraInput", /*num_extra_inputs=*/1), in_place_(in_place) {}
   bool in_place() const { return in_place_; }
+  bool writes_extra_inputs() const override { return in_place_; }
   at::Tensor fuser_forward(const std::vector<OperationContext*>& ctxs, const at::Tensor& input,
                            const TensorLists& extra_inputs, TensorLists& extra_outputs,
                            const ForwardArgs& args) override;
