@@ -307,6 +307,20 @@ def test_per_group_parameters_share_one_buffer_and_a_swapped_one_still_works():
     torch.testing.assert_close(op.weight1.grad, torch.ones(3, 5, dtype=D).T @ x[1:4].detach())
 
 
+@pytest.mark.parametrize("name", ["weight0", "weight2", "bias1"])
+def test_an_in_place_change_before_the_backward_raises(name):
+    """The grouped weight (bias) the forward saves is a view of group 0's parameter: a change to
+    any group's parameter between forward and backward raises, as it does for a Linear, instead
+    of a backward with the new values."""
+    op = ops.GroupedLinear(3, 4, 5, scale_bias=True, device="cpu", dtype=D)
+    x = torch.randn(6, 4, dtype=D, requires_grad=True)
+    y = op(x, torch.tensor([1, 3, 2]), torch.rand(6, dtype=D, requires_grad=True))
+    with torch.no_grad():
+        getattr(op, name).mul_(2)
+    with pytest.raises(RuntimeError, match="inplace"):  # group 0's: its view's wording
+        y.sum().backward()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_zero_rows(device):
     op = ops.GroupedLinear(2, 8, 8, scale_bias=True, device=device)

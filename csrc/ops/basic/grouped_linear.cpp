@@ -371,9 +371,20 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
       // tensor that an earlier op wrote in place is refused by autograd once the fuser marks that
       // tensor dirty. Under FP8 the cast x is kept whatever keep_input says: a recast would not be
       // the forward's.
-      ctx.save_for_backward({sizes, need_x && (keep_input || ctx.fp8.on()) ? x_wgrad : at::Tensor(),
-                             ctx.input_requires_grad ? weight_dgrad : at::Tensor(), scales,
-                             scale_bias_ ? bias : at::Tensor()});
+      std::vector<at::Tensor> saved{sizes,
+                                    need_x && (keep_input || ctx.fp8.on()) ? x_wgrad : at::Tensor(),
+                                    ctx.input_requires_grad ? weight_dgrad : at::Tensor(), scales,
+                                    scale_bias_ ? bias : at::Tensor()};
+      // A saved view over every group's parameters (their storage is one) carries group 0's
+      // version counter only: the other groups' parameters are saved too, unread, so that an
+      // in-place change to any of them before the backward raises, as it does for a Linear.
+      const auto check_versions_of = [&](const at::Tensor& view, int64_t first, bool single) {
+        if (!view.defined() || single || !view.is_alias_of(ctx.params.at(first))) return;
+        for (int64_t g = 1; g < num_groups_; ++g) saved.push_back(ctx.params.at(first + g));
+      };
+      check_versions_of(saved[2], 0, single_weight_);
+      check_versions_of(saved[4], nw, single_bias_);
+      ctx.save_for_backward(std::move(saved));
     }
   }
   auto shape = input.sizes().vec();
