@@ -40,7 +40,8 @@ class Linear : public FusedOperation {
   std::shared_ptr<Bias> bias_op() const { return bias_; }
   /// The reduction after a per-rank bias summand (null otherwise).
   std::shared_ptr<BasicOperation> collective_op() const { return collective_; }
-  at::Tensor& weight() { return linear_->weight(); }
+  /// Read-only: parameters() holds this tensor too (replace its data with set_data or copy_).
+  const at::Tensor& weight() const { return linear_->weight(); }
   /// A deep copy over copies of the basic ops.
   std::shared_ptr<torch::nn::Module> clone(
       const std::optional<c10::Device>& device = std::nullopt) const override;

@@ -62,7 +62,7 @@ void materialize_(const at::Tensor& param, c10::Device device) {
   assign_in_place_(param, at::empty(param.sizes(), param.options().device(device)));
 }
 
-void init_linear_weight_(at::Tensor& weight) {
+void init_linear_weight_(const at::Tensor& weight) {
   const at::NoGradGuard no_grad;
   const int64_t fan_in = weight.size(1);
   const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;

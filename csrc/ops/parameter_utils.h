@@ -35,6 +35,6 @@ void assign_in_place_(const at::Tensor& param, const at::Tensor& value);
 void materialize_(const at::Tensor& param, c10::Device device);
 
 /// Uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)): torch.nn.Linear's kaiming_uniform(a=sqrt(5)).
-void init_linear_weight_(at::Tensor& weight);
+void init_linear_weight_(const at::Tensor& weight);
 
 }  // namespace fusible::ops

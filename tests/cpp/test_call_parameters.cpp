@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <type_traits>
+#include <utility>
 
 namespace fusible::test {
 namespace {
@@ -30,6 +32,17 @@ TEST(CallParameters, ComputeWithAndDifferentiateTheCallsTensors) {
   EXPECT_TRUE(at::allclose(b.grad(), at::full({3}, 2.0, at::kDouble), 0, 0));
   EXPECT_FALSE(lin->weight().grad().defined());  // the registered weight was not used
 }
+
+// The accessors hand out the registered tensors read-only: assigning through one would make the
+// ops compute with a tensor parameters() does not list (set_data and copy_ replace the values).
+template <typename T>
+constexpr bool read_only = std::is_const_v<std::remove_reference_t<T>>;
+static_assert(read_only<decltype(std::declval<ops::Linear&>().weight())>);
+static_assert(read_only<decltype(std::declval<ops::BasicLinear&>().weight())>);
+static_assert(read_only<decltype(std::declval<ops::Bias&>().bias())>);
+static_assert(read_only<decltype(std::declval<ops::LayerNorm&>().weight())>);
+static_assert(read_only<decltype(std::declval<ops::LayerNorm&>().bias())>);
+static_assert(read_only<decltype(std::declval<ops::RMSNorm&>().weight())>);
 
 // te.ops' op_kwargs buffers from C++: ops::CallBuffersGuard hands GroupedLinear the caller's
 // output tensor for the calls made while it lives; the output is that tensor.

@@ -66,7 +66,7 @@ class BasicLinear : public BasicOperation {
   bool takes_input_amax() const override;
   bool takes_input_act() const override;
   /// The registered weight (a call computes with the call's own, OperationContext::params).
-  at::Tensor& weight() { return *parameters_.find("weight"); }
+  const at::Tensor& weight() const { return *parameters_.find("weight"); }
   void reset_parameters() override;
   /// Megatron's weight.main_grad (te.ops' accumulate_into_main_grad): the backward's wgrad GEMM
   /// adds the weight gradient into main_grad.target()'s buffer (fp32 accumulation for an fp32

@@ -13,7 +13,7 @@ class Bias : public BasicOperation {
        std::optional<at::ScalarType> dtype = std::nullopt);
   int64_t size() const { return size_; }
   /// The registered bias (a call computes with the call's own, OperationContext::params).
-  at::Tensor& bias() { return *parameters_.find("bias"); }
+  const at::Tensor& bias() const { return *parameters_.find("bias"); }
   void reset_parameters() override;
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;

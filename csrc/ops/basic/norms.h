@@ -17,8 +17,8 @@ class LayerNorm : public BasicOperation {
   const std::vector<int64_t>& normalized_shape() const { return normalized_shape_; }
   double eps() const { return eps_; }
   bool zero_centered_gamma() const { return zero_centered_gamma_; }
-  at::Tensor& weight() { return *parameters_.find("weight"); }
-  at::Tensor& bias() { return *parameters_.find("bias"); }
+  const at::Tensor& weight() const { return *parameters_.find("weight"); }
+  const at::Tensor& bias() const { return *parameters_.find("bias"); }
   void reset_parameters() override;
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
@@ -41,7 +41,7 @@ class RMSNorm : public BasicOperation {
   const std::vector<int64_t>& normalized_shape() const { return normalized_shape_; }
   double eps() const { return eps_; }
   bool zero_centered_gamma() const { return zero_centered_gamma_; }
-  at::Tensor& weight() { return *parameters_.find("weight"); }
+  const at::Tensor& weight() const { return *parameters_.find("weight"); }
   void reset_parameters() override;
   at::Tensor op_forward(OperationContext& ctx, const at::Tensor& x,
                         const ForwardArgs& args) override;
