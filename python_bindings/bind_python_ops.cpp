@@ -161,12 +161,8 @@ class PyBasicOperation : public BasicOperation {
 
   std::vector<at::Tensor> op_parameters() const override {
     py::gil_scoped_acquire gil;
-    std::vector<at::Tensor> out;
-    const auto params = self_.checked(type_name()).attr("_parameters");
-    for (const auto& item : py::reinterpret_borrow<py::dict>(params)) {
-      if (!item.second.is_none()) out.push_back(py::cast<at::Tensor>(item.second));
-    }
-    return out;
+    // Python keeps the order (op_backward's gradient order, across reparametrizations).
+    return py::cast<std::vector<at::Tensor>>(self_.checked(type_name()).attr("_op_parameters")());
   }
   void reset_parameters() override {
     py::gil_scoped_acquire gil;

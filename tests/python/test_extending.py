@@ -5,6 +5,7 @@ import fusible
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.nn.utils.prune as prune
 from fusible import ops
 
 D = torch.float64
@@ -587,3 +588,73 @@ def test_python_op_backward_can_use_autograd():
     rx, rw = torch.autograd.grad(ref, [xr, fc.weight], dy)
     torch.testing.assert_close(gx, rx)
     torch.testing.assert_close(gw, rw)
+
+
+class ScaleShift(ops.BasicOperation):
+    """y = x * w + b: two parameters, whose gradients op_backward returns in registration order."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n, dtype=D))
+        self.bias = torch.nn.Parameter(torch.randn(n, dtype=D))
+
+    def op_forward(self, ctx, input_, **unused):
+        ctx.save_for_backward(input_)
+        return input_ * self.weight.detach() + self.bias.detach()
+
+    def op_backward(self, ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        return grad_output * self.weight.detach(), [(grad_output * x).sum(0), grad_output.sum(0)]
+
+
+class TorchScaleShift(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.weight = torch.nn.Parameter(op.weight.detach().clone())
+        self.bias = torch.nn.Parameter(op.bias.detach().clone())
+
+    def forward(self, x):
+        return x * self.weight + self.bias
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
+_REPARAMETRIZE = {
+    "prune": lambda m: prune.l1_unstructured(m, "weight", amount=0.5),
+    "parametrize": lambda m: torch.nn.utils.parametrize.register_parametrization(
+        m, "weight", _Doubled()
+    ),
+    "weight_norm": lambda m: torch.nn.utils.parametrizations.weight_norm(m, "weight", dim=None),
+}
+
+
+class TestReparametrizedPythonOps:
+    @pytest.mark.parametrize("kind", list(_REPARAMETRIZE))
+    @pytest.mark.parametrize("in_sequential", [False, True])
+    @pytest.mark.parametrize("called_before", [False, True])
+    def test_training_matches_torch(self, kind, in_sequential, called_before):
+        """prune re-registers the weight after the bias (weight_orig): the gradients op_backward
+        returns in registration order still reach the parameters they belong to."""
+        torch.manual_seed(0)
+        op = ScaleShift(8)
+        twin = TorchScaleShift(op)
+        model = ops.Sequential(ops.Identity(), op) if in_sequential else op
+        if called_before:
+            model(_x(3, 8))
+        for m in (op, twin):
+            _REPARAMETRIZE[kind](m)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt_twin = torch.optim.SGD(twin.parameters(), lr=0.1)
+        for _ in range(3):
+            x = _x(4, 8)
+            for o, f in ((opt, model), (opt_twin, twin)):
+                o.zero_grad()
+                f(x).pow(2).sum().backward()
+                o.step()
+        got, want = dict(op.named_parameters()), dict(twin.named_parameters())
+        assert got.keys() == want.keys()
+        for name in got:
+            torch.testing.assert_close(got[name], want[name])

@@ -499,7 +499,18 @@ class BasicOperation(FusibleOperation):
             return
         torch.nn.Module.__init__(self)
         self._builtin = False
+        self._param_names = []  # registration order: op_backward's gradient order
         self._attach(self._python_cpp())
+
+    def register_parameter(self, name, param):
+        super().register_parameter(name, param)
+        names = self.__dict__.get("_param_names")
+        if names is None or param is None or name in names:
+            return
+        # prune registers weight_orig as the weight itself before it removes "weight": a new name
+        # for a parameter already in the list, not a new parameter.
+        if not any(self._parameters.get(n) is param for n in names):
+            names.append(name)
 
     def _python_cpp(self):
         """The C++ trampoline of an op written in Python."""
@@ -519,8 +530,24 @@ class BasicOperation(FusibleOperation):
     def _param_sources(self):
         if self._builtin:
             return super()._param_sources()
-        # The trampoline reports Python's own parameters (op_parameters), in the same order.
-        return [(self, n) for n, p in self._parameters.items() if p is not None]
+        names = self.__dict__.get("_param_names")
+        if names is None:  # an op pickled before the list existed
+            return [(self, n) for n, p in self._parameters.items() if p is not None]
+        # In registration order, whatever moved them since: a parameter that prune, weight_norm
+        # or a parametrization turned into a computed attribute stays in its place (the call
+        # passes the computed tensor; autograd takes its gradient on to the stored one). A
+        # deleted one is left out.
+        cls = type(self)
+        return [
+            (self, n)
+            for n in names
+            if self._parameters.get(n) is not None
+            or (n not in self._parameters and (n in self.__dict__ or hasattr(cls, n)))
+        ]
+
+    def _op_parameters(self):
+        """The tensors the C++ trampoline reports (op_parameters): _param_sources' values."""
+        return call_parameters(self._param_sources(), for_call=False)
 
     def _channel_state(self):
         outputs = [tuple(c) for c in self._cpp.extra_output_channels()]
