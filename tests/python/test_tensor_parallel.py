@@ -552,3 +552,52 @@ def test_main_grad_reduction_leaves_the_dummy_gradient_alone():
     """With a reduction, te's dummy gradient (Megatron's grad_added_to_main_grad) is not summed
     over the group: one collective per backward, the gradient's."""
     _spawn(2, _main_grad_dummy_not_reduced)
+
+
+def _glu_mlp(kind, world_size, dtype=torch.float64):
+    """H -> 2 FF (column) -> a GLU -> FF -> H (row); world_size 1: the single-process model.
+    kind "halves": Linear + SwiGLU; "bias": BasicLinear + Bias + ConstantScale + GEGLU (the
+    GLU's halves split across three ops); "interleaved": Linear + SwiGLU(glu_interleave_size=2)."""
+    tp = dict(tensor_parallel_mode="column") if world_size > 1 else {}
+    kw = dict(device="cpu", dtype=dtype)
+    if kind == "bias":
+        bias = ops.Bias(2 * FF, tensor_parallel=world_size > 1, **kw)
+        front = [ops.BasicLinear(H, 2 * FF, **tp, **kw), bias, ops.ConstantScale(0.5), ops.GEGLU()]
+    else:
+        size = 2 if kind == "interleaved" else None
+        front = [ops.Linear(H, 2 * FF, **tp, **kw), ops.SwiGLU(glu_interleave_size=size)]
+    row = dict(tensor_parallel_mode="row") if world_size > 1 else {}
+    return ops.Sequential(*front, ops.Linear(FF, H, **row, **kw))
+
+
+def _glu_full_state_case(rank, world_size, kind):
+    """A column-parallel weight feeding a GLU: each rank's shard holds its slice of both halves,
+    so loading a single-process state dict gives the single-process model, and training it for
+    three SGD steps ends where the single-process model does."""
+    torch.manual_seed(12)  # the same single-process model on every rank
+    one = _glu_mlp(kind, 1)
+    with torch.no_grad():
+        for p in one.parameters():
+            p.normal_(0, 0.5)
+    model = _glu_mlp(kind, world_size)
+    ops.load_full_state_dict(model, one.state_dict())
+    gen = torch.Generator().manual_seed(5)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, one)]
+    for _ in range(3):
+        x = torch.randn(T, H, dtype=torch.float64, generator=gen)
+        ys = [m(x) for m in (model, one)]
+        torch.testing.assert_close(ys[0], ys[1])
+        for y, opt in zip(ys, opts):
+            opt.zero_grad()
+            y.pow(2).sum().backward()
+            opt.step()
+    full = ops.full_state_dict(model)
+    assert full.keys() == one.state_dict().keys()
+    for key, value in one.state_dict().items():
+        torch.testing.assert_close(full[key], value)
+
+
+@pytest.mark.parametrize("kind", ["halves", "bias", "interleaved"])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_glu_after_a_column_parallel_linear_loads_and_gathers_its_halves(world_size, kind):
+    _spawn(world_size, _glu_full_state_case, kind)

@@ -5,15 +5,52 @@ sharded (`_sharded_entries`) and how te.ops names them (`_te_ops_renames`)."""
 import torch
 
 from ._distributed import sum_over_group
+from .basic import AddExtraInput, ConstantScale, Dropout, Identity, MakeExtraOutput, Quantize
 from .op import FusibleOperation
+
+# Ops between a column-parallel linear and a GLU that keep the GLU's halves where they are.
+_KEEPS_LAYOUT = (AddExtraInput, ConstantScale, Dropout, Identity, MakeExtraOutput, Quantize)
+
+
+def _split_row_shards(op):
+    """Whether op shards rows (dim 0) only: a column-parallel linear, a tensor-parallel bias."""
+    entries = list(op._sharded_entries("", op.state_dict(keep_vars=True)))
+    return bool(entries) and all(dim == 0 for _, dim, _ in entries)
+
+
+def _glu_halves(module):
+    """The ops whose row shards feed a GLU that splits each rank's rows into halves [a, b]
+    (glu_interleave_size None). Each rank holds its slice of a and its slice of b, so their full
+    tensor is [a; b] and rank r's shard is [a_r; b_r], not the r-th contiguous chunk (interleaved
+    GLUs pair rows in blocks, which contiguous chunks keep together)."""
+    halves, pending = set(), []
+    for m in module.modules():
+        if isinstance(m, FusibleOperation):
+            continue  # a Linear's basic ops are its own, not steps of a sequence
+        for child in m.children():
+            if not isinstance(child, FusibleOperation):
+                pending = []
+            elif getattr(child, "glu_interleave_size", 0) is None:
+                halves.update(id(op) for op in pending)
+                pending = []
+            elif _split_row_shards(child):
+                pending.append(child)
+            elif not isinstance(child, _KEEPS_LAYOUT):
+                pending = []
+        pending = []
+    return halves
 
 
 def _sharded_entries(module, state):
-    """(key, dim, group) for every tensor-parallel entry of module's state dict: dim 0 or 1, the
-    dim the shards split, or None for a per-rank summand (summed, not concatenated)."""
+    """(key, dim, group, parts) for every tensor-parallel entry of module's state dict: dim 0 or
+    1, the dim the shards split, or None for a per-rank summand (summed, not concatenated); parts:
+    how many equal blocks along dim each shard takes its slice of (2 for a GLU's halves)."""
+    halves = _glu_halves(module)
     for name, m in module.named_modules():
         if isinstance(m, FusibleOperation):
-            yield from m._sharded_entries(f"{name}." if name else "", state)
+            parts = 2 if id(m) in halves else 1
+            for key, dim, group in m._sharded_entries(f"{name}." if name else "", state):
+                yield key, dim, group, parts
 
 
 def full_state_dict(module):
@@ -24,14 +61,15 @@ def full_state_dict(module):
     call it on every rank; every rank gets the whole dict."""
     dist = torch.distributed
     state = module.state_dict()
-    for key, dim, group in list(_sharded_entries(module, state)):
+    for key, dim, group, parts in list(_sharded_entries(module, state)):
         shard = state[key].detach().contiguous()
         if dim is None:
             state[key] = sum_over_group(shard, group)
         else:
-            parts = [torch.empty_like(shard) for _ in range(dist.get_world_size(group))]
-            dist.all_gather(parts, shard, group=group)
-            state[key] = torch.cat(parts, dim)
+            shards = [torch.empty_like(shard) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(shards, shard, group=group)
+            blocks = zip(*(s.chunk(parts, dim) for s in shards))  # block by block, ranks in order
+            state[key] = torch.cat([b for block in blocks for b in block], dim)
     return state
 
 
@@ -42,12 +80,13 @@ def load_full_state_dict(module, full_state, strict=True):
     module.load_state_dict, whose result this returns."""
     dist = torch.distributed
     state = dict(full_state)
-    for key, dim, group in list(_sharded_entries(module, state)):
-        size = dist.get_world_size(group)
+    for key, dim, group, parts in list(_sharded_entries(module, state)):
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
         if dim is None:
-            state[key] = state[key] if dist.get_rank(group) == 0 else torch.zeros_like(state[key])
+            state[key] = state[key] if rank == 0 else torch.zeros_like(state[key])
         else:
-            state[key] = state[key].chunk(size, dim)[dist.get_rank(group)]
+            blocks = state[key].chunk(parts, dim)
+            state[key] = torch.cat([b.chunk(size, dim)[rank] for b in blocks], dim)
     return module.load_state_dict(state, strict=strict)
 
 
