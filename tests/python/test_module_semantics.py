@@ -754,7 +754,7 @@ def test_a_parametrization_on_a_linears_basic_op_is_refused_before_anything_chan
     with torch.no_grad():
         lin.bias.uniform_(-1, 1)
     weight = lin.weight
-    with pytest.raises(RuntimeError, match="register a parametrization on the Linear"):
+    with pytest.raises(RuntimeError, match="reparametrize it on the Linear"):
         torch.nn.utils.parametrize.register_parametrization(
             lin.basic_ops[0], "weight", torch.nn.Identity()
         )
@@ -762,3 +762,47 @@ def test_a_parametrization_on_a_linears_basic_op_is_refused_before_anything_chan
     assert not torch.nn.utils.parametrize.is_parametrized(lin.basic_ops[0])
     x = torch.randn(2, 4, dtype=D)
     torch.testing.assert_close(lin(x), x @ weight.T + lin.bias, rtol=0, atol=0)
+
+
+def test_register_parameter_keeps_a_linear_and_its_basic_ops_together():
+    """register_parameter (what torch utilities call, bypassing setattr) on a basic op or on the
+    Linear: the other side follows, as for assignment."""
+    torch.manual_seed(4)
+    lin = randomized(ops.Linear(4, 3, dtype=D, device="cpu"))
+    x = torch.randn(5, 4, dtype=D)
+    w = torch.nn.Parameter(torch.randn(3, 4, dtype=D))
+    lin.basic_ops[0].register_parameter("weight", w)
+    assert lin.weight is w
+    torch.testing.assert_close(lin(x), x @ w.T + lin.bias, rtol=0, atol=0)
+    b = torch.nn.Parameter(torch.randn(3, dtype=D))
+    lin.register_parameter("bias", b)
+    assert lin.basic_ops[1].bias is b
+    torch.testing.assert_close(lin(x), x @ w.T + b, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="cannot remove parameter 'bias'"):
+        lin.register_parameter("bias", None)
+    assert lin.bias is b
+
+
+@pytest.mark.parametrize("kind", ["prune", "weight_norm"])
+def test_prune_on_a_linears_basic_op_is_refused_and_the_linear_still_computes(kind):
+    """prune and the old weight_norm remove the basic op's weight from _parameters directly: the
+    Linear would have kept computing with the unpruned weight. Refused; prune on the Linear
+    itself works."""
+    import torch.nn.utils.prune as prune
+
+    torch.manual_seed(5)
+    lin = randomized(ops.Linear(8, 4, dtype=D, device="cpu"))
+    weight = lin.weight
+    with pytest.raises(RuntimeError, match="prune or reparametrize it on the Linear"):
+        if kind == "prune":
+            prune.l1_unstructured(lin.basic_ops[0], "weight", amount=0.5)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # the old weight_norm
+                torch.nn.utils.weight_norm(lin.basic_ops[0], "weight", dim=None)
+    assert lin.basic_ops[0]._parameters["weight"] is weight and lin.weight is weight
+    x = torch.randn(3, 8, dtype=D)
+    torch.testing.assert_close(lin(x), x @ weight.T + lin.bias, rtol=0, atol=0)
+    prune.l1_unstructured(lin, "weight", amount=0.5)
+    masked = lin.weight_orig * lin.weight_mask
+    torch.testing.assert_close(lin(x), x @ masked.T + lin.bias, rtol=0, atol=0)

@@ -129,6 +129,14 @@ def _check_parameter_slot(op, name, old, value):
         )
 
 
+def _shared_parameter_message(op, owner, name):
+    composite = type(owner).__name__
+    return (
+        f"{type(op).__name__}: its '{name}' is also its {composite}'s, which computes with it; "
+        f"delete, prune or reparametrize it on the {composite} instead"
+    )
+
+
 _MODULE_ATTRIBUTES = frozenset(torch.nn.Module().__dict__)  # nn.Module's own ("training")
 
 
@@ -223,29 +231,47 @@ class FusibleOperation(torch.nn.Module):
         counts = _C._num_quantizers(self._cpp)
         return counts[0] if mode == "forward" else counts[1]
 
-    def __setattr__(self, name, value):
-        if name in self.__dict__.get("_frozen", ()):
-            raise AttributeError(_frozen_message(self, name))
-        # Linear's weight/bias are also its basic ops' own: keep those aliases on assignment.
+    def _owner_op(self):
+        """The composite (Linear) that holds this op's parameters too, if any."""
+        owner = self.__dict__.get("_owner")
+        return owner() if owner is not None else None
+
+    def register_parameter(self, name, param):
+        # Linear's weight/bias are also its basic ops' own: keep those aliases whichever way a
+        # parameter is set (assignment, register_parameter, load_state_dict(assign=True)).
         params = self.__dict__.get("_parameters")
         if params is not None and name in params and self._builtin:
-            _check_parameter_slot(self, name, params[name], value)
-        if params is not None and name in params and isinstance(value, torch.nn.Parameter):
+            _check_parameter_slot(self, name, params[name], param)
+        if params is not None and name in params and isinstance(param, torch.nn.Parameter):
             old = params[name]
-            if old is not None and value.shape != old.shape:
+            if old is not None and param.shape != old.shape:
                 raise RuntimeError(
                     f"{type(self).__name__}: expected parameter '{name}' of shape "
-                    f"{list(old.shape)}, got {list(value.shape)}"
+                    f"{list(old.shape)}, got {list(param.shape)}"
                 )
             for op in self._basic_op_list():
                 if op is not self and name in op._parameters:
-                    torch.nn.Module.__setattr__(op, name, value)
+                    torch.nn.Module.register_parameter(op, name, param)
+        had = params is not None and name in params
+        super().register_parameter(name, param)
+        owner = self._owner_op()
+        if owner is not None and had and owner._parameters.get(name) is not param:
+            setattr(owner, name, param)  # the composite computes with it too
+
+    def __setattr__(self, name, value):
+        if name in self.__dict__.get("_frozen", ()):
+            raise AttributeError(_frozen_message(self, name))
+        owner = self._owner_op()
+        params = self.__dict__.get("_parameters")
+        if owner is not None and params is not None and name not in params:
+            held = owner._parameters.get(name)
+            if held is not None and held is not value and isinstance(value, torch.Tensor):
+                # prune and the old weight_norm remove the parameter from _parameters (no
+                # __delattr__ to refuse it) and set a computed tensor: the composite would keep
+                # computing with the parameter it holds. The parameter goes back; refused.
+                torch.nn.Module.register_parameter(self, name, held)
+                raise RuntimeError(_shared_parameter_message(self, owner, name))
         super().__setattr__(name, value)
-        owner = self.__dict__.get("_owner")  # a composite (Linear) that holds this op's parameter
-        owner = owner() if owner is not None else None
-        if owner is not None and params is not None and name in params:
-            if owner._parameters.get(name) is not value:  # the composite computes with it too
-                setattr(owner, name, value)
         if name == "training" and "_cpp" in self.__dict__:
             # `m.training = False` (not only m.eval()) switches what the C++ op computes.
             self._cpp.train(bool(value))
@@ -253,16 +279,11 @@ class FusibleOperation(torch.nn.Module):
     def __delattr__(self, name):
         if name in self.__dict__.get("_frozen", ()):
             raise AttributeError(_frozen_message(self, name))
-        owner = self.__dict__.get("_owner")
-        owner = owner() if owner is not None else None
+        owner = self._owner_op()
         if owner is not None and name in self._parameters:
             # What a parametrization does first: the composite would keep computing with the
             # parameter it holds. Refused before anything changed.
-            raise RuntimeError(
-                f"{type(self).__name__}: its '{name}' is also its {type(owner).__name__}'s, which "
-                f"computes with it; delete it or register a parametrization on the "
-                f"{type(owner).__name__} instead"
-            )
+            raise RuntimeError(_shared_parameter_message(self, owner, name))
         super().__delattr__(name)
 
     def _apply(self, fn, recurse=True):
