@@ -212,7 +212,9 @@ std::shared_ptr<const Plan> OperationFuser::plan_for(
   fctx.first_backward = first_backward;
   fctx.recipe = recipe;
   for (size_t i = 0; i < basic_ops_.size(); ++i) {
-    fctx.basic_index[basic_ops_[i].get()] = static_cast<int64_t>(i);
+    // An op at two positions (tied): its first, so runs_backward says whether every occurrence
+    // runs its backward (a fusion of the later one must not assume the earlier one saved).
+    fctx.basic_index.emplace(basic_ops_[i].get(), static_cast<int64_t>(i));
     auto& dtypes = fctx.param_dtypes[basic_ops_[i].get()];
     for (auto pos : param_layout_->pos[i]) dtypes.push_back(param_dtypes[pos]);
   }

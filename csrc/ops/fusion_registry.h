@@ -26,7 +26,8 @@ struct FusionContext {
   /// The call's parameter dtypes, per basic op (fusion preconditions may compare them: a plan is
   /// cached per dtype signature).
   std::unordered_map<const BasicOperation*, std::vector<at::ScalarType>> param_dtypes;
-  /// Each basic op's index in the fuser (backward fusions compare it with first_backward).
+  /// Each basic op's index in the fuser, its first for an op at several positions (backward
+  /// fusions compare it with first_backward).
   std::unordered_map<const BasicOperation*, int64_t> basic_index;
 
   /// Whether `op`'s backward runs in the call being planned.

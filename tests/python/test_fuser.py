@@ -86,6 +86,28 @@ class TestOperationFuser:
         assert mods[0].weight.grad is None
         assert mods[1].weight.grad is not None and mods[3].bias.grad is not None
 
+    def test_an_op_at_two_positions_before_and_after_the_first_backward(self):
+        """A frozen Bias and a GELU tied at two positions, the input without grad: only their
+        second occurrence runs a backward, so no backward fusion may take the first one's."""
+        D = torch.float64
+        torch.manual_seed(0)
+        b, g = ops.Bias(4, dtype=D, device="cpu"), ops.GELU()
+        fc = ops.BasicLinear(4, 4, dtype=D, device="cpu")
+        with torch.no_grad():
+            b.bias.normal_()
+            fc.weight.normal_()
+        b.bias.requires_grad_(False)
+        fuser = ops.OperationFuser([b, g, fc, b, g])
+        x = torch.randn(3, 4, dtype=D)
+        y = fuser(x)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        w = fc.weight.detach().requires_grad_()
+        ref = F.gelu(F.gelu(x + b.bias, approximate="tanh") @ w.T + b.bias, approximate="tanh")
+        ref.backward(dy)
+        torch.testing.assert_close(y, ref)
+        torch.testing.assert_close(fc.weight.grad, w.grad)
+
     def test_everything_frozen_builds_no_node(self):
         mods = _mlp()
         for m in mods:
