@@ -12,9 +12,43 @@ Sequential::Sequential(std::vector<std::shared_ptr<ops::FusibleOperation>> ops) 
 
 void Sequential::push_back(std::shared_ptr<ops::FusibleOperation> op) {
   TORCH_CHECK_VALUE(op != nullptr, "Sequential: expected an op, got null");
-  register_module(std::to_string(entries_.size()), op);
   const std::lock_guard lock(grouping_mutex_);
-  entries_.push_back({std::move(op), nullptr, ""});
+  follow_children();
+  auto name = std::to_string(entries_.size());
+  while (named_children().contains(name)) name += "_";  // a name left by unregister_module
+  register_module(name, op);
+  entries_.push_back({std::move(op), nullptr, std::move(name)});
+  invalidate_groups();
+}
+
+void Sequential::follow_children() {
+  // The common case, nothing changed: the children are the entries' ops, in order.
+  const auto children = this->children();
+  size_t k = 0;
+  bool same = true;
+  for (const auto& e : entries_) {
+    if (!e.op) continue;
+    same = k < children.size() && children[k].get() == e.op.get();
+    if (!same) break;
+    ++k;
+  }
+  if (same && k == children.size()) return;
+  const auto named = named_children();
+  std::vector<Entry> entries;  // copies: a refusal below leaves the entries as they were
+  for (const auto& e : entries_) {
+    if (!e.op) {
+      entries.push_back(e);
+      continue;
+    }
+    const auto* child = named.find(e.name);
+    if (child == nullptr) continue;  // unregistered
+    auto op = std::dynamic_pointer_cast<ops::FusibleOperation>(*child);
+    TORCH_CHECK_TYPE(op != nullptr, "Sequential: submodule '", e.name, "' was replaced by a ",
+                     (*child)->name(), ", which is not a fusible op (push a function instead)");
+    entries.push_back(e);
+    entries.back().op = std::move(op);
+  }
+  entries_ = std::move(entries);
   invalidate_groups();
 }
 
@@ -94,6 +128,7 @@ std::shared_ptr<const Sequential::Grouping> Sequential::grouping(
   int64_t generation = 0;
   {
     const std::lock_guard lock(grouping_mutex_);
+    follow_children();
     if (grouping_ && grouping_->named_inputs == named_inputs) return grouping_;
     grouping_.reset();  // never kept for other inputs: a failed build below leaves no grouping
     entries = entries_;

@@ -86,7 +86,7 @@ class Sequential : public torch::nn::Module {
   struct Entry {
     std::shared_ptr<ops::FusibleOperation> op;  // null for a plain step
     TensorFn fn;
-    std::string name;
+    std::string name;  // a plain step's name, or the op's submodule name
     bool isolated = false;
   };
   struct Group {
@@ -108,6 +108,9 @@ class Sequential : public torch::nn::Module {
   static std::shared_ptr<const Grouping> build_grouping(const std::vector<Entry>& entries,
                                                         const std::set<std::string>& named_inputs);
   void invalidate_groups();
+  /// LibTorch's replace_module and unregister_module change the registered children only (they
+  /// are not virtual): the entries follow them before a call. With grouping_mutex_ held.
+  void follow_children();
 
   std::vector<Entry> entries_;
   mutable std::mutex grouping_mutex_;         // guards grouping_, generation_, entries' flags

@@ -139,5 +139,43 @@ TEST(Sequential, RunsGroupsAndPlainSteps) {
   EXPECT_EQ(plan[0].backward, (std::vector<std::string>{"BasicLinear", "Bias"}));
 }
 
+// LibTorch's replace_module and unregister_module (not virtual) reach the next call: the forward
+// computes with the new child, without the removed one, and parameters() agrees with it.
+TEST(Sequential, FollowsReplaceModuleAndUnregisterModule) {
+  const c10::Device cpu(c10::kCPU);
+  auto a = std::make_shared<ops::Linear>(4, 4, true, cpu, at::kDouble);
+  auto b = std::make_shared<ops::Linear>(4, 4, true, cpu, at::kDouble);
+  auto c = std::make_shared<ops::Linear>(4, 4, true, cpu, at::kDouble);
+  for (const auto& p :
+       std::vector<at::Tensor>{a->bias_op()->bias(), b->bias_op()->bias(), c->bias_op()->bias()}) {
+    at::NoGradGuard no_grad;
+    p.normal_();
+  }
+  auto seq = std::make_shared<fuser::Sequential>(
+      std::vector<std::shared_ptr<ops::FusibleOperation>>{a, b, std::make_shared<ops::GELU>()});
+  const auto x = at::randn({3, 4}, at::kDouble);
+  const auto lin = [](const at::Tensor& t, const std::shared_ptr<ops::Linear>& l) {
+    return at::linear(t, l->weight(), l->bias_op()->bias());
+  };
+  const auto gelu = [](const at::Tensor& t) { return at::gelu(t, "tanh"); };
+  EXPECT_TRUE(at::allclose(seq->forward(x)[0], gelu(lin(lin(x, a), b)), 1e-12, 1e-12));
+  seq->replace_module("1", c);
+  const auto y = seq->forward(x)[0];
+  EXPECT_TRUE(at::allclose(y, gelu(lin(lin(x, a), c)), 1e-12, 1e-12));
+  y.sum().backward();
+  EXPECT_TRUE(c->weight().grad().defined());
+  EXPECT_FALSE(b->weight().grad().defined());
+  seq->unregister_module("1");
+  EXPECT_TRUE(at::allclose(seq->forward(x)[0], gelu(lin(x, a)), 1e-12, 1e-12));
+  EXPECT_EQ(seq->parameters().size(), 2u);
+  seq->push_back(b);  // a fresh name: "2" is the GELU's
+  EXPECT_TRUE(at::allclose(seq->forward(x)[0], lin(gelu(lin(x, a)), b), 1e-12, 1e-12));
+  auto before = seq->forward(x)[0];
+  seq->replace_module("0", std::make_shared<torch::nn::Module>());
+  EXPECT_THROW(seq->forward(x), c10::TypeError);
+  seq->replace_module("0", a);  // the refusal changed nothing
+  EXPECT_TRUE(at::allclose(seq->forward(x)[0], before, 0, 0));
+}
+
 }  // namespace
 }  // namespace fusible::test
