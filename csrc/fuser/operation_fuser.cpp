@@ -288,6 +288,7 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
     auto& ctx = *call->ctxs.emplace_back(std::make_shared<ops::OperationContext>());
     ctx.requires_grad = i >= first_backward;
     ctx.input_requires_grad = i > first_backward || (i == 0 && call->input_requires_grad);
+    ctx.call_records_node = first_backward < n;
     for (auto pos : param_layout_->pos[i]) {
       ctx.params.push_back(params[pos]);
       ctx.param_requires_grad.push_back(ctx.requires_grad && params[pos].requires_grad());

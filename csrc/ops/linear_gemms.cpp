@@ -75,7 +75,12 @@ std::pair<at::Tensor, at::Tensor> forward_act(const GemmOperand& x, const GemmOp
 at::Tensor forward_add(const GemmOperand& x, const GemmOperand& w,
                        const std::optional<at::Tensor>& bias, const at::Tensor& other, double alpha,
                        bool in_place) {
-  if (x.fp8()) return fp8(rows(x), rows(w), x.dtype, bias, other, alpha, "none", false, true).first;
+  if (x.fp8()) {
+    auto d = fp8(rows(x), rows(w), x.dtype, bias, other, alpha, "none", false, true).first;
+    if (!in_place) return d;
+    other.copy_(d.reshape(other.sizes()));  // the caller's tensor holds the sum, as asked
+    return other;
+  }
   if (!in_place) return kernels::linear_add(x.rowwise, w.rowwise, bias, other, alpha);
   kernels::linear_add_(other, x.rowwise, w.rowwise, bias, alpha);
   return other;

@@ -68,6 +68,9 @@ struct OperationContext : std::enable_shared_from_this<OperationContext> {
   /// not: other consumers may read it, and one made in an earlier fuser group may be the caller's
   /// x (MakeExtraOutput hands out its input itself) or a tensor saved for backward.
   std::vector<bool> extra_input_writable;
+  /// Whether the call records an autograd node (some op's backward runs). Without one, an
+  /// in-place op may write into a view too: no history is rebased.
+  bool call_records_node = true;
   /// Dtype of the input as it arrived (its gradient goes back in this dtype).
   at::ScalarType input_dtype = at::kFloat;
   /// Dtype the op computed in (parameter dtype, or autocast's).

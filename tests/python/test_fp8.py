@@ -260,6 +260,24 @@ class TestLinear:
         torch.testing.assert_close(y2, y, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("device", FP8_GEMM_DEVICES)
+def test_an_in_place_residual_add_under_fp8_writes_the_callers_tensor(device):
+    """ForwardLinearBiasAdd's FP8 GEMM returns a new tensor: with in_place=True the sum goes into
+    the caller's residual too, as without FP8 (the same values as the out-of-place add)."""
+    torch.manual_seed(4)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    lin = ops.Linear(32, 16, dtype=dtype, device=device)
+    torch.nn.init.normal_(lin.bias)
+    x = torch.randn(16, 32, dtype=dtype, device=device, requires_grad=True)
+    r = torch.randn(16, 16, dtype=dtype, device=device)
+    with fusible.autocast(recipe=recipe.Float8CurrentScaling()):
+        want = ops.Sequential(lin, ops.AddExtraInput())(x, r)
+        residual = r.clone()
+        y = ops.Sequential(lin, ops.AddExtraInput(in_place=True))(x, residual)
+    assert y.data_ptr() == residual.data_ptr()
+    torch.testing.assert_close(residual, want, rtol=0, atol=0)
+
+
 class TestNoOps:
     @pytest.mark.parametrize("device", DEVICES)
     def test_disabled_autocast_and_model_init_change_nothing(self, device):

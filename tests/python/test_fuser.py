@@ -149,6 +149,33 @@ class TestOperationFuser:
         y.sum().backward()
         torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
 
+    @pytest.mark.parametrize("linear", [False, True])
+    def test_in_place_add_into_a_slice_without_autograd(self, linear):
+        """te.ops writes x + extra into a slice of the caller's buffer: with no autograd node
+        recorded (no_grad here) the slice is written too (ForwardLinearBiasAdd or the add)."""
+        D = torch.float64
+        torch.manual_seed(3)
+        first = ops.Linear(4, 4, dtype=D, device="cpu") if linear else ops.ConstantScale(2.0)
+        if linear:
+            torch.nn.init.normal_(first.bias)
+        fuser = ops.OperationFuser([first, ops.AddExtraInput(in_place=True)])
+        x = torch.randn(3, 4, dtype=D)
+        buf = torch.randn(2, 3, 4, dtype=D)
+        want = first(x) + buf[1]
+        with torch.no_grad():
+            y = fuser(x, buf[1])
+        assert y.data_ptr() == buf[1].data_ptr()
+        torch.testing.assert_close(buf[1], want)
+
+    def test_in_place_add_refuses_an_extra_that_cannot_hold_the_sum(self):
+        fuser = ops.OperationFuser([ops.AddExtraInput(in_place=True)])
+        r = torch.zeros(4, dtype=torch.float64)
+        with pytest.raises(ValueError, match=r"expected an extra input that holds the sum"):
+            fuser(torch.ones(3, 4, dtype=torch.float64), r)
+        assert torch.count_nonzero(r) == 0
+        y = ops.OperationFuser([ops.AddExtraInput()])(torch.ones(3, 4, dtype=torch.float64), r)
+        torch.testing.assert_close(y, torch.ones(3, 4, dtype=torch.float64))
+
     def test_wrong_extra_input_count(self):
         fuser = ops.OperationFuser([ops.AddExtraInput()])
         with pytest.raises(ValueError, match="expected 1 extra inputs, got 0"):

@@ -51,6 +51,13 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ct
   if (!same_shape) {
     // te.ops adds with broadcasting: y has the broadcast shape.
     const auto shape = broadcast_shape(input, extra);
+    // te.ops' extra += x raises where extra cannot hold the sum; adding out of place instead
+    // would leave the caller's tensor unwritten.
+    TORCH_CHECK_VALUE(!in_place_ || extra.sizes().equals(shape),
+                      "AddExtraInput(in_place=True): expected an extra input that holds the sum "
+                      "(shape ",
+                      c10::IntArrayRef(shape), "), got shape ", extra.sizes(),
+                      "; in_place=False adds out of place with broadcasting");
     if (in_place && extra.sizes().equals(shape)) {
       kernels::add_(extra, input.expand(shape).contiguous());
       return extra;
@@ -66,9 +73,11 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ct
 bool AddExtraInput::writes_in_place(const OperationContext& ctx, const at::Tensor& x,
                                     const at::Tensor& extra) const {
   const bool writable = ctx.extra_input_writable.empty() || ctx.extra_input_writable.at(0);
-  // Not into a view: marking a view dirty rebases its history onto this node's first input (x),
-  // and x's gradient was lost. Adding out of place gives the same values.
-  return in_place_ && writable && !extra.is_view() &&
+  // Not into a view where the call records a node: marking a view dirty rebases its history onto
+  // this node's first input (x), and x's gradient was lost. Adding out of place gives the same
+  // values. Without a node (no_grad, nothing requires grad) it writes a slice of a buffer as
+  // te.ops does.
+  return in_place_ && writable && (!extra.is_view() || !ctx.call_records_node) &&
          extra.unsafeGetTensorImpl() != x.unsafeGetTensorImpl();
 }
 
