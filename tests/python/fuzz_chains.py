@@ -369,9 +369,12 @@ def _random_flips(rng, steps):
 
 
 def _random_broadcasts(rng, steps, float_inputs):
-    """Some x-shaped extra inputs from the caller come smaller, for AddExtraInput to broadcast."""
+    """Some x-shaped extra inputs from the caller come smaller, for AddExtraInput to broadcast
+    (not for an in-place add, which refuses an extra tensor that cannot hold the sum)."""
     shapes = {}
     for step in steps:
+        if step.options.get("in_place"):
+            continue
         for slot, (kind, (how, name)) in enumerate(zip(step.spec.extras, step.inputs)):
             key = name if how == "caller" else _slot_name(step, slot)
             if kind == "x" and key in float_inputs and key not in shapes and rng.random() < 0.2:

@@ -4,6 +4,7 @@ gradcheck in float64 on CPU."""
 import pytest
 import torch
 from conftest import HAS_CUDA, assert_close_to_ref, tols
+from fusible import ops
 from op_specs import SPECS
 
 CPU_DTYPES = [torch.float64, torch.float32]
@@ -106,3 +107,28 @@ class TestGradcheck:
             return op(x, *rest[: len(extras)])
 
         assert torch.autograd.gradcheck(f, (x, *extras, *params), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("shape", [6, [3, 2], torch.Size([3, 2]), range(3, 1, -1), (3, 2)])
+def test_normalized_shape_takes_any_iterable_of_ints(norm, shape):
+    """As torch.nn.LayerNorm: an int, a list, a tuple, a torch.Size or a range."""
+    op = getattr(ops, norm)(shape, dtype=torch.float64, device="cpu")
+    _randomize(op)
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    assert op.normalized_shape == dims and op.weight.shape == dims
+    x = torch.randn(4, *((3, 2) if len(dims) == 2 else (6,)), dtype=torch.float64)
+    if norm == "LayerNorm":
+        want = torch.nn.functional.layer_norm(x, dims, op.weight, op.bias, op.eps)
+    else:
+        want = torch.nn.functional.rms_norm(x, dims, op.weight, op.eps)
+    torch.testing.assert_close(op(x), want)
+    with pytest.raises(TypeError, match="normalized_shape must be an int"):
+        getattr(ops, norm)("6", device="cpu")
+
+
+def test_shape_errors_name_the_op():
+    with pytest.raises(RuntimeError, match=r"Reshape: expected an input whose 12 elements fit"):
+        ops.Reshape((5, -1))(torch.randn(3, 4))
+    with pytest.raises(RuntimeError, match=r"ScaledSwiGLU: expected input to have at least 1"):
+        ops.ScaledSwiGLU()(torch.randn(()), torch.randn(()))

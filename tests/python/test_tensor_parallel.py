@@ -379,6 +379,18 @@ def _errors_case(rank, world_size):
     op = ops.BasicLinear(4, 4, tensor_parallel_mode="row", sequence_parallel=True, device="cpu")
     with pytest.raises(RuntimeError, match="divisible by the process group's size"):
         op(torch.randn(3, 2))
+    # new_group([0]) gives rank 1 a placeholder, not a group: named, not an AttributeError.
+    only_rank0 = dist.new_group([0])
+    if rank == 1:
+        for make in (
+            lambda: ops.Linear(
+                4, 4, tensor_parallel_mode="column", tensor_parallel_group=only_rank0
+            ),
+            lambda: ops.AllGather(only_rank0),
+            lambda: ops.Bias(4, tensor_parallel=True, tensor_parallel_group=only_rank0),
+        ):
+            with pytest.raises(ValueError, match="a process group this process is a member of"):
+                make()
 
 
 def test_bad_configurations_raise_clear_errors():

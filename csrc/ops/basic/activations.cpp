@@ -164,9 +164,9 @@ at::Tensor RowScaledActivation::fuser_forward(const std::vector<OperationContext
   ctx.compute_dtype = activation_dtype(op, input, args);
   const auto& scales = extra_inputs.at(0).at(0);
   FUSIBLE_CHECK_FLOATING(op, "scales", scales);
-  TORCH_CHECK(input.dim() >= 1 && scales.sizes().equals(input.sizes().slice(0, input.dim() - 1)),
-              op, ": expected scales of shape ",
-              input.sizes().slice(0, std::max<int64_t>(input.dim() - 1, 0)),
+  FUSIBLE_CHECK_MIN_DIM(op, "input", input, 1);
+  TORCH_CHECK(scales.sizes().equals(input.sizes().slice(0, input.dim() - 1)), op,
+              ": expected scales of shape ", input.sizes().slice(0, input.dim() - 1),
               " (the input's shape without the last dim), got ", scales.sizes());
   auto xc = cast_to(input, ctx.compute_dtype);
   if (gated_) xc = layout_.to_halves(op, xc);

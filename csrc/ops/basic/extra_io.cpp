@@ -53,11 +53,11 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ct
     const auto shape = broadcast_shape(input, extra);
     // te.ops' extra += x raises where extra cannot hold the sum; adding out of place instead
     // would leave the caller's tensor unwritten.
-    TORCH_CHECK_VALUE(!in_place_ || extra.sizes().equals(shape),
-                      "AddExtraInput(in_place=True): expected an extra input that holds the sum "
-                      "(shape ",
-                      c10::IntArrayRef(shape), "), got shape ", extra.sizes(),
-                      "; in_place=False adds out of place with broadcasting");
+    TORCH_CHECK(!in_place_ || extra.sizes().equals(shape),
+                "AddExtraInput(in_place=True): expected an extra input that holds the sum "
+                "(shape ",
+                c10::IntArrayRef(shape), "), got shape ", extra.sizes(),
+                "; in_place=False adds out of place with broadcasting");
     if (in_place && extra.sizes().equals(shape)) {
       kernels::add_(extra, input.expand(shape).contiguous());
       return extra;

@@ -1,6 +1,8 @@
 // Identity, Reshape and ConstantScale.
 #include "ops/basic/simple_ops.h"
 
+#include <ATen/InferSize.h>
+
 #include "kernels/dispatch.h"
 
 namespace fusible::ops {
@@ -25,6 +27,12 @@ Reshape::Reshape(std::vector<int64_t> shape) : BasicOperation("Reshape"), shape_
 
 at::Tensor Reshape::op_forward(OperationContext& ctx, const at::Tensor& x, const ForwardArgs&) {
   ctx.input_shape = x.sizes().vec();
+  try {
+    at::infer_size(shape_, x.numel());  // the error names the op, not only ATen's view
+  } catch (const c10::Error&) {
+    TORCH_CHECK(false, "Reshape: expected an input whose ", x.numel(), " elements fit shape ",
+                c10::IntArrayRef(shape_), ", got shape ", x.sizes());
+  }
   return x.reshape(shape_);
 }
 

@@ -57,10 +57,15 @@ def size_arg(op_name, name, value):
 
 
 def as_shape(shape, op_name):
-    """An int or a sequence of ints as a tuple of ints (normalized_shape); sizes as size_arg."""
-    if isinstance(shape, (list, tuple, torch.Size)):
-        return tuple(size_arg(op_name, "normalized_shape", s) for s in shape)
-    return (size_arg(op_name, "normalized_shape", shape),)
+    """An int or an iterable of ints (a list, a range, a 1-D array) as a tuple of ints
+    (normalized_shape, as torch.nn.LayerNorm takes it); sizes as size_arg."""
+    try:
+        return (operator.index(shape),)
+    except TypeError:
+        pass
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        return (size_arg(op_name, "normalized_shape", shape),)  # raises, naming the type
+    return tuple(size_arg(op_name, "normalized_shape", s) for s in shape)
 
 
 def interleave_size(name, glu_interleave_size):
