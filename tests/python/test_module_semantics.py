@@ -463,12 +463,17 @@ class TestSequentialChildren:
 
     def test_a_forward_set_on_an_instance_runs_inside_sequential(self):
         lin = randomized(ops.Linear(8, 8, dtype=D, device="cpu"))
+        model = ops.Sequential(ops.GELU(), lin)
+        x = torch.randn(2, 8, dtype=D)
+        h = torch.nn.functional.gelu(x, approximate="tanh")
+        torch.testing.assert_close(model(x), torch.nn.functional.linear(h, lin.weight, lin.bias))
         plain = lin.forward
         lin.forward = lambda x: plain(x) * 3  # accelerate's add_hook_to_module does this
-        x = torch.randn(2, 8, dtype=D)
-        y = ops.Sequential(ops.GELU(), lin)(x)
-        h = torch.nn.functional.gelu(x, approximate="tanh")
-        torch.testing.assert_close(y, 3 * torch.nn.functional.linear(h, lin.weight, lin.bias))
+        torch.testing.assert_close(
+            model(x), 3 * torch.nn.functional.linear(h, lin.weight, lin.bias)
+        )
+        del lin.forward  # and its remove_hook_from_module
+        torch.testing.assert_close(model(x), torch.nn.functional.linear(h, lin.weight, lin.bias))
 
     def test_a_child_set_through_modules_takes_effect(self):
         """torch.ao.quantization's convert assigns module._modules[key] directly."""

@@ -79,7 +79,7 @@ def _check_runnable(seq):
 def _resolve(handle):
     """The engine the C++ ops run for handle (after the checks)."""
     seq = _sequential(handle)
-    cpp = seq._engine(global_forward=False)
+    cpp = seq._engine(global_hooks=False)
     _check_runnable(seq)
     return cpp
 
@@ -97,7 +97,7 @@ def autocast_arg(device_type):
 
 
 def _run(seq, input, extras, names, named, params, autocast=""):
-    cpp = seq._engine(global_forward=False)
+    cpp = seq._engine(global_hooks=False)
     _check_runnable(seq)
     pairs = list(zip(names.split(_SEP), named)) if named else []
     # Without FP8: a recipe changes no shape or dtype, and a delayed-scaling state must not be
@@ -238,7 +238,7 @@ def _fake_call(
     else:
         outputs = run(input, extras, named, params)
     if fp8.startswith("delayed;"):  # the forward's scales
-        n = _C._delayed_scale_count(seq._engine(global_forward=False))
+        n = _C._delayed_scale_count(seq._engine(global_hooks=False))
         outputs.append(input.new_empty([n], dtype=torch.float32))
     if replay_rng:  # the state of the generator the call's Dropout draws from
         outputs.append(torch.empty(rng_state_size(input.device), dtype=torch.uint8, device="cpu"))
@@ -292,7 +292,7 @@ def _param_paths(handle):
     """(submodule path, attribute) of each parameter the call takes, in the fuser's order: computed
     once while Dynamo traces (it calls into C++), a constant of the graph."""
     seq = _sequential(handle)
-    seq._engine(global_forward=False)
+    seq._engine(global_hooks=False)
     paths = {id(m): name for name, m in seq.named_modules()}
     return tuple((paths[id(m)], n) for m, n in seq._param_sources)
 

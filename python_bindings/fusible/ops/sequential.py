@@ -23,7 +23,7 @@ def _check_modules(modules):
             raise TypeError(f"Sequential: expected a torch.nn.Module, got {type(m).__name__}")
 
 
-def _global_forward_hooks():
+def _global_hooks_set():
     """Whether hooks registered for every module (register_module_forward_hook,
     register_module_forward_pre_hook, register_module_full_backward_hook and
     register_module_full_backward_pre_hook) are set: torch.nn.Sequential's children run them, so
@@ -94,6 +94,7 @@ class Sequential(torch.nn.Module):
         state = self.__dict__.copy()
         state["_cpp"] = None  # rebuilt on the copy's first call: a copy is not locked
         state.pop("_built_from", None)  # set again with the engine
+        state.pop("_instance_forwards", None)
         state.pop("_quantize_last", None)  # C++ ops; set again with the engine
         state.pop("_quantize_first", None)
         return state
@@ -205,16 +206,20 @@ class Sequential(torch.nn.Module):
         return self.extend(list(other))
 
     # ---- running: the C++ Sequential groups and routes; this passes parameters and runs hooks
-    def _engine(self, global_forward=None):
-        """The C++ Sequential, with its hook flags brought up to date. global_forward: whether
-        global hooks isolate the ops (an eager call passes whether any are set, a compiled one
-        False); None keeps the last call's choice."""
-        if global_forward is None:
-            global_forward = self.__dict__.get("_global_forward", False)
-        self.__dict__["_global_forward"] = global_forward
+    def _engine(self, global_hooks=None):
+        """The C++ Sequential, with its hook flags brought up to date. global_hooks: whether
+        global (forward or backward) hooks isolate the ops (an eager call passes whether any are
+        set, a compiled one False); None keeps the last call's choice."""
+        if global_hooks is None:
+            global_hooks = self.__dict__.get("_global_hooks", False)
+        self.__dict__["_global_hooks"] = global_hooks
         # A child set through _modules itself (torch.ao.quantization's convert does), or by a
-        # shallow copy sharing the dict, bypasses the setters above.
-        if self._cpp is not None and self._built_from != tuple(self._modules.values()):
+        # shallow copy sharing the dict, bypasses the setters above; a forward set on an op
+        # instance (accelerate's hooks) makes it a plain step.
+        if self._cpp is not None and (
+            self._built_from != tuple(self._modules.values())
+            or self._instance_forwards != tuple("forward" in m.__dict__ for m in self._built_from)
+        ):
             self._invalidate()
         if self._cpp is None:
             cpp = _C.Sequential()
@@ -248,9 +253,10 @@ class Sequential(torch.nn.Module):
                 )
             )
             self._built_from = tuple(self._modules.values())
+            self._instance_forwards = tuple("forward" in m.__dict__ for m in self._built_from)
             self._cpp, self._hook_flags = cpp, None  # last: a failure above leaves no engine
-        if self._hook_flags is None or self._hooked or global_forward or any(self._hook_dicts):
-            hooks = tuple(_hooks(m, global_forward) for m in self._modules.values())
+        if self._hook_flags is None or self._hooked or global_hooks or any(self._hook_dicts):
+            hooks = tuple(_hooks(m, global_hooks) for m in self._modules.values())
             if hooks != self._hook_flags:
                 self._cpp.set_isolated(list(hooks))
                 self._hook_flags = hooks
@@ -275,7 +281,7 @@ class Sequential(torch.nn.Module):
             return _func_support.forward(self, input, extra_inputs, channel_inputs, return_dict)
         # Dynamo never gets here (the branch above), so no _disable_dynamo wrapper on this path.
         # Also sets _param_sources, _basic and _pre_hooks.
-        cpp = self._engine(global_forward=_global_forward_hooks())
+        cpp = self._engine(global_hooks=_global_hooks_set())
         quantize_last = self._quantize_last  # its C++ op, or None
         scale = quantization.output_scale(quantize_last) if quantize_last is not None else None
         if self._quantize_first is not None:
