@@ -449,17 +449,28 @@ Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, 
   return {a.recipe, s};
 }
 
+namespace {
+
+// The state a replayed forward casts with: `forward` (throwaway copies the casts may update) and
+// the op's own backward states (the same tensors: the backward records as usual).
+std::shared_ptr<Fp8OpState> replay_state(const Fp8OpState& real,
+                                         std::vector<DelayedScaling> forward) {
+  auto r = std::make_shared<Fp8OpState>();
+  r->forward = std::move(forward);
+  r->backward = real.backward;
+  r->forward_format = real.forward_format;
+  r->backward_format = real.backward_format;
+  return r;
+}
+
+}  // namespace
+
 std::unique_ptr<Fp8ReplayGuard> Fp8Record::replay() const {
   std::vector<std::pair<const Fp8OpState*, std::shared_ptr<Fp8OpState>>> states;
   for (size_t i = 0; i < ops.size(); ++i) {
-    const auto& real = *ops[i].state;
-    auto r = std::make_shared<Fp8OpState>();
-    for (const auto& d : forward[i])
-      r->forward.push_back({d.amax_history.clone(), d.scale.clone()});
-    r->backward = real.backward;  // the same tensors: the backward records as usual
-    r->forward_format = real.forward_format;
-    r->backward_format = real.backward_format;
-    states.emplace_back(&real, std::move(r));
+    std::vector<DelayedScaling> copies;
+    for (const auto& d : forward[i]) copies.push_back({d.amax_history.clone(), d.scale.clone()});
+    states.emplace_back(ops[i].state.get(), replay_state(*ops[i].state, std::move(copies)));
   }
   return std::make_unique<Fp8ReplayGuard>(std::move(states));
 }
@@ -510,8 +521,6 @@ std::shared_ptr<const Fp8Recipe> recipe_from_key(const std::string& key) {
   return r;
 }
 
-namespace {}  // namespace
-
 at::Tensor delayed_forward_scales(const std::vector<OpFp8State>& ops, c10::Device device) {
   std::vector<at::Tensor> scales;
   for (const auto& op : ops) {
@@ -535,16 +544,14 @@ Fp8ReplayGuard::Fp8ReplayGuard(const std::vector<OpFp8State>& ops, const at::Ten
   int64_t offset = 0;
   for (const auto& op : ops) {
     if (op.state) {
-      auto replay = std::make_shared<Fp8OpState>();
+      std::vector<DelayedScaling> forward;
       for (int64_t j = 0; j < op.counts.first; ++j) {
         // Its own history and a copy of the scale: the cast updates both in place.
         const auto& real = state_at(op.state->forward, j);
-        replay->forward.push_back(
-            {at::zeros_like(real.amax_history),
-             scales.narrow(0, offset + j, 1).to(real.scale.device()).clone()});
+        forward.push_back({at::zeros_like(real.amax_history),
+                           scales.narrow(0, offset + j, 1).to(real.scale.device()).clone()});
       }
-      replay->backward = op.state->backward;  // the same tensors: the backward records as usual
-      replay_.emplace_back(op.state.get(), std::move(replay));
+      replay_.emplace_back(op.state.get(), replay_state(*op.state, std::move(forward)));
     }
     offset += op.counts.first;
   }
