@@ -1,6 +1,8 @@
 """Extending fusible from Python with te.ops' protocol: custom basic ops, fused ops and fusion
 functions, mixed with built-in ops. Every case checks values and gradients against plain PyTorch."""
 
+import warnings
+
 import fusible
 import pytest
 import torch
@@ -628,6 +630,9 @@ _REPARAMETRIZE = {
         m, "weight", _Doubled()
     ),
     "weight_norm": lambda m: torch.nn.utils.parametrizations.weight_norm(m, "weight", dim=None),
+    # Both remove "weight" before registering their own (weight_orig; weight_g and weight_v).
+    "spectral_norm": lambda m: torch.nn.utils.spectral_norm(m, "weight"),
+    "old_weight_norm": lambda m: torch.nn.utils.weight_norm(m, "weight", dim=None),
 }
 
 
@@ -645,7 +650,10 @@ class TestReparametrizedPythonOps:
         if called_before:
             model(_x(3, 8))
         for m in (op, twin):
-            _REPARAMETRIZE[kind](m)
+            torch.manual_seed(1)  # spectral_norm's random start vector: the same for both
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # the old weight_norm
+                _REPARAMETRIZE[kind](m)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         opt_twin = torch.optim.SGD(twin.parameters(), lr=0.1)
         for _ in range(3):
@@ -658,3 +666,38 @@ class TestReparametrizedPythonOps:
         assert got.keys() == want.keys()
         for name in got:
             torch.testing.assert_close(got[name], want[name])
+
+    def test_a_pruned_op_reloads_with_assign(self):
+        """load_state_dict(assign=True) re-registers weight_orig while "weight" is computed: it
+        stays the weight's storage, not a third parameter."""
+        torch.manual_seed(2)
+        op, twin = ScaleShift(8), None
+        twin = TorchScaleShift(op)
+        for m in (op, twin):
+            prune.l1_unstructured(m, "weight", amount=0.5)
+        op.load_state_dict({k: v.clone() for k, v in op.state_dict().items()}, assign=True)
+        x = _x(4, 8)
+        op(x).pow(2).sum().backward()
+        twin(x).pow(2).sum().backward()
+        for name, p in twin.named_parameters():
+            torch.testing.assert_close(dict(op.named_parameters())[name].grad, p.grad)
+
+    def test_a_slot_registered_empty_keeps_its_place(self):
+        """register_parameter("weight", None) first, the bias next, the weight filled last:
+        op_backward's [dW, db] still reach weight and bias."""
+
+        class LateWeight(ScaleShift):
+            def __init__(self, n):
+                ops.BasicOperation.__init__(self)
+                self.register_parameter("weight", None)
+                self.bias = torch.nn.Parameter(torch.randn(n, dtype=D))
+                self.weight = torch.nn.Parameter(torch.randn(n, dtype=D))
+
+        torch.manual_seed(3)
+        op = LateWeight(8)
+        twin = TorchScaleShift(op)
+        x = _x(4, 8)
+        op(x).pow(2).sum().backward()
+        twin(x).pow(2).sum().backward()
+        torch.testing.assert_close(op.weight.grad, twin.weight.grad)
+        torch.testing.assert_close(op.bias.grad, twin.bias.grad)

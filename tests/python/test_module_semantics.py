@@ -805,7 +805,10 @@ def test_prune_on_a_linears_basic_op_is_refused_and_the_linear_still_computes(ki
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)  # the old weight_norm
                 torch.nn.utils.weight_norm(lin.basic_ops[0], "weight", dim=None)
+    assert list(lin.basic_ops[0]._parameters) == ["weight"]  # nothing of the attempt's
     assert lin.basic_ops[0]._parameters["weight"] is weight and lin.weight is weight
+    lin.basic_ops[0].bias = torch.zeros(4, dtype=D)  # not a parameter of the BasicLinear: allowed
+    assert list(lin.basic_ops[0]._parameters) == ["weight"]
     x = torch.randn(3, 8, dtype=D)
     torch.testing.assert_close(lin(x), x @ weight.T + lin.bias, rtol=0, atol=0)
     prune.l1_unstructured(lin, "weight", amount=0.5)

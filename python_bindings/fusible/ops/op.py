@@ -236,7 +236,22 @@ class FusibleOperation(torch.nn.Module):
         owner = self.__dict__.get("_owner")
         return owner() if owner is not None else None
 
+    def _refuse_displaced_shared_parameter(self):
+        """prune, weight_norm and spectral_norm take a parameter out of _parameters directly (no
+        __delattr__ to refuse it), then register or set what replaces it: for a parameter a
+        composite (Linear) holds too, which would keep computing with it, the parameter goes back
+        and the change is refused at its next step."""
+        owner = self._owner_op()
+        if owner is None:
+            return
+        for name, _ in self._cpp.own_parameters():
+            held = owner._parameters.get(name)
+            if name not in self._parameters and held is not None:
+                torch.nn.Module.register_parameter(self, name, held)
+                raise RuntimeError(_shared_parameter_message(self, owner, name))
+
     def register_parameter(self, name, param):
+        self._refuse_displaced_shared_parameter()
         # Linear's weight/bias are also its basic ops' own: keep those aliases whichever way a
         # parameter is set (assignment, register_parameter, load_state_dict(assign=True)).
         params = self.__dict__.get("_parameters")
@@ -261,16 +276,8 @@ class FusibleOperation(torch.nn.Module):
     def __setattr__(self, name, value):
         if name in self.__dict__.get("_frozen", ()):
             raise AttributeError(_frozen_message(self, name))
-        owner = self._owner_op()
-        params = self.__dict__.get("_parameters")
-        if owner is not None and params is not None and name not in params:
-            held = owner._parameters.get(name)
-            if held is not None and held is not value and isinstance(value, torch.Tensor):
-                # prune and the old weight_norm remove the parameter from _parameters (no
-                # __delattr__ to refuse it) and set a computed tensor: the composite would keep
-                # computing with the parameter it holds. The parameter goes back; refused.
-                torch.nn.Module.register_parameter(self, name, held)
-                raise RuntimeError(_shared_parameter_message(self, owner, name))
+        if isinstance(value, torch.Tensor) and "_owner" in self.__dict__:
+            self._refuse_displaced_shared_parameter()
         super().__setattr__(name, value)
         if name == "training" and "_cpp" in self.__dict__:
             # `m.training = False` (not only m.eval()) switches what the C++ op computes.
@@ -526,12 +533,17 @@ class BasicOperation(FusibleOperation):
     def register_parameter(self, name, param):
         super().register_parameter(name, param)
         names = self.__dict__.get("_param_names")
-        if names is None or param is None or name in names:
+        if names is None or name in names:
             return
-        # prune registers weight_orig as the weight itself before it removes "weight": a new name
-        # for a parameter already in the list, not a new parameter.
-        if not any(self._parameters.get(n) is param for n in names):
-            names.append(name)
+        # Not a parameter of the op but the storage of a reparametrization: a new name for a
+        # parameter in the list (prune registers weight_orig before it removes "weight"), or one
+        # registered while a listed parameter is out of _parameters (spectral_norm's
+        # weight_orig, the old weight_norm's weight_g and weight_v, a reload of either).
+        if param is not None and any(self._parameters.get(n) is param for n in names):
+            return
+        if any(n not in self._parameters for n in names):
+            return
+        names.append(name)  # a None slot too: its place is kept for when it is filled
 
     def _python_cpp(self):
         """The C++ trampoline of an op written in Python."""
