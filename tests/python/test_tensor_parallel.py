@@ -569,7 +569,8 @@ def test_main_grad_reduction_leaves_the_dummy_gradient_alone():
 def _glu_mlp(kind, world_size, dtype=torch.float64):
     """H -> 2 FF (column) -> a GLU -> FF -> H (row); world_size 1: the single-process model.
     kind "halves": Linear + SwiGLU; "bias": BasicLinear + Bias + ConstantScale + GEGLU (the
-    GLU's halves split across three ops); "interleaved": Linear + SwiGLU(glu_interleave_size=2)."""
+    GLU's halves split across three ops); "interleaved": Linear + SwiGLU(glu_interleave_size=2);
+    "nested": the Linear inside a Sequential of its own."""
     tp = dict(tensor_parallel_mode="column") if world_size > 1 else {}
     kw = dict(device="cpu", dtype=dtype)
     if kind == "bias":
@@ -577,7 +578,11 @@ def _glu_mlp(kind, world_size, dtype=torch.float64):
         front = [ops.BasicLinear(H, 2 * FF, **tp, **kw), bias, ops.ConstantScale(0.5), ops.GEGLU()]
     else:
         size = 2 if kind == "interleaved" else None
-        front = [ops.Linear(H, 2 * FF, **tp, **kw), ops.SwiGLU(glu_interleave_size=size)]
+        fc1 = ops.Linear(H, 2 * FF, **tp, **kw)
+        front = [
+            ops.Sequential(fc1) if kind == "nested" else fc1,
+            ops.SwiGLU(glu_interleave_size=size),
+        ]
     row = dict(tensor_parallel_mode="row") if world_size > 1 else {}
     return ops.Sequential(*front, ops.Linear(FF, H, **row, **kw))
 
@@ -609,7 +614,7 @@ def _glu_full_state_case(rank, world_size, kind):
         torch.testing.assert_close(full[key], value)
 
 
-@pytest.mark.parametrize("kind", ["halves", "bias", "interleaved"])
+@pytest.mark.parametrize("kind", ["halves", "bias", "interleaved", "nested"])
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_a_glu_after_a_column_parallel_linear_loads_and_gathers_its_halves(world_size, kind):
     _spawn(world_size, _glu_full_state_case, kind)

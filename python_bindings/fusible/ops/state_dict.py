@@ -7,6 +7,9 @@ import torch
 from ._distributed import sum_over_group
 from .basic import AddExtraInput, ConstantScale, Dropout, Identity, MakeExtraOutput, Quantize
 from .op import FusibleOperation
+from .sequential import Sequential
+
+_SEQUENTIALS = (Sequential, torch.nn.Sequential)
 
 # Ops between a column-parallel linear and a GLU that keep the GLU's halves where they are.
 _KEEPS_LAYOUT = (AddExtraInput, ConstantScale, Dropout, Identity, MakeExtraOutput, Quantize)
@@ -18,26 +21,36 @@ def _split_row_shards(op):
     return bool(entries) and all(dim == 0 for _, dim, _ in entries)
 
 
+def _steps(sequential):
+    """The steps of a Sequential in order, those of nested Sequentials in their place."""
+    for child in sequential.children():
+        if isinstance(child, _SEQUENTIALS):
+            yield from _steps(child)
+        else:
+            yield child
+
+
 def _glu_halves(module):
     """The ops whose row shards feed a GLU that splits each rank's rows into halves [a, b]
-    (glu_interleave_size None). Each rank holds its slice of a and its slice of b, so their full
-    tensor is [a; b] and rank r's shard is [a_r; b_r], not the r-th contiguous chunk (interleaved
-    GLUs pair rows in blocks, which contiguous chunks keep together)."""
-    halves, pending = set(), []
+    (glu_interleave_size None), in a Sequential (nested ones included). Each rank holds its slice
+    of a and its slice of b, so their full tensor is [a; b] and rank r's shard is [a_r; b_r], not
+    the r-th contiguous chunk (interleaved GLUs pair rows in blocks, which contiguous chunks keep
+    together). What a module's own forward does is not known here."""
+    halves = set()
     for m in module.modules():
-        if isinstance(m, FusibleOperation):
-            continue  # a Linear's basic ops are its own, not steps of a sequence
-        for child in m.children():
-            if not isinstance(child, FusibleOperation):
+        if not isinstance(m, _SEQUENTIALS):
+            continue
+        pending = []
+        for step in _steps(m):
+            if not isinstance(step, FusibleOperation):
                 pending = []
-            elif getattr(child, "glu_interleave_size", 0) is None:
+            elif getattr(step, "glu_interleave_size", 0) is None:
                 halves.update(id(op) for op in pending)
                 pending = []
-            elif _split_row_shards(child):
-                pending.append(child)
-            elif not isinstance(child, _KEEPS_LAYOUT):
+            elif _split_row_shards(step):
+                pending.append(step)
+            elif not isinstance(step, _KEEPS_LAYOUT):
                 pending = []
-        pending = []
     return halves
 
 
