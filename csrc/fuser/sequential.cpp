@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
+
 namespace fusible::fuser {
 
 Sequential::Sequential(std::vector<std::shared_ptr<ops::FusibleOperation>> ops) : Sequential() {
@@ -21,7 +23,13 @@ void Sequential::push_back(std::shared_ptr<ops::FusibleOperation> op) {
   invalidate_groups();
 }
 
-void Sequential::follow_children() {
+size_t Sequential::size() const {
+  const std::lock_guard lock(grouping_mutex_);
+  follow_children();
+  return entries_.size();
+}
+
+void Sequential::follow_children() const {
   // The common case, nothing changed: the children are the entries' ops, in order.
   const auto children = this->children();
   size_t k = 0;
@@ -48,6 +56,13 @@ void Sequential::follow_children() {
     entries.push_back(e);
     entries.back().op = std::move(op);
   }
+  // An extra submodule, or a child re-registered at the end, takes this path on every call:
+  // regroup only when the entries changed.
+  const bool changed =
+      entries.size() != entries_.size() ||
+      !std::equal(entries.begin(), entries.end(), entries_.begin(),
+                  [](const Entry& a, const Entry& b) { return a.op == b.op && a.name == b.name; });
+  if (!changed) return;
   entries_ = std::move(entries);
   invalidate_groups();
 }
@@ -61,6 +76,7 @@ void Sequential::push_back(TensorFn fn, std::string name) {
 
 void Sequential::set_isolated(const std::vector<bool>& flags) {
   const std::lock_guard lock(grouping_mutex_);
+  follow_children();
   TORCH_CHECK_VALUE(flags.size() == entries_.size(), "Sequential: expected ", entries_.size(),
                     " isolation flags, got ", flags.size());
   bool changed = false;
@@ -72,7 +88,7 @@ void Sequential::set_isolated(const std::vector<bool>& flags) {
   if (changed) invalidate_groups();
 }
 
-void Sequential::invalidate_groups() {  // with grouping_mutex_ held
+void Sequential::invalidate_groups() const {  // with grouping_mutex_ held
   grouping_.reset();  // drops the fusers (and their channel locks) once no call runs them
   ++generation_;
 }
@@ -256,7 +272,13 @@ std::vector<GroupPlan> Sequential::fusion_plan() const {
 std::shared_ptr<torch::nn::Module> Sequential::clone(
     const std::optional<c10::Device>& device) const {
   auto copy = std::make_shared<Sequential>();
-  for (const auto& e : entries_) {
+  std::vector<Entry> entries;
+  {
+    const std::lock_guard lock(grouping_mutex_);
+    follow_children();
+    entries = entries_;
+  }
+  for (const auto& e : entries) {
     if (e.op) {
       copy->push_back(std::dynamic_pointer_cast<ops::FusibleOperation>(e.op->clone(device)));
     } else {
@@ -267,7 +289,13 @@ std::shared_ptr<torch::nn::Module> Sequential::clone(
 }
 
 void Sequential::reset_parameters() {
-  for (auto& e : entries_) {
+  std::vector<Entry> entries;
+  {
+    const std::lock_guard lock(grouping_mutex_);
+    follow_children();
+    entries = entries_;
+  }
+  for (auto& e : entries) {
     if (e.op) e.op->reset_parameters();
   }
 }

@@ -45,7 +45,7 @@ class Sequential : public torch::nn::Module {
   void push_back(std::shared_ptr<ops::FusibleOperation> op);
   /// Appends a non-fusible step, run between fuser groups.
   void push_back(TensorFn fn, std::string name);
-  size_t size() const { return entries_.size(); }
+  size_t size() const;
 
   using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
   struct Outputs {
@@ -107,15 +107,17 @@ class Sequential : public torch::nn::Module {
   std::shared_ptr<const Grouping> grouping(const std::set<std::string>& named_inputs);
   static std::shared_ptr<const Grouping> build_grouping(const std::vector<Entry>& entries,
                                                         const std::set<std::string>& named_inputs);
-  void invalidate_groups();
+  void invalidate_groups() const;
   /// LibTorch's replace_module and unregister_module change the registered children only (they
-  /// are not virtual): the entries follow them before a call. With grouping_mutex_ held.
-  void follow_children();
+  /// are not virtual): the entries follow them before a call, a copy, a reset or a size. With
+  /// grouping_mutex_ held.
+  void follow_children() const;
 
-  std::vector<Entry> entries_;
-  mutable std::mutex grouping_mutex_;         // guards grouping_, generation_, entries' flags
-  std::shared_ptr<const Grouping> grouping_;  // null: built on the next call
-  int64_t generation_ = 0;                    // bumped by every change to the entries
+  // Mutable: they follow the registered children, also in const methods (follow_children).
+  mutable std::vector<Entry> entries_;
+  mutable std::mutex grouping_mutex_;                 // guards grouping_, generation_, entries_
+  mutable std::shared_ptr<const Grouping> grouping_;  // null: built on the next call
+  mutable int64_t generation_ = 0;                    // bumped by every change to the entries
 };
 
 }  // namespace fusible::fuser

@@ -68,6 +68,19 @@ struct OperationContext : std::enable_shared_from_this<OperationContext> {
   /// not: other consumers may read it, and one made in an earlier fuser group may be the caller's
   /// x (MakeExtraOutput hands out its input itself) or a tensor saved for backward.
   std::vector<bool> extra_input_writable;
+  /// Tensors the backward reads through a view of another (GroupedLinear's groups after the
+  /// first, read through group 0's), with their versions at the forward: autograd checks only
+  /// the viewed tensor's, so the op checks these (check_read_versions) before its backward.
+  std::vector<std::pair<at::Tensor, int64_t>> read_versions;
+  void check_read_versions(const char* op) const {
+    for (const auto& [t, version] : read_versions) {
+      TORCH_CHECK(t._version() == version, op,
+                  ": one of the variables needed for gradient computation has been modified by "
+                  "an inplace operation: a parameter of shape ",
+                  t.sizes(), " is at version ", t._version(), "; expected version ", version,
+                  " instead");
+    }
+  }
   /// Whether the call records an autograd node (some op's backward runs). Without one, an
   /// in-place op may write into a view too: no history is rebased.
   bool call_records_node = true;

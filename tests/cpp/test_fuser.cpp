@@ -160,12 +160,20 @@ TEST(Sequential, FollowsReplaceModuleAndUnregisterModule) {
   const auto gelu = [](const at::Tensor& t) { return at::gelu(t, "tanh"); };
   EXPECT_TRUE(at::allclose(seq->forward(x)[0], gelu(lin(lin(x, a), b)), 1e-12, 1e-12));
   seq->replace_module("1", c);
+  // A copy, a reset and the size follow it before any call.
+  EXPECT_EQ(seq->size(), 3u);
+  auto copy = std::dynamic_pointer_cast<fuser::Sequential>(seq->clone());
+  ASSERT_TRUE(copy);
+  EXPECT_TRUE(at::allclose(copy->forward(x)[0], gelu(lin(lin(x, a), c)), 1e-12, 1e-12));
   const auto y = seq->forward(x)[0];
   EXPECT_TRUE(at::allclose(y, gelu(lin(lin(x, a), c)), 1e-12, 1e-12));
   y.sum().backward();
   EXPECT_TRUE(c->weight().grad().defined());
   EXPECT_FALSE(b->weight().grad().defined());
   seq->unregister_module("1");
+  EXPECT_EQ(seq->size(), 2u);
+  EXPECT_TRUE(at::allclose(seq->forward(x)[0], gelu(lin(x, a)), 1e-12, 1e-12));
+  seq->register_module("extra", std::make_shared<torch::nn::Module>());  // not a step: ignored
   EXPECT_TRUE(at::allclose(seq->forward(x)[0], gelu(lin(x, a)), 1e-12, 1e-12));
   EXPECT_EQ(seq->parameters().size(), 2u);
   seq->push_back(b);  // a fresh name: "2" is the GELU's

@@ -391,6 +391,8 @@ def _errors_case(rank, world_size):
         ):
             with pytest.raises(ValueError, match="a process group this process is a member of"):
                 make()
+    with pytest.raises(TypeError, match="expected a torch.distributed ProcessGroup"):
+        ops.AllGather("tp")
 
 
 def test_bad_configurations_raise_clear_errors():

@@ -376,11 +376,14 @@ at::Tensor GroupedLinear::forward(OperationContext& ctx, const at::Tensor& input
                                     ctx.input_requires_grad ? weight_dgrad : at::Tensor(), scales,
                                     scale_bias_ ? bias : at::Tensor()};
       // A saved view over every group's parameters (their storage is one) carries group 0's
-      // version counter only: the other groups' parameters are saved too, unread, so that an
-      // in-place change to any of them before the backward raises, as it does for a Linear.
+      // version counter only: the others' versions are checked before the backward, so that an
+      // in-place change to any of them raises, as it does for a Linear.
       const auto check_versions_of = [&](const at::Tensor& view, int64_t first, bool single) {
         if (!view.defined() || single || !view.is_alias_of(ctx.params.at(first))) return;
-        for (int64_t g = 1; g < num_groups_; ++g) saved.push_back(ctx.params.at(first + g));
+        for (int64_t g = 1; g < num_groups_; ++g) {
+          const auto& p = ctx.params.at(first + g);
+          ctx.read_versions.emplace_back(p, p._version());
+        }
       };
       check_versions_of(saved[2], 0, single_weight_);
       check_versions_of(saved[4], nw, single_bias_);
@@ -432,6 +435,7 @@ at::Tensor GroupedLinear::weight_of(const OperationContext& ctx, int64_t g) cons
 
 GroupedLinear::Grad GroupedLinear::grad_operands(const OperationContext& ctx,
                                                  const at::Tensor& dy) const {
+  ctx.check_read_versions("GroupedLinear");
   if (!ctx.fp8.on()) return {dy, dy, dy};
   const bool need_dx = ctx.input_requires_grad;
   bool need_dw = false;

@@ -14,11 +14,16 @@ def group_spec(op_name, group):
         )
     if group is None:
         group = dist.group.WORLD
-    if group is dist.GroupMember.NON_GROUP_MEMBER or not isinstance(group, dist.ProcessGroup):
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
         # new_group([...]) hands a rank outside the group a placeholder, not a group.
         raise ValueError(
             f"{op_name}: expected a process group this process is a member of, got {group!r} "
             f"(rank {dist.get_rank()} is not in the ranks passed to new_group)"
+        )
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            f"{op_name}: expected a torch.distributed ProcessGroup (or None for the default "
+            f"group), got {type(group).__name__}"
         )
     return group.group_name, dist.get_world_size(group), dist.get_rank(group)
 
