@@ -22,8 +22,8 @@ class _SplitQkvRotary(torch.autograd.Function):
     def forward(ctx, qkv, cos, sin, num_heads):
         qk = torch.ops.fusible.qkv_rotary_fwd(qkv, cos, sin, num_heads)
         ctx.save_for_backward(cos, sin)
-        batch, seq, _ = qkv.shape
-        v = qkv.view(batch, seq, 3, num_heads, -1)[:, :, 2]
+        batch, seq, width = qkv.shape
+        v = qkv.view(batch, seq, 3, num_heads, width // (3 * num_heads))[:, :, 2]  # 0 rows too
         return qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), v.transpose(1, 2)
 
     @staticmethod
@@ -70,11 +70,13 @@ class _CrossEntropy(torch.autograd.Function):
 
 
 def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
-    """Softmax cross-entropy, as `torch.nn.functional.cross_entropy` with class-index targets.
+    """Softmax cross-entropy, as `torch.nn.functional.cross_entropy` with class-index targets,
+    except that the classes are the last dim (a language model's [batch, seq, vocab] logits), where
+    torch reads them from dim 1: pass `logits.movedim(1, -1)` for torch's [N, C, d1, ...] layout.
 
     Args:
-        logits: [..., classes], any floating dtype; read as they are, math in float32 (float64 for
-            float64 logits).
+        logits: [..., classes] (classes last), any floating dtype; read as they are, math in
+            float32 (float64 for float64 logits).
         targets: [...] int64 class indices. A target outside [0, classes) other than
             `ignore_index` raises on CPU and gives a NaN loss on CUDA (no device-side assert).
         ignore_index: targets equal to it add no loss and no gradient; "mean" averages over the

@@ -173,3 +173,14 @@ def test_cuda_matches_cpu_on_unaligned_and_aligned_views(dtype, offset):
     want = F.qkv_rotary_fwd(qkv.cpu(), cos.cpu(), sin.cpu(), heads)
     assert_close_to_ref(got, want.double(), dtype)
     assert fusible.cuda_built
+
+
+@pytest.mark.parametrize("shape", [(0, 6, 24), (2, 0, 24)])
+def test_an_empty_batch_or_sequence(shape):
+    cos, sin = _tables(6, 4)
+    qkv = torch.randn(*shape, requires_grad=True)
+    q, k, v = split_qkv_rotary(qkv, 2, cos, sin)
+    want = (shape[0], 2, shape[1], 4)
+    assert q.shape == want and k.shape == want and v.shape == want
+    (q.sum() + k.sum() + v.sum()).backward()
+    assert qkv.grad.shape == qkv.shape
