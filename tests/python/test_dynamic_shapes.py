@@ -67,6 +67,37 @@ def test_one_graph_for_every_batch_and_sequence_size(device, how):
     assert counter.frame_count == 1, counter.frame_count
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_public_extra_tensors_and_a_new_row_count_after_the_first_call(backend):
+    """dynamic=None: the first call compiles static, a second row count recompiles dynamic. A
+    replay of the graph handed the fake call tensors whose sizes were symbolic in C++ (it
+    raised "Cannot call numel() on tensor with symbolic sizes")."""
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    model = ops.Sequential(
+        ops.Linear(H, H, device="cpu"),
+        ops.MakeExtraOutput(),
+        ops.GELU(),
+        ops.Linear(H, H, device="cpu"),
+        ops.AddExtraInput(),
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + 0.05)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    for rows in (4, 6, 9):
+        x, r = torch.randn(rows, H), torch.randn(rows, H)
+        xa, ra = x.clone().requires_grad_(), r.clone().requires_grad_()
+        xb, rb = x.clone().requires_grad_(), r.clone().requires_grad_()
+        got, want = compiled(xa, ra), model(xb, rb)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+        sum(t.sum() for t in got).backward()
+        sum(t.sum() for t in want).backward()
+        torch.testing.assert_close(xa.grad, xb.grad)
+        torch.testing.assert_close(ra.grad, rb.grad)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_export_with_dynamic_batch_and_sequence(device):
     model = _block(device)

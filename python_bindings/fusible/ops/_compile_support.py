@@ -236,7 +236,9 @@ def _fake_call(
     if _symbols([input, *extras, *named]):
         outputs = _symbolic_outputs(run, input, extras, named, params)
     else:
-        outputs = run(input, extras, named, params)
+        # Fresh fakes of the same sizes: a replay of the graph (aot_eager's) may hand tensors
+        # whose sizes read as ints in Python but are symbolic in C++, where reading them raises.
+        outputs = run(*(_concrete_all(ts, {}) for ts in (input, extras, named)), params)
     if fp8.startswith("delayed;"):  # the forward's scales
         n = _C._delayed_scale_count(seq._engine(global_hooks=False))
         outputs.append(input.new_empty([n], dtype=torch.float32))
