@@ -272,23 +272,19 @@ class Float8Quantizer:
         return f"Float8Quantizer(dtype={self.dtype}, scale={self.scale.item():g})"
 
 
-def quantizer_view(cpp_op, name, mode, index):
-    """The quantizer object of a C++ basic op (ops call this from get_quantizer)."""
+def has_quantizers(cpp_op):
+    """Whether a C++ basic op holds quantizers: it ran under fusible.autocast or
+    reset_recipe_state(recipe=...) made them (and no reset_recipe_state(recipe=None) since)."""
     r = _C._fp8_recipe(cpp_op)
-    if r is None:
-        raise RuntimeError(
-            f"{name}: no FP8 quantizers yet; run it under fusible.autocast or call "
-            "reset_recipe_state(recipe=...) first"
-        )
+    return r is not None and (r.kind != "delayed" or _C._fp8_state(cpp_op) is not None)
+
+
+def quantizer_view(cpp_op, mode, index):
+    """The quantizer object of a C++ basic op that has quantizers (has_quantizers)."""
+    r = _C._fp8_recipe(cpp_op)
     dtype = _TORCH_FP8[r.forward_format if mode == "forward" else r.backward_format]
     if r.kind == "delayed":
-        state = _C._fp8_state(cpp_op)
-        if state is None:
-            raise RuntimeError(
-                f"{name}: no FP8 quantizer state (it was cleared); run it under fusible.autocast "
-                "or call reset_recipe_state(recipe=...)"
-            )
-        amax_history, scale = state[mode][index]
+        amax_history, scale = _C._fp8_state(cpp_op)[mode][index]
         return Float8Quantizer(scale, amax_history, dtype)
     return Float8CurrentScalingQuantizer(dtype)
 

@@ -344,6 +344,10 @@ class TestSequential:
         assert isinstance(seq[0], ops.SiLU)
         popped = seq.pop(0)
         assert isinstance(popped, ops.SiLU) and list(seq) == [a, b, c]
+        seq.append(ops.SiLU())
+        popped = seq.pop(slice(3, None))  # te.ops' pop takes a slice too
+        assert isinstance(popped, ops.Sequential) and isinstance(popped[0], ops.SiLU)
+        assert list(seq) == [a, b, c]
         seq[1] = ops.SReLU()
         del seq[0]
         assert len(seq) == 2 and isinstance(seq[0], ops.SReLU)

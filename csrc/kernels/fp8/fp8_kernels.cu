@@ -410,9 +410,14 @@ bool launch_cooperative(void (*kernel)(Params...), int64_t blocks, cudaStream_t 
   cooperative.val.cooperative = 1;
   config.attrs = &cooperative;
   config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...) == cudaSuccess) return true;
-  cudaGetLastError();
-  declined.insert(key);
+  const auto error = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (error == cudaSuccess) return true;
+  cudaGetLastError();  // cleared: the plain launches run instead
+  // Remembered only where the device refuses this cooperative launch; another error (one left
+  // by an earlier launch) does not switch the path off for the process.
+  if (error == cudaErrorCooperativeLaunchTooLarge || error == cudaErrorNotSupported) {
+    declined.insert(key);
+  }
   return false;
 }
 

@@ -4,6 +4,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdint>
+#include <limits>
+
 #include "kernels/common/compute_dtype.h"
 #include "kernels/common/cuda_dtype.h"
 #include "kernels/loss/loss.h"
@@ -12,10 +15,19 @@
 namespace fusible::kernels {
 namespace {
 
+// One block per row: the grid's x size caps the rows (a larger count would wrap and leave rows
+// unwritten).
+void check_rows(const char* op, int64_t rows) {
+  TORCH_CHECK(rows <= std::numeric_limits<int32_t>::max(), op, ": expected at most ",
+              std::numeric_limits<int32_t>::max(), " rows of logits on CUDA, got ", rows,
+              " (split the batch)");
+}
+
 std::tuple<at::Tensor, at::Tensor> cross_entropy_fwd_cuda(const at::Tensor& logits,
                                                           const at::Tensor& targets,
                                                           int64_t ignore_index) {
   reference::check_cross_entropy_fwd_args(logits, targets);
+  check_rows("cross_entropy_fwd", logits.size(0));
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto x = logits.contiguous(), t = targets.contiguous();
   const auto acc = x.options().dtype(acc_dtype(x.scalar_type()));
@@ -30,6 +42,7 @@ at::Tensor cross_entropy_bwd_cuda(const at::Tensor& dloss, const at::Tensor& log
                                   const at::Tensor& targets, const at::Tensor& stats,
                                   int64_t ignore_index) {
   reference::check_cross_entropy_bwd_args(dloss, logits, targets, stats);
+  check_rows("cross_entropy_bwd", logits.size(0));
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto x = logits.contiguous(), t = targets.contiguous();
   const auto g = dloss.contiguous(), st = stats.contiguous();

@@ -10,7 +10,7 @@ import torch
 from torch import _disable_dynamo
 
 from .. import _C
-from ..quantization import _cpp_recipe, quantizer_view
+from ..quantization import _cpp_recipe, has_quantizers, quantizer_view
 from . import _fp8_weights
 from ._args import init_cuda_generators
 from ._call import (
@@ -224,9 +224,9 @@ class FusibleOperation(torch.nn.Module):
 
     def num_quantizers(self, mode):
         """How many FP8 quantizers the op uses in mode "forward" or "backward" (te.ops): the
-        tensors it casts under an FP8 autocast (a built-in basic op's count comes from C++)."""
-        _check_mode(mode)
-        if not self._builtin or self.is_fused_op:
+        tensors it casts under an FP8 autocast (a built-in basic op's count comes from C++); 0
+        for any other mode, as te.ops'."""
+        if mode not in ("forward", "backward") or not self._builtin or self.is_fused_op:
             return 0
         counts = _C._num_quantizers(self._cpp)
         return counts[0] if mode == "forward" else counts[1]
@@ -492,21 +492,31 @@ class BasicOperation(FusibleOperation):
         cpp_op: the built-in ops' C++ operation; leave it out in a subclass of your own.
     """
 
+    # te.ops' flag: whether the op's quantizers take Float8BlockScaling (its linears do).
+    supports_float8_block_scaling = False
+
     def _fp8_weight_names(self):
         """The parameters quantized_model_init stores in FP8 (where the op has them)."""
         return ["weight"]
 
     # ---- te.ops' quantizer accessors (FP8): views of the C++ op's recipe and state
     def get_quantizer(self, mode, index):
-        """The op's FP8 quantizer `index` for mode "forward" or "backward"; available once the op
-        ran under fusible.autocast or after reset_recipe_state(recipe=...)."""
+        """The op's FP8 quantizer `index` for mode "forward" or "backward"; None until the op ran
+        under fusible.autocast or reset_recipe_state(recipe=...) made them, and after
+        reset_recipe_state(recipe=None) (te.ops')."""
         _check_mode(mode)
+        if not self._builtin or not has_quantizers(self._cpp):
+            return None
         n = self.num_quantizers(mode)
         if not 0 <= index < n:
             raise IndexError(
                 f"{type(self).__name__}: {mode} quantizer {index} out of range ({n} quantizers)"
             )
-        return quantizer_view(self._cpp, type(self).__name__, mode, index)
+        return quantizer_view(self._cpp, mode, index)
+
+    def get_quantizer_roles(self, mode):
+        """te.ops' explicit quantizer roles: none (the op's own order)."""
+        return None
 
     def get_input_quantizer(self):
         return self.get_quantizer("forward", 0) if self.num_quantizers("forward") > 0 else None

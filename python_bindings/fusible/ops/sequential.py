@@ -193,7 +193,11 @@ class Sequential(torch.nn.Module):
         return self
 
     def pop(self, index=-1):
-        """Removes and returns the module at `index`."""
+        """Removes and returns the module at `index` (a slice: those modules, as a Sequential)."""
+        if isinstance(index, slice):
+            out = self[index]
+            del self[index]
+            return out
         entries = self._entries()
         m = entries.pop(index)
         self._rebuild(entries)

@@ -38,6 +38,8 @@ class BasicLinear(BasicOperation):
             keywords, accepted at their defaults only (NotImplementedError otherwise).
     """
 
+    supports_float8_block_scaling = True
+
     _repr_fields = ("in_features", "out_features")
     # te.ops' attribute, which its fusion functions read: no Userbuffers here.
     _userbuffers_options = None

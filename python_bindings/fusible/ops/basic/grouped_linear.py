@@ -37,6 +37,8 @@ class GroupedLinear(BasicOperation):
     and copied in (te.ops' GEMMs write them in place).
     """
 
+    supports_float8_block_scaling = True
+
     _buffer_keywords = ("output", "grad_input")
 
     def get_quantizer(self, mode, index):
