@@ -137,6 +137,10 @@ def _shared_parameter_message(op, owner, name):
     )
 
 
+# Bumped whenever a forward is set on an op instance or deleted from it (accelerate's hooks): a
+# Sequential regroups then, with one comparison per call instead of a look at every child.
+instance_forward_changes = [0]
+
 _MODULE_ATTRIBUTES = frozenset(torch.nn.Module().__dict__)  # nn.Module's own ("training")
 
 
@@ -279,6 +283,8 @@ class FusibleOperation(torch.nn.Module):
         if isinstance(value, torch.Tensor) and "_owner" in self.__dict__:
             self._refuse_displaced_shared_parameter()
         super().__setattr__(name, value)
+        if name == "forward":
+            instance_forward_changes[0] += 1
         if name == "training" and "_cpp" in self.__dict__:
             # `m.training = False` (not only m.eval()) switches what the C++ op computes.
             self._cpp.train(bool(value))
@@ -292,6 +298,8 @@ class FusibleOperation(torch.nn.Module):
             # parameter it holds. Refused before anything changed.
             raise RuntimeError(_shared_parameter_message(self, owner, name))
         super().__delattr__(name)
+        if name == "forward":
+            instance_forward_changes[0] += 1
 
     def _apply(self, fn, recurse=True):
         # In place, so the Parameter objects (shared with C++) keep their identity; torch's own

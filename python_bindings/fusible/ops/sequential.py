@@ -12,7 +12,7 @@ from .. import _C, quantization
 from . import _call, _compile_support, _func_support
 from ._tracing import func_active, refuse_forward_ad
 from .fuser import OperationFuser, basic_wrappers
-from .op import BasicOperation, FusibleOperation, runs_fused
+from .op import BasicOperation, FusibleOperation, instance_forward_changes, runs_fused
 
 __all__ = ["Sequential"]
 
@@ -94,7 +94,7 @@ class Sequential(torch.nn.Module):
         state = self.__dict__.copy()
         state["_cpp"] = None  # rebuilt on the copy's first call: a copy is not locked
         state.pop("_built_from", None)  # set again with the engine
-        state.pop("_instance_forwards", None)
+        state.pop("_forward_changes", None)
         state.pop("_quantize_last", None)  # C++ ops; set again with the engine
         state.pop("_quantize_first", None)
         return state
@@ -222,7 +222,7 @@ class Sequential(torch.nn.Module):
         # instance (accelerate's hooks) makes it a plain step.
         if self._cpp is not None and (
             self._built_from != tuple(self._modules.values())
-            or self._instance_forwards != tuple("forward" in m.__dict__ for m in self._built_from)
+            or self._forward_changes != instance_forward_changes[0]
         ):
             self._invalidate()
         if self._cpp is None:
@@ -257,7 +257,7 @@ class Sequential(torch.nn.Module):
                 )
             )
             self._built_from = tuple(self._modules.values())
-            self._instance_forwards = tuple("forward" in m.__dict__ for m in self._built_from)
+            self._forward_changes = instance_forward_changes[0]
             self._cpp, self._hook_flags = cpp, None  # last: a failure above leaves no engine
         if self._hook_flags is None or self._hooked or global_hooks or any(self._hook_dicts):
             hooks = tuple(_hooks(m, global_hooks) for m in self._modules.values())
