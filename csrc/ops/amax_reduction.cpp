@@ -187,8 +187,9 @@ void reduce_delayed_amaxes(const Fp8Recipe& recipe) {
   const auto shared = at::stack(histories);  // [n, len]: every rank's alike after a reduction
   const auto period = at::stack(periods);    // [n, 3]
   // One roll of each history, reduced (max) in one collective. The older entries also align
-  // ranks whose histories differed (each loaded its own checkpoint). A NaN amax counts as inf (as
-  // the CUDA casts record it): a max over ranks then agrees.
+  // ranks whose histories differed (each loaded its own checkpoint). A NaN entry (a loaded
+  // history; the casts leave NaN elements out of their amax) counts as inf: a max over ranks then
+  // agrees.
   const auto payload = at::cat({period.narrow(1, 2, 1), shared.narrow(1, 0, len - 1)}, 1)
                            .nan_to_num_(std::numeric_limits<float>::infinity());
   const auto reduced = wait(all_reduce_start(kOp, payload.to(recipe.amax_reduction_device),

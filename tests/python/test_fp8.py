@@ -382,10 +382,29 @@ class TestDelayedScaling:
         assert torch.isfinite(scale).all() and scale.item() > 1e38
 
     @pytest.mark.parametrize("device", DEVICES)
-    def test_nan_input_keeps_the_scale_finite(self, device):
-        x = torch.tensor([1.0, float("nan"), 2.0], device=device)
-        y = torch.ops.fusible.fp8_quantize_dequantize(x, "e4m3")
-        assert y[0].item() == 1.0 and y[2].item() == 2.0 and y[1].isnan()  # scale 1: exact
+    def test_a_nan_element_stays_nan_and_does_not_set_the_scale(self, device):
+        """TransformerEngine's amax leaves NaN out (fmaxf): the other elements keep the scale of
+        their own amax (a scale of 1 would clip 1000 and 3000 to 448), a delayed-scaling history
+        records the finite amax, and each 1x128 block is scaled by its finite values."""
+        F = torch.ops.fusible
+        x = torch.tensor([[1000.0, float("nan"), 3000.0, -2000.0]], device=device)
+        y = F.fp8_quantize_dequantize(x, "e4m3")
+        assert y[0, 1].isnan()
+        torch.testing.assert_close(y[0, [0, 2, 3]], x[0, [0, 2, 3]], rtol=1 / 16, atol=0)
+        _, _, scale_inv = F.fp8_cast(x, "e4m3")
+        assert scale_inv.item() == pytest.approx(3000.0 / 448.0)
+        yb = F.fp8_quantize_dequantize_block(x, "e4m3", 1)
+        torch.testing.assert_close(yb[0, [0, 2, 3]], x[0, [0, 2, 3]], rtol=1 / 16, atol=0)
+        hist, scale = torch.zeros(3, device=device), torch.ones(1, device=device)
+        for _ in range(2):
+            F.fp8_quantize_dequantize_delayed(x, "e4m3", hist, scale, 0.0, "max")
+        assert hist.tolist() == [3000.0, 3000.0, 0.0]
+        assert scale.item() == pytest.approx(448.0 / 3000.0)
+        # Every element NaN: an amax of 0, so history and scale stay as they were.
+        F.fp8_quantize_dequantize_delayed(
+            torch.full_like(x, float("nan")), "e4m3", hist, scale, 0.0, "max"
+        )
+        assert hist.tolist() == [3000.0, 3000.0, 0.0]
 
     def test_cast_op_errors_and_opcheck(self):
         x = torch.randn(4, 8)

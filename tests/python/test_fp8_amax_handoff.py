@@ -37,8 +37,8 @@ def test_cast_with_amax_equals_cast(device, dtype, transpose):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0])
 def test_cast_with_amax_nonfinite_or_zero_amax_means_scale_one(device, bad):
-    # A producer reports a NaN in its output as an infinite (CUDA) or NaN (ATen) amax; either, and
-    # an all-zero tensor, cast with scale 1 as fp8_cast does.
+    # A NaN or infinite amax handed in (the producers leave NaN elements out, but an infinity
+    # counts), and an all-zero tensor, cast with scale 1 as fp8_cast does.
     x = torch.randn(32, 16, device=device).to(torch.bfloat16)
     data, data_t, scale_inv = F.fp8_cast_with_amax(
         x, "e4m3", torch.tensor([bad], device=device), 0.0, True

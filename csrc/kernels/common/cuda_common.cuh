@@ -134,16 +134,14 @@ __device__ __forceinline__ void store_elements(T* p, const T (&y)[VEC]) {
   }
 }
 
-/// m with |v| taken in, for an FP8 scale's amax: a NaN makes it infinite (the scale then falls back
-/// to 1, as the cast's own amax pass does).
-__device__ __forceinline__ float amax_with(float m, float v) {
-  const float a = fabsf(v);
-  return isnan(a) ? INFINITY : fmaxf(m, a);
-}
+/// m with |v| taken in, for an FP8 scale's amax: a NaN v is left out, as TransformerEngine's amax
+/// (fmaxf) leaves it out, so it stays NaN in the cast without setting the other elements' scale
+/// (the ATen reference's abs_max); an infinity counts.
+__device__ __forceinline__ float amax_with(float m, float v) { return fmaxf(m, fabsf(v)); }
 
-/// The block's max of every thread's m (>= 0, or +inf) into *amax (zeroed by the caller before the
-/// kernel): one atomic per block, skipped where *amax already holds as much. Any block shape whose
-/// thread count is a multiple of 32; every thread of the block must call.
+/// The block's max of every thread's m (>= 0, or +inf; never NaN) into *amax (zeroed by the caller
+/// before the kernel): one atomic per block, skipped where *amax already holds as much. Any block
+/// shape whose thread count is a multiple of 32; every thread of the block must call.
 __device__ __forceinline__ void block_amax_into(float m, float* amax) {
   __shared__ float warp_max[32];
   for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));

@@ -118,6 +118,11 @@ void check_fp8_qdq_block_args(const at::Tensor& x, c10::string_view format, int6
                     block_dim);
 }
 
+at::Tensor reference::abs_max(const at::Tensor& x, at::IntArrayRef dims) {
+  const auto a = x.abs();
+  return a.masked_fill(a.isnan(), 0).amax(dims);
+}
+
 // The largest float where the division overflows (a tiny amax), as TransformerEngine does: an
 // infinite scale would turn zeros into NaN.
 at::Tensor reference::scale_for(const at::Tensor& amax, double max, double factor,
@@ -135,7 +140,7 @@ using reference::scale_for;
 void roll_history(const at::Tensor& xf, const at::Tensor& amax_history, const at::Tensor& scale,
                   double max, double margin, c10::string_view amax_compute_algo) {
   const auto amax =
-      xf.numel() > 0 ? xf.abs().amax().to(at::kFloat) : at::zeros({}, scale.options());
+      xf.numel() > 0 ? reference::abs_max(xf).to(at::kFloat) : at::zeros({}, scale.options());
   // An amax of 0 (an empty or all-zero x) leaves history and scale as they are (te's update);
   // chosen on the device, without a host synchronization.
   const auto rolls = amax != 0;
@@ -177,7 +182,7 @@ at::Tensor fp8_quantize_dequantize(const at::Tensor& x, c10::string_view format,
   const auto fp8 = fp8_dtype("fp8_quantize_dequantize", format);
   // fp32 math (fp64 stays fp64), as the CUDA cast kernel does.
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
-  const auto amax = xf.abs().amax();
+  const auto amax = abs_max(xf);
   const auto scale = scale_for(amax, max, std::exp2(-margin), at::ones_like(amax));
   const auto q = (xf * scale).clamp(-max, max).to(fp8);
   return (q.to(xf.scalar_type()) * scale.reciprocal()).to(x.scalar_type()).contiguous();
@@ -207,8 +212,8 @@ at::Tensor block_scales(const at::Tensor& x2d, double max, int64_t block_dim, bo
   const auto padded = at::constant_pad_nd(x2d, {0, pcols - cols, 0, prows - rows}, 0);
   const auto amax =
       block_dim == 2
-          ? padded.view({prows / kBlock, kBlock, pcols / kBlock, kBlock}).abs().amax({1, 3})
-          : padded.view({prows, pcols / kBlock, kBlock}).abs().amax({2});
+          ? abs_max(padded.view({prows / kBlock, kBlock, pcols / kBlock, kBlock}), {1, 3})
+          : abs_max(padded.view({prows, pcols / kBlock, kBlock}), {2});
   auto scale = scale_for(amax, max, 1.0, at::ones_like(amax));
   if (power_2_scale) {
     // Rounded down to a power of two through the exponent (exact, as the CUDA kernel): scale =
@@ -244,7 +249,7 @@ at::Tensor fp8_quantize_dequantize_block(const at::Tensor& x, c10::string_view f
 
 at::Tensor amax_of(const at::Tensor& x) {
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
-  const auto m = x.sym_numel() > 0 ? xf.abs().amax() : at::zeros({}, xf.options());
+  const auto m = x.sym_numel() > 0 ? abs_max(xf) : at::zeros({}, xf.options());
   return m.to(at::kFloat).reshape({1});
 }
 
@@ -254,7 +259,7 @@ Fp8Cast fp8_cast(const at::Tensor& x_in, c10::string_view format, double margin,
   const auto x = cast_source("fp8_cast", x_in, act);
   const double max = fp8_max("fp8_cast", format);
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
-  const auto amax = x.numel() > 0 ? xf.abs().amax() : at::zeros({}, xf.options());
+  const auto amax = x.numel() > 0 ? abs_max(xf) : at::zeros({}, xf.options());
   const auto scale = scale_for(amax, max, std::exp2(-margin), at::ones_like(amax));
   return cast_with(xf, scale.to(at::kFloat), max, fp8_dtype("fp8_cast", format), transpose);
 }

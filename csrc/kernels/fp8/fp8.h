@@ -66,6 +66,10 @@ void set_fp8_cast_one_launch(bool on);
 using Fp8Cast = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 namespace reference {
+/// max |x| over dims (every element without dims), NaN elements left out as TransformerEngine's
+/// amax leaves them out (fmaxf): a NaN stays NaN in the cast but does not set the other elements'
+/// scale, nor enter a delayed-scaling history. An infinity counts (its scale falls back to 1).
+at::Tensor abs_max(const at::Tensor& x, at::IntArrayRef dims = {});
 /// The scale of a cast from the amax it uses: fp8_max `max` / amax * factor, `fallback` where amax
 /// is 0 or not finite (elementwise; float32).
 at::Tensor scale_for(const at::Tensor& amax, double max, double factor, const at::Tensor& fallback);
@@ -97,8 +101,8 @@ at::Tensor expand_block_scales(const at::Tensor& scale, int64_t rows, int64_t co
 /// not finite), its transpose as [K, M] when `transpose`, and 1 / scale; of act(x) with `act`.
 Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bool transpose,
                  c10::string_view act);
-/// max |x| as [1] float32 (NaN where x holds one; 0 for an empty x): what a kernel producing x
-/// hands to fp8_cast_with_amax.
+/// abs_max(x) as [1] float32 (0 for an empty x): what a kernel producing x hands to
+/// fp8_cast_with_amax.
 at::Tensor amax_of(const at::Tensor& x);
 /// fp8_cast with amax(x) given (float32 [1]).
 Fp8Cast fp8_cast_with_amax(const at::Tensor& x, c10::string_view format, const at::Tensor& amax,
