@@ -505,6 +505,30 @@ class TestDelayedScaling:
         assert before.data_ptr() == lin.get_input_quantizer().amax_history.data_ptr()
         assert before.tolist() == [7.0, 7.0, 7.0]
 
+    def test_a_strict_load_without_the_fp8_state_reports_it_missing(self):
+        """As torch.nn.Module with extra state: a module holding FP8 state reports a checkpoint
+        without `_extra_state` as missing (its earlier steps' amax histories and scales would
+        otherwise stay with the loaded weights, unreported): strict=True raises, strict=False
+        lists it and keeps the state."""
+        lin = ops.Linear(4, 4, device="cpu")
+        clean = copy.deepcopy(lin.state_dict())
+        assert "_extra_state" not in clean
+        ops.Linear(4, 4, device="cpu").load_state_dict(clean, strict=True)  # no state: loads
+        with fusible.autocast(recipe=recipe.DelayedScaling(amax_history_len=4)):
+            lin(torch.randn(2, 4) * 50)
+        assert "_extra_state" in lin.state_dict()
+        with pytest.raises(RuntimeError, match=r'Missing key\(s\) in state_dict: "_extra_state"'):
+            lin.load_state_dict(clean, strict=True)
+        seq = ops.Sequential(ops.LayerNorm(4, device="cpu"), lin)
+        seq_clean = {f"1.{k}": v for k, v in clean.items()}
+        seq_clean.update({f"0.{k}": v for k, v in seq[0].state_dict().items()})
+        with pytest.raises(RuntimeError, match='"1._extra_state"'):
+            seq.load_state_dict(seq_clean, strict=True)
+        history = lin.basic_ops[0].get_input_quantizer().amax_history.clone()
+        result = lin.load_state_dict(clean, strict=False)
+        assert result.missing_keys == ["_extra_state"] and result.unexpected_keys == []
+        assert torch.equal(lin.basic_ops[0].get_input_quantizer().amax_history, history)
+
     def test_bad_extra_state_is_refused(self):
         model = ops.Linear(4, 4, device="cpu")
         sd = dict(model.state_dict())

@@ -203,7 +203,7 @@ class FusibleOperation(torch.nn.Module):
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         states = [_C._fp8_state(op._cpp) for op in self._basic_op_list()]
-        if any(s is not None for s in states):
+        if any(state is not None for state in states):
             destination[prefix + "_extra_state"] = {"format": _FP8_STATE_FORMAT, "ops": states}
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
@@ -224,7 +224,14 @@ class FusibleOperation(torch.nn.Module):
                 )
             for op, state in zip(ops, extra["ops"]):
                 _C._set_fp8_state(op._cpp, state)
+        elif strict and args and self._has_fp8_state():
+            # As torch.nn.Module for a module with extra state: a missing key (strict=True raises),
+            # else the FP8 state of earlier steps would stay with the loaded weights unreported.
+            args[0].append(key)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
+
+    def _has_fp8_state(self):
+        return any(_C._fp8_state(op._cpp) is not None for op in self._basic_op_list())
 
     def num_quantizers(self, mode):
         """How many FP8 quantizers the op uses in mode "forward" or "backward" (te.ops): the
