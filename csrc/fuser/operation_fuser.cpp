@@ -244,6 +244,16 @@ std::pair<std::vector<std::string>, std::vector<std::string>> OperationFuser::fu
 
 namespace {
 
+// As torch's in-place ops: a leaf that requires grad is not written while autograd records (the
+// write would change what its gradient is taken of; torch raises, a reentrant checkpoint's
+// recompute would add into it a second time). Under no_grad the write goes ahead, as torch's.
+void check_not_a_leaf_requiring_grad(const ops::FusibleOperation& op, const at::Tensor& t) {
+  TORCH_CHECK(!(at::GradMode::is_enabled() && t.requires_grad() && t.is_leaf()), op.type_name(),
+              ": a leaf Variable that requires grad is being used in an in-place operation (the "
+              "extra input it adds into in place); pass a tensor that is not a leaf requiring "
+              "grad, or build the op with in_place=False");
+}
+
 // Whether the caller's extra tensor `index` shares no storage with the call's other tensors (its
 // input, other extra tensors, the parameters): an op before the in-place one may have saved any of
 // those for its backward (y = x + f(x) called as seq(x, x): f's saved x would hold the sum). The
@@ -308,9 +318,11 @@ c10::intrusive_ptr<FuserCall> OperationFuser::make_call(const at::Tensor& input,
           break;
       }
       ctx.extra_input_requires_grad.push_back(ctx.requires_grad && needs);
-      ctx.extra_input_writable.push_back(
-          src.kind == InputSource::Kind::kPublic && basic_ops_[i]->writes_extra_inputs() &&
-          read_only_elsewhere(src.index, input, extra_inputs, external, params));
+      const bool writable = src.kind == InputSource::Kind::kPublic &&
+                            basic_ops_[i]->writes_extra_inputs() &&
+                            read_only_elsewhere(src.index, input, extra_inputs, external, params);
+      if (writable) check_not_a_leaf_requiring_grad(*basic_ops_[i], extra_inputs[src.index]);
+      ctx.extra_input_writable.push_back(writable);
     }
   }
   return call;

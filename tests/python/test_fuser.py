@@ -4,6 +4,7 @@ errors, parameters and state dicts, dtype handling."""
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from fusible import ops
 
 
@@ -166,6 +167,37 @@ class TestOperationFuser:
             y = fuser(x, buf[1])
         assert y.data_ptr() == buf[1].data_ptr()
         torch.testing.assert_close(buf[1], want)
+
+    def test_in_place_add_refuses_a_leaf_that_requires_grad(self):
+        """As torch's in-place ops: a parameter (or any leaf requiring grad) is not written while
+        autograd records, here nor in a reentrant checkpoint's recompute (which makes the inputs
+        such leaves: it added into them a second time, x's gradient off by 0.3); under no_grad the
+        write goes ahead, and a non-leaf is written as before."""
+        D = torch.float64
+        torch.manual_seed(5)
+        lin = ops.Linear(8, 8, dtype=D, device="cpu")
+        torch.nn.init.normal_(lin.bias)
+        seq = ops.Sequential(lin, ops.AddExtraInput(in_place=True), ops.GELU())
+        x = torch.randn(4, 8, dtype=D, requires_grad=True)
+        pos = torch.nn.Parameter(torch.randn(4, 8, dtype=D))
+        before = pos.detach().clone()
+        with pytest.raises(RuntimeError, match="AddExtraInput: a leaf Variable that requires grad"):
+            seq(x, pos)
+        assert torch.equal(pos.detach(), before)
+        with torch.no_grad():
+            seq(x, pos)
+        torch.testing.assert_close(pos.detach(), lin(x).detach() + before)
+
+        r = torch.randn(4, 8, dtype=D, requires_grad=True)
+        with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
+            torch.utils.checkpoint.checkpoint(seq, x, r * 1.0, use_reentrant=True).sum().backward()
+        y = seq(x, r * 1.0)  # a non-leaf: written in place, gradients as torch's
+        y.sum().backward()
+        xr, rr = x.detach().requires_grad_(), r.detach().requires_grad_()
+        want = F.gelu(F.linear(xr, lin.weight, lin.bias) + rr, approximate="tanh").sum()
+        gx, gr = torch.autograd.grad(want, (xr, rr))
+        torch.testing.assert_close(x.grad, gx)
+        torch.testing.assert_close(r.grad, gr)
 
     def test_in_place_add_refuses_an_extra_that_cannot_hold_the_sum(self):
         fuser = ops.OperationFuser([ops.AddExtraInput(in_place=True)])
