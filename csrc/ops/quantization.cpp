@@ -147,8 +147,9 @@ bool serves(const std::shared_ptr<Fp8OpState>& s, std::pair<int64_t, int64_t> co
          static_cast<int64_t>(s->backward.size()) == counts.second;
 }
 
-// The states with histories of length len, as te reallocates them: the newest entries kept (cut
-// to len, or padded with zeros), the scales as they are.
+// The states with histories of length len: the newest entries kept (cut to len, or padded with
+// zeros), the scales as they are. (te cuts to the first entries of its layout, which after its
+// roll are the current step's slot and the oldest: we keep the newest on purpose; docs/fp8.md.)
 std::vector<DelayedScaling> with_length(const std::vector<DelayedScaling>& states, int64_t len) {
   std::vector<DelayedScaling> out;
   for (const auto& s : states) {
@@ -433,7 +434,7 @@ Fp8Cast current_fp8_cast(std::shared_ptr<Fp8OpState>* state, std::pair<int64_t, 
     fresh->backward_format = a.recipe->backward_format;
     s = std::move(fresh);
   } else if (!fits(s->forward, counts.first, len) || !fits(s->backward, counts.second, len)) {
-    // Another history length: te keeps each tensor's scale and newest entries.
+    // Another history length: each tensor's scale and newest entries kept (with_length).
     auto resized = std::make_shared<Fp8OpState>();
     resized->forward = with_length(s->forward, len);
     resized->backward = with_length(s->backward, len);
