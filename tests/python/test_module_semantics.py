@@ -769,6 +769,31 @@ def test_a_parametrization_on_a_linears_basic_op_is_refused_before_anything_chan
     torch.testing.assert_close(lin(x), x @ weight.T + lin.bias, rtol=0, atol=0)
 
 
+def test_a_hook_on_a_linears_basic_op_is_refused():
+    """The Linear computes its basic ops without calling their forward: a hook on one would be
+    kept and never run. Refused (te.ops ignores it); a standalone basic op's hooks run."""
+    lin = ops.Linear(4, 3, dtype=D, device="cpu")
+    calls = []
+    registers = [
+        lambda m: m.register_forward_pre_hook(lambda *a: calls.append(a)),
+        lambda m: m.register_forward_hook(lambda *a: calls.append(a)),
+        lambda m: m.register_full_backward_pre_hook(lambda *a: calls.append(a)),
+        lambda m: m.register_full_backward_hook(lambda *a: calls.append(a)),
+    ]
+    for register in registers:
+        for op in lin.basic_ops:
+            with pytest.raises(RuntimeError, match="register it on the Linear instead"):
+                register(op)
+    for register in registers:
+        register(lin)
+    lin(torch.randn(2, 4, dtype=D, requires_grad=True)).sum().backward()
+    assert len(calls) == 4
+    alone = ops.BasicLinear(4, 3, dtype=D, device="cpu")
+    alone.register_forward_hook(lambda *a: calls.append(a))
+    alone(torch.randn(2, 4, dtype=D))
+    assert len(calls) == 5
+
+
 def test_register_parameter_keeps_a_linear_and_its_basic_ops_together():
     """register_parameter (what torch utilities call, bypassing setattr) on a basic op or on the
     Linear: the other side follows, as for assignment."""

@@ -247,6 +247,37 @@ class FusibleOperation(torch.nn.Module):
         owner = self.__dict__.get("_owner")
         return owner() if owner is not None else None
 
+    def _refuse_hook_on_basic_op(self, kind):
+        owner = self._owner_op()
+        if owner is not None:
+            composite = type(owner).__name__
+            raise RuntimeError(
+                f"{type(self).__name__}: a {kind} hook on a basic op of a {composite} is never "
+                f"run (the {composite} computes it, and calls no basic op's forward); register "
+                f"it on the {composite} instead"
+            )
+
+    # A hook on a Linear's basic op would be kept and never run: refused, as a parametrization is.
+    def register_forward_pre_hook(self, *args, **kwargs):
+        self._refuse_hook_on_basic_op("forward pre")
+        return super().register_forward_pre_hook(*args, **kwargs)
+
+    def register_forward_hook(self, *args, **kwargs):
+        self._refuse_hook_on_basic_op("forward")
+        return super().register_forward_hook(*args, **kwargs)
+
+    def register_full_backward_pre_hook(self, *args, **kwargs):
+        self._refuse_hook_on_basic_op("backward pre")
+        return super().register_full_backward_pre_hook(*args, **kwargs)
+
+    def register_full_backward_hook(self, *args, **kwargs):
+        self._refuse_hook_on_basic_op("backward")
+        return super().register_full_backward_hook(*args, **kwargs)
+
+    def register_backward_hook(self, *args, **kwargs):
+        self._refuse_hook_on_basic_op("backward")
+        return super().register_backward_hook(*args, **kwargs)
+
     def _refuse_displaced_shared_parameter(self):
         """prune, weight_norm and spectral_norm take a parameter out of _parameters directly (no
         __delattr__ to refuse it), then register or set what replaces it: for a parameter a
