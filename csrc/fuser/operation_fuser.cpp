@@ -423,13 +423,12 @@ struct FuserAutograd : public torch::autograd::Function<FuserAutograd> {
 
     // An output that repeats an earlier output needs its own tensor, or both would share one
     // gradient slot; an output that is a caller's extra input was written in place, and is
-    // marked so, unless it is a leaf that requires grad (as te.ops: its storage holds the sum,
-    // and the output is a view of it whose gradient flows back through this node).
+    // marked so (never a leaf that requires grad: make_call refused one).
     bump_written_inputs(outputs, extras, external);
     std::unordered_set<const c10::TensorImpl*> seen;
     std::vector<at::Tensor> dirty;
     const auto written = [&](const at::Tensor& e, const c10::TensorImpl* impl) {
-      return e.unsafeGetTensorImpl() == impl && !(e.is_leaf() && e.requires_grad());
+      return e.unsafeGetTensorImpl() == impl;
     };
     for (auto& out : outputs) {
       const auto* impl = out.unsafeGetTensorImpl();

@@ -837,10 +837,16 @@ def _with_layout(t, layout):
 
 def _call(case, seq, leaves):
     kwargs = {"channel_inputs": leaves["named"]} if leaves["named"] else {}
+    # Non-leaf copies of the extra tensors that require grad: an in-place add refuses a leaf that
+    # requires grad while autograd records, as torch's in-place ops do.
+    public = [
+        t.clone() if torch.is_grad_enabled() and t.requires_grad else t
+        for t in leaves["public"].values()
+    ]
     if case.return_dict:
-        y, named = seq(leaves["x"], *leaves["public"].values(), return_dict=True, **kwargs)
+        y, named = seq(leaves["x"], *public, return_dict=True, **kwargs)
         return [y] + [named[name] for name in _shown_names(case)]
-    out = seq(leaves["x"], *leaves["public"].values(), **kwargs)
+    out = seq(leaves["x"], *public, **kwargs)
     return list(out) if isinstance(out, tuple) else [out]
 
 

@@ -111,6 +111,28 @@ class TestDeferredInit:
         model(x).sum().backward()
         assert all(p.grad is not None for p in params) and x.grad is not None
 
+    @pytest.mark.parametrize("name", list(MODELS))
+    def test_load_state_dict_into_a_meta_model_takes_effect(self, name):
+        """torch's copy into a meta parameter is a no-op (a warning), and the first forward would
+        then initialize it at random, dropping the checkpoint: the loaded values are used, the
+        parameters keep their identity (an optimizer built before still trains them)."""
+        torch.manual_seed(7)
+        trained = MODELS[name]("cpu", torch.float64)
+        with torch.no_grad():
+            for p in trained.parameters():
+                p.uniform_(-1, 1)
+        model = MODELS[name]("meta", torch.float64)
+        params = list(model.parameters())
+        result = model.load_state_dict(trained.state_dict())
+        assert result.missing_keys == [] and result.unexpected_keys == []
+        assert all(a is b for a, b in zip(params, model.parameters()))
+        for a, b in zip(model.parameters(), trained.parameters()):
+            assert not a.is_meta and torch.equal(a.detach(), b.detach())
+        x = torch.randn(3, 8, dtype=torch.float64)
+        torch.testing.assert_close(model(x), trained(x), rtol=0, atol=0)
+        for linear in _linears(model):
+            assert linear.weight is linear.basic_ops[0].weight
+
     def test_to_empty_then_reset(self):
         lin = ops.Linear(8, 4, device="meta")
         params = list(lin.parameters())

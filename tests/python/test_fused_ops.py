@@ -58,7 +58,8 @@ def _check(
     x_ref = x.detach().to(D, copy=True).requires_grad_()
     extras_ref = [e.detach().to(D, copy=True).requires_grad_() for e in extras]
     params_ref = [p.detach().to(D, copy=True).requires_grad_() for p in params]
-    out = fuser(x, *extras)
+    # Non-leaf copies of the extras: an in-place add refuses a leaf that requires grad, as torch.
+    out = fuser(x, *[e.clone() for e in extras])
     out = list(out) if isinstance(out, tuple) else [out]
     ref = ref_fn(x_ref, extras_ref, params_ref)
     ref = list(ref) if isinstance(ref, tuple) else [ref]
@@ -335,9 +336,10 @@ class TestInPlaceSemantics:
         x1 = torch.randn(32, 32, dtype=D, device=device, requires_grad=True)
         x2 = torch.randn(32, 32, dtype=D, device=device, requires_grad=True)
         expected = x1.detach() + x2.detach()
-        y = ops.AddExtraInput(in_place=in_place)(x1, x2)
+        extra = x2 * 1  # not a leaf: an in-place add refuses a leaf that requires grad
+        y = ops.AddExtraInput(in_place=in_place)(x1, extra)
         torch.testing.assert_close(y, expected)
-        assert (y.data_ptr() == x2.data_ptr()) == in_place
+        assert (y.data_ptr() == extra.data_ptr()) == in_place
         dy = torch.randn_like(y)
         y.backward(dy)
         torch.testing.assert_close(x1.grad, dy, rtol=0, atol=0)
@@ -491,8 +493,8 @@ class TestFusedEdgeCases:
         # Mixed dtypes: the fused op adds in the input's dtype, exactly as the unfused ops do.
         torch.testing.assert_close(fused, plain, rtol=0, atol=0)
 
-    def test_in_place_add_into_a_saved_leaf_is_detected(self):
-        r = torch.randn(3, 8, dtype=D, requires_grad=True)
+    def test_in_place_add_into_a_saved_tensor_is_detected(self):
+        r = torch.randn(3, 8, dtype=D, requires_grad=True) * 1
         z = r * r  # saves r
         ops.AddExtraInput(in_place=True)(torch.randn(3, 8, dtype=D), r)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):

@@ -207,6 +207,7 @@ class FusibleOperation(torch.nn.Module):
             destination[prefix + "_extra_state"] = {"format": _FP8_STATE_FORMAT, "ops": states}
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
+        self._materialize_loaded_meta_parameters(state_dict, prefix, local_metadata)
         key = prefix + "_extra_state"
         if key in state_dict and not isinstance(state_dict[key], dict):
             drop_empty_te_extra_state(state_dict, key)  # te.ops writes one for every op
@@ -229,6 +230,28 @@ class FusibleOperation(torch.nn.Module):
             # else the FP8 state of earlier steps would stay with the loaded weights unreported.
             args[0].append(key)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
+
+    def _materialize_loaded_meta_parameters(self, state_dict, prefix, local_metadata):
+        """A deferred (meta) parameter that load_state_dict gives a real tensor becomes real first,
+        in place on that tensor's device, so the load takes effect: torch's copy into a meta
+        parameter is a no-op (a warning), and the first forward would then have initialized it at
+        random, dropping the checkpoint. (assign=True puts the loaded tensor itself in place.)"""
+        if local_metadata.get("assign_to_params_buffers", False):
+            return
+        for name, param in self._parameters.items():
+            src = state_dict.get(prefix + name)
+            if (
+                param is None
+                or not param.is_meta
+                or type(param) is not torch.nn.Parameter  # an FP8 weight quantizes on its own
+                or not isinstance(src, torch.Tensor)
+                or src.is_meta
+                or src.shape != param.shape  # torch reports the mismatch
+            ):
+                continue
+            real = torch.empty(param.shape, dtype=param.dtype, device=src.device)
+            with torch.no_grad():
+                _C.assign_in_place_(param, real)
 
     def _has_fp8_state(self):
         return any(_C._fp8_state(op._cpp) is not None for op in self._basic_op_list())
