@@ -130,6 +130,31 @@ def test_column_sums_over_many_row_chunks(dtype):
             torch.testing.assert_close(_ref(a), r.to(dtype).double(), rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_norm_backward_walks_many_rows_per_block(dtype, norm):
+    # 3000 rows of 4096: more rows than one wave of the one-pass backward's blocks, so each block
+    # sums several rows' weight (and bias) gradients before the column sum; dextra added to dx.
+    x, w, b = _rand((3000, 4096), dtype, 2.0), _rand(4096, dtype, 0.5), _rand(4096, dtype)
+    dy, dextra = _rand((3000, 4096), dtype), _rand((3000, 4096), dtype)
+    if norm == "layernorm":
+        _, mean, rstd = F.layernorm_fwd(x, w, b, 1e-5, False)
+        _, rmean, rrstd = F.layernorm_fwd(_ref(x), _ref(w), _ref(b), 1e-5, False)
+        out = _cuda(F.layernorm_bwd_add, dy, x, mean, rstd, w, False, dextra)
+        ref = F.layernorm_bwd(_ref(dy), _ref(x), rmean, rrstd, _ref(w), False)
+    else:
+        _, rstd = F.rmsnorm_fwd(x, w, 1e-5, False)
+        _, rrstd = F.rmsnorm_fwd(_ref(x), _ref(w), 1e-5, False)
+        out = _cuda(F.rmsnorm_bwd_add, dy, x, rstd, w, False, dextra)
+        ref = F.rmsnorm_bwd(_ref(dy), _ref(x), rrstd, _ref(w), False)
+    _close(out[0], ref[0] + _ref(dextra), dtype)
+    # The parameter gradients are sums over 3000 rows: a GEMM reduction's tolerance.
+    rtol, atol = tols(dtype, gemm=True)
+    for a, r in zip(out[1:], ref[1:]):
+        assert not torch.isnan(a).any(), "an output element was never written"
+        torch.testing.assert_close(_ref(a), r.to(dtype).double(), rtol=rtol, atol=max(atol, 1e-4))
+
+
 def test_norm_rows_too_long_for_shared_memory_fall_back():
     # 100000 fp32 elements need more shared memory than a block has: the ATen reference runs.
     x, w, b, dy = _rand((2, 100000), torch.float32), _rand(100000, torch.float32), None, None
@@ -168,8 +193,7 @@ def test_our_kernels_run_on_cuda():
     )
     for kernel in (
         "norm_fwd_kernel",
-        "norm_bwd_dx_kernel",
-        "norm_bwd_params_kernel",
+        "norm_bwd_one_pass_kernel",
         "column_sum_kernel",
         "bias_grad_kernel",
         "dropout_fwd_kernel",
@@ -178,7 +202,9 @@ def test_our_kernels_run_on_cuda():
         "glu_fwd_kernel",
     ):
         assert kernel in names, f"{kernel} did not run: {names}"
-    assert names.count("column_sum_kernel") == 1  # the 64-row reductions took one pass
+    # The bias gradients of 64 rows took one pass, of 4096 rows two; the norm's 64 rows, one block
+    # each, then their column sum.
+    assert names.count("column_sum_kernel") == 2
 
 
 ELEMENTWISE_SHAPES = [(1, 8), (7, 33), (64, 1000), (3, 2, 24), (300, 96)]

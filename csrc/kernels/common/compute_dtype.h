@@ -11,7 +11,6 @@ inline at::ScalarType acc_dtype(at::ScalarType t) {
   return t == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-/// t in its accumulation dtype (no copy when it already is).
 /// The partial sums of a column reduction over `chunks` row chunks ([chunks, width] in the
 /// accumulation type of like), or none for one chunk: its kernel then writes the totals itself.
 inline at::Tensor column_sum_workspace(int64_t chunks, int64_t width, const at::Tensor& like) {
@@ -24,6 +23,7 @@ inline void* data_or_null(const at::Tensor& t) {
   return t.defined() ? t.mutable_data_ptr() : nullptr;
 }
 
+/// t in its accumulation dtype (no copy when it already is).
 inline at::Tensor upcast(const at::Tensor& t) { return t.to(acc_dtype(t.scalar_type())); }
 
 }  // namespace fusible::kernels

@@ -183,6 +183,31 @@ __device__ __forceinline__ A block_sum(A v) {
       v, [](A a, A b) { return a + b; }, A(0));
 }
 
+/// The sums of a and of b over the block, in one round of barriers for both (block_reduce's shape
+/// rules and order, so each equals block_sum's); every thread gets them.
+template <typename A>
+__device__ __forceinline__ void block_sum2(A& a, A& b) {
+  __shared__ A scratch[2][32];
+  for (int o = 16; o > 0; o /= 2) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // an earlier call may still be reading scratch
+  if (lane == 0) {
+    scratch[0][warp] = a;
+    scratch[1][warp] = b;
+  }
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  a = lane < warps ? scratch[0][lane] : A(0);
+  b = lane < warps ? scratch[1][lane] : A(0);
+  for (int o = 16; o > 0; o /= 2) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+}
+
 /// Max over the block of non-negative floats (block_reduce's shape rules); every thread gets it.
 __device__ __forceinline__ float block_max(float v) {
   return block_reduce(
@@ -217,13 +242,15 @@ constexpr int kSumCols = 32;  // columns per block of column_sum_kernel, one per
 constexpr int kSumRows = 8;   // warps per block, each over every 8th chunk
 
 /// out[c] = sum over chunks of partial[chunk * stride + c]: the second pass of the column
-/// reductions (bias and norm-weight gradients). Warp w sums chunks w, w + 8, ... in order, then
-/// the warps' sums are added in warp order: deterministic, and many blocks even for few columns
-/// (a thread per column walking every chunk left most SMs idle).
+/// reductions (bias and norm-parameter gradients); columns from `split` on go to out_hi[c - split]
+/// instead (two gradients side by side in each partial row, one launch). Warp w sums chunks w,
+/// w + 8, ... in order, then the warps' sums are added in warp order: deterministic, and many
+/// blocks even for few columns (a thread per column walking every chunk left most SMs idle).
 template <typename T>
 __global__ void column_sum_kernel(const acc_t<T>* __restrict__ partial,  // [chunks, stride]
-                                  T* __restrict__ out,                   // [cols]
-                                  int64_t cols, int64_t chunks, int64_t stride) {
+                                  T* __restrict__ out,                   // [split]
+                                  T* __restrict__ out_hi,                // [cols - split]
+                                  int64_t cols, int64_t split, int64_t chunks, int64_t stride) {
   __shared__ acc_t<T> tile[kSumRows][kSumCols];
   const int64_t col = blockIdx.x * static_cast<int64_t>(kSumCols) + threadIdx.x;
   acc_t<T> sum = 0;
@@ -236,17 +263,24 @@ __global__ void column_sum_kernel(const acc_t<T>* __restrict__ partial,  // [chu
   if (threadIdx.y == 0 && col < cols) {
     acc_t<T> total = tile[0][threadIdx.x];
     for (int w = 1; w < kSumRows; ++w) total += tile[w][threadIdx.x];
-    out[col] = from_acc<T>(total);
+    if (col < split) {
+      out[col] = from_acc<T>(total);
+    } else {
+      out_hi[col - split] = from_acc<T>(total);
+    }
   }
 }
 
+/// column_sum_kernel over cols columns of partial: out gets columns [0, split) and, where out_hi
+/// is given, out_hi columns [split, cols) (split = cols without out_hi).
 template <typename T>
 void launch_column_sum(const void* partial, void* out, int64_t cols, int64_t chunks, int64_t stride,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, void* out_hi = nullptr, int64_t split = -1) {
   if (cols == 0) return;
   const dim3 block(kSumCols, kSumRows);
   column_sum_kernel<T><<<(cols + kSumCols - 1) / kSumCols, block, 0, stream>>>(
-      static_cast<const acc_t<T>*>(partial), static_cast<T*>(out), cols, chunks, stride);
+      static_cast<const acc_t<T>*>(partial), static_cast<T*>(out), static_cast<T*>(out_hi), cols,
+      out_hi != nullptr ? split : cols, chunks, stride);
   check_launch("column_sum_kernel");
 }
 

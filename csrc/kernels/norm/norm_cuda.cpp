@@ -37,7 +37,8 @@ bool stats_ok(const at::Tensor& stat, const at::Tensor& x, const RowShape& s) {
 }
 
 // Shapes the kernels take: a non-empty row (empty rows give NaN statistics, as the reference
-// does) and a row count a grid dimension holds (one block per row).
+// does) and a row count a grid dimension holds (one block per row: the forward, and the backward
+// of rows too long for registers).
 bool kernel_shape(const RowShape& s) {
   return s.cols > 0 && s.rows <= std::numeric_limits<int32_t>::max();
 }
@@ -75,8 +76,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
   auto dx = at::empty(x.sizes(), x.options());
   auto dw = at::empty(weight.sizes(), weight.options());
   auto db = layernorm ? at::empty(weight.sizes(), weight.options()) : at::Tensor();
-  const int64_t chunks = column_sum_chunks(s.rows, s.cols, current_sm_count(),
-                                           norm_params_blocks_per_sm(layernorm, dtype));
+  const int64_t chunks =
+      norm_bwd_chunks(dyc.const_data_ptr(), xc.const_data_ptr(), wc.const_data_ptr(),
+                      dextra ? ec.const_data_ptr() : nullptr, dx.const_data_ptr(), s.rows, s.cols,
+                      layernorm, dtype, current_sm_count());
   const auto workspace = column_sum_workspace(chunks, 2 * s.cols, x);
   launch_norm_bwd(
       dyc.const_data_ptr(), xc.const_data_ptr(), layernorm ? mean->const_data_ptr() : nullptr,

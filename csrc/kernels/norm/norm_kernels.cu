@@ -1,9 +1,11 @@
 // LayerNorm and RMSNorm, forward and backward, in fp32 registers (fp64 for fp64) from the storage
-// dtype. One block per row: the row is read from global memory once, kept in registers (a few
-// vectors per thread; longer rows in shared memory as fp32) between the reductions and
-// the write, and written once. The backward's weight and bias gradients are a
-// separate column pass over dy and x, reduced deterministically: each block sums a fixed chunk of
-// rows into its own partial row, and a last kernel adds the partials in chunk order.
+// dtype. The forward: one block per row; the row is read from global memory once, kept in
+// registers (a few vectors per thread; longer rows in shared memory as fp32) between the
+// reductions and the write, and written once. The backward, for rows a block holds in registers:
+// one pass; each block walks a fixed chunk of rows, writes dx row by row and sums its columns'
+// weight and bias gradients as it goes into its own partial row, and a last kernel adds the
+// partials in chunk order (deterministic). Longer rows: dx one block per row from shared memory,
+// then a separate column pass over dy and x for the partials.
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -27,7 +29,8 @@ constexpr int kMaxThreads = 1024;
 // per row waits on its reductions, so bytes in flight per thread set the bandwidth). Measured on
 // the H200 at [8192, 4096] bf16: the forward 45 us with 4 (85 us with 8, 69 us with the row in
 // shared memory); the backward, four tensors' vectors within the 64 registers a 1024-thread block
-// allows, 136 us with 1 and 156 us with 2 (weight and bias gradients included).
+// allows, 136 us with 1 and 156 us with 2 (weight and bias gradients included, as a second pass
+// then).
 constexpr int kFwdRegVecs = 4;
 constexpr int kBwdRegVecs = 1;
 
@@ -170,8 +173,87 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (amax != nullptr) cuda::block_amax_into(m, amax);
 }
 
-// dx for one row per block (plus dextra): xhat and g = dy * gamma kept in shared memory as fp32
-// between the reduction and the write.
+// The backward of rows kept in registers (one vector per thread), in one pass: block c walks rows
+// [c * rows_per_chunk, ...) one at a time, writes each row's dx (plus dextra), and sums dy * xhat
+// and dy of its own columns as it goes; then partial[c] = [dweight | dbias], or, with one chunk,
+// the totals straight into dweight and dbias. dy and x are read once.
+template <typename T, int VEC, bool kLayerNorm>
+__global__ void __launch_bounds__(kMaxThreads)
+    norm_bwd_one_pass_kernel(const T* __restrict__ dy,           // [rows, cols]
+                             const T* __restrict__ x,            // [rows, cols]
+                             const acc_t<T>* __restrict__ mean,  // [rows] (LayerNorm)
+                             const acc_t<T>* __restrict__ rstd,  // [rows]
+                             const T* __restrict__ weight,       // [cols]
+                             const T* __restrict__ dextra,       // [rows, cols] or null
+                             T* __restrict__ dx,                 // [rows, cols]
+                             acc_t<T>* __restrict__ partial,     // [chunks, 2 * cols] or null
+                             T* __restrict__ dweight,            // [cols] when partial null
+                             T* __restrict__ dbias,              // [cols] when partial null
+                             int64_t rows, int64_t cols, int64_t rows_per_chunk,
+                             bool zero_centered_gamma) {
+  using A = acc_t<T>;
+  const int64_t i = reg_offset<VEC>(0);
+  const bool mine = i < cols;  // threads past the row only join the reductions
+  const A shift = zero_centered_gamma ? A(1) : A(0);
+  const A inv = A(1) / static_cast<A>(cols);
+  A dw[VEC] = {}, db[VEC] = {};
+  const int64_t row_begin = blockIdx.x * rows_per_chunk;
+  const int64_t row_end = min(rows, row_begin + rows_per_chunk);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const A mu = kLayerNorm ? mean[r] : A(0);
+    const A rs = rstd[r];
+    Vec<T, VEC> xv, dv, ev, wv;
+    A sum_g = 0, sum_gx = 0;
+    if (mine) {
+      wv = load_vec<T, VEC>(weight + i);  // from cache after the first row: fewer registers held
+      xv = load_vec<T, VEC>(x + r * cols + i);
+      dv = load_vec<T, VEC>(dy + r * cols + i);
+      if (dextra != nullptr) ev = load_vec<T, VEC>(dextra + r * cols + i);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A d = to_acc(dv.v[j]);
+        const auto t = norm_grad_terms(to_acc(xv.v[j]), d, to_acc(wv.v[j]), mu, rs, shift);
+        sum_g += t.g;
+        sum_gx += t.g * t.xh;
+        dw[j] += d * t.xh;
+        if (kLayerNorm) db[j] += d;
+      }
+    }
+    if (kLayerNorm) {
+      cuda::block_sum2(sum_g, sum_gx);
+    } else {
+      sum_gx = cuda::block_sum(sum_gx);
+    }
+    const A c1 = kLayerNorm ? sum_g * inv : A(0);
+    const A c2 = sum_gx * inv;
+    if (!mine) continue;
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      // xhat and g recomputed: cheaper than keeping them in registers across the reductions.
+      const auto t =
+          norm_grad_terms(to_acc(xv.v[j]), to_acc(dv.v[j]), to_acc(wv.v[j]), mu, rs, shift);
+      A o = norm_dx(t, rs, c1, c2);
+      if (dextra != nullptr) o += to_acc(ev.v[j]);
+      out.v[j] = from_acc<T>(o);
+    }
+    store_vec<T, VEC>(dx + r * cols + i, out);
+  }
+  if (!mine) return;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    if (partial != nullptr) {
+      partial[blockIdx.x * 2 * cols + i + j] = dw[j];
+      if (kLayerNorm) partial[blockIdx.x * 2 * cols + cols + i + j] = db[j];
+    } else {
+      dweight[i + j] = from_acc<T>(dw[j]);
+      if (kLayerNorm) dbias[i + j] = from_acc<T>(db[j]);
+    }
+  }
+}
+
+// dx for one row per block (plus dextra), for rows too long for registers: xhat and g = dy * gamma
+// kept in shared memory as fp32 between the reduction and the write.
 template <typename T, int VEC, bool kLayerNorm>
 __global__ void __launch_bounds__(kMaxThreads)
     norm_bwd_dx_kernel(const T* __restrict__ dy,           // [rows, cols]
@@ -192,49 +274,6 @@ __global__ void __launch_bounds__(kMaxThreads)
   const A mu = kLayerNorm ? mean[r] : A(0);
   const A rs = rstd[r];
   const A inv = A(1) / static_cast<A>(cols);
-  if (row_in_registers<VEC, kBwdRegVecs>(cols)) {
-    // Every load of the row (dextra's too) issued at once; xhat and g recomputed for the write.
-    Vec<T, VEC> xv[kBwdRegVecs], dv[kBwdRegVecs], wv[kBwdRegVecs], ev[kBwdRegVecs];
-#pragma unroll
-    for (int k = 0; k < kBwdRegVecs; ++k) {
-      const int64_t i = reg_offset<VEC>(k);
-      if (i >= cols) continue;
-      xv[k] = load_vec<T, VEC>(x + r * cols + i);
-      dv[k] = load_vec<T, VEC>(dy + r * cols + i);
-      if (dextra != nullptr) ev[k] = load_vec<T, VEC>(dextra + r * cols + i);
-      wv[k] = load_vec<T, VEC>(weight + i);
-    }
-    A sum_g = 0, sum_gx = 0;
-#pragma unroll
-    for (int k = 0; k < kBwdRegVecs; ++k) {
-      if (reg_offset<VEC>(k) >= cols) continue;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const auto t = norm_grad_terms(to_acc(xv[k].v[j]), to_acc(dv[k].v[j]), to_acc(wv[k].v[j]),
-                                       mu, rs, shift);
-        sum_g += t.g;
-        sum_gx += t.g * t.xh;
-      }
-    }
-    const A c1 = kLayerNorm ? cuda::block_sum(sum_g) * inv : A(0);
-    const A c2 = cuda::block_sum(sum_gx) * inv;
-#pragma unroll
-    for (int k = 0; k < kBwdRegVecs; ++k) {
-      const int64_t i = reg_offset<VEC>(k);
-      if (i >= cols) continue;
-      Vec<T, VEC> out;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const auto t = norm_grad_terms(to_acc(xv[k].v[j]), to_acc(dv[k].v[j]), to_acc(wv[k].v[j]),
-                                       mu, rs, shift);
-        A o = norm_dx(t, rs, c1, c2);
-        if (dextra != nullptr) o += to_acc(ev[k].v[j]);
-        out.v[j] = from_acc<T>(o);
-      }
-      store_vec<T, VEC>(dx + r * cols + i, out);
-    }
-    return;
-  }
   A sum_g = 0, sum_gx = 0;
   for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
     const auto xv = load_vec<T, VEC>(x + r * cols + i);
@@ -326,22 +365,6 @@ __global__ void norm_bwd_params_kernel(
   }
 }
 
-}  // namespace
-
-int norm_params_blocks_per_sm(bool layernorm, KernelDType dtype) {
-  int blocks = 0;
-  cuda::dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int V = cuda::kVec16<T>;
-    constexpr int threads = kColThreads * kRowThreads;
-    blocks = layernorm ? cuda::resident_blocks_here(norm_bwd_params_kernel<T, V, true>, threads)
-                       : cuda::resident_blocks_here(norm_bwd_params_kernel<T, V, false>, threads);
-  });
-  return blocks;
-}
-
-namespace {
-
 // Threads per row's block: enough for nv vectors each where a block of at most kMaxThreads holds
 // the row so, else one vector each (up to kMaxThreads, the rest looped) with the row in shared
 // memory. The kernels tell the two apart the same way (row_in_registers).
@@ -384,6 +407,40 @@ void allow_smem(Kernel kernel, size_t bytes) {
   }
 }
 
+// The one-pass backward's grid for a row of V-element vectors: one wave of its blocks, each a
+// chunk of rows (at most one chunk per row).
+template <typename T, int V, bool kLayerNorm>
+int64_t one_pass_chunks(int64_t rows, int64_t cols, int num_sms) {
+  const int threads = threads_for(cols, V, kBwdRegVecs);
+  const int per_sm =
+      cuda::resident_blocks_here(norm_bwd_one_pass_kernel<T, V, kLayerNorm>, threads);
+  return std::max<int64_t>(1, std::min<int64_t>(rows, int64_t{per_sm} * num_sms));
+}
+
+// The separate weight- and bias-gradient pass's row chunks: one wave of its blocks.
+template <typename T, bool kLayerNorm>
+int64_t params_pass_chunks(int64_t rows, int64_t cols, int num_sms) {
+  constexpr int V = cuda::kVec16<T>;
+  const int per_sm = cuda::resident_blocks_here(norm_bwd_params_kernel<T, V, kLayerNorm>,
+                                                kColThreads * kRowThreads);
+  return column_sum_chunks(rows, cols, num_sms, per_sm);
+}
+
+// f(T{}, vector width, one_pass) for a backward over these pointers: the element type, the dx
+// pass's vector width, and whether a block holds the row in registers (the one-pass kernel) or
+// not (dx from shared memory, then the separate parameter pass). norm_bwd_chunks and
+// launch_norm_bwd decide alike through it.
+template <typename F>
+void dispatch_bwd(KernelDType dtype, int64_t cols, std::initializer_list<const void*> ptrs, F&& f) {
+  cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    cuda::dispatch_vec<T>(cols, ptrs, [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      f(tag, vec, rows_in_registers(cols, V, kBwdRegVecs));
+    });
+  });
+}
+
 }  // namespace
 
 bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem) {
@@ -413,52 +470,75 @@ void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* 
   cuda::check_launch("norm_fwd_kernel");
 }
 
+int64_t norm_bwd_chunks(const void* dy, const void* x, const void* weight, const void* dextra,
+                        const void* dx, int64_t rows, int64_t cols, bool layernorm,
+                        KernelDType dtype, int num_sms) {
+  if (rows == 0 || cols == 0) return 0;
+  int64_t chunks = 1;
+  dispatch_bwd(dtype, cols, {dy, x, weight, dextra, dx}, [&](auto tag, auto vec, bool one_pass) {
+    using T = decltype(tag);
+    constexpr int V = decltype(vec)::value;
+    if (one_pass) {
+      chunks = layernorm ? one_pass_chunks<T, V, true>(rows, cols, num_sms)
+                         : one_pass_chunks<T, V, false>(rows, cols, num_sms);
+    } else {
+      chunks = layernorm ? params_pass_chunks<T, true>(rows, cols, num_sms)
+                         : params_pass_chunks<T, false>(rows, cols, num_sms);
+    }
+  });
+  return chunks;
+}
+
 void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void* rstd,
                      const void* weight, const void* dextra, void* dx, void* dweight, void* dbias,
                      void* workspace, int64_t rows, int64_t cols, int64_t num_chunks,
                      bool zero_centered_gamma, bool layernorm, KernelDType dtype,
                      cudaStream_t stream) {
   if (cols == 0) return;
-  const int64_t chunks = rows > 0 ? num_chunks : 0;  // no rows: the gradients are zeros
-  cuda::dispatch_dtype(dtype, [&](auto tag) {
+  // The partial rows hold [dweight | dbias]: one column sum writes both.
+  const int64_t width = layernorm ? 2 * cols : cols;
+  dispatch_bwd(dtype, cols, {dy, x, weight, dextra, dx}, [&](auto tag, auto vec, bool one_pass) {
     using T = decltype(tag);
     using A = acc_t<T>;
+    constexpr int V = decltype(vec)::value;
     const auto* tdy = static_cast<const T*>(dy);
     const auto* tx = static_cast<const T*>(x);
     const auto* tmean = static_cast<const A*>(mean);
     const auto* trstd = static_cast<const A*>(rstd);
-    if (rows > 0) {
-      cuda::dispatch_vec<T>(cols, {dy, x, weight, dextra, dx}, [&](auto vec) {
-        constexpr int V = decltype(vec)::value;
-        const auto kernel =
-            layernorm ? norm_bwd_dx_kernel<T, V, true> : norm_bwd_dx_kernel<T, V, false>;
-        const size_t smem =
-            rows_in_registers(cols, V, kBwdRegVecs) ? 0 : smem_bytes(cols, dtype, true);
-        allow_smem(kernel, smem);
-        kernel<<<rows, threads_for(cols, V, kBwdRegVecs), smem, stream>>>(
-            tdy, tx, tmean, trstd, static_cast<const T*>(weight), static_cast<const T*>(dextra),
-            static_cast<T*>(dx), cols, zero_centered_gamma);
-      });
+    auto* partial = num_chunks > 1 ? static_cast<A*>(workspace) : nullptr;
+    const int64_t rows_per_chunk = num_chunks > 0 ? (rows + num_chunks - 1) / num_chunks : 0;
+    if (rows > 0 && one_pass) {
+      const auto kernel =
+          layernorm ? norm_bwd_one_pass_kernel<T, V, true> : norm_bwd_one_pass_kernel<T, V, false>;
+      kernel<<<num_chunks, threads_for(cols, V, kBwdRegVecs), 0, stream>>>(
+          tdy, tx, tmean, trstd, static_cast<const T*>(weight), static_cast<const T*>(dextra),
+          static_cast<T*>(dx), partial, static_cast<T*>(dweight), static_cast<T*>(dbias), rows,
+          cols, rows_per_chunk, zero_centered_gamma);
+      cuda::check_launch("norm_bwd_one_pass_kernel");
+    } else if (rows > 0) {
+      const auto kernel =
+          layernorm ? norm_bwd_dx_kernel<T, V, true> : norm_bwd_dx_kernel<T, V, false>;
+      const size_t smem = smem_bytes(cols, dtype, true);
+      allow_smem(kernel, smem);
+      kernel<<<rows, threads_for(cols, V, kBwdRegVecs), smem, stream>>>(
+          tdy, tx, tmean, trstd, static_cast<const T*>(weight), static_cast<const T*>(dextra),
+          static_cast<T*>(dx), cols, zero_centered_gamma);
       cuda::check_launch("norm_bwd_dx_kernel");
-      const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
-      cuda::dispatch_vec<T>(cols, {dy, x}, [&](auto vec) {
-        constexpr int V = decltype(vec)::value;
-        const dim3 grid((cols + kColThreads * V - 1) / (kColThreads * V), chunks);
+      cuda::dispatch_vec<T>(cols, {dy, x}, [&](auto pvec) {
+        constexpr int PV = decltype(pvec)::value;
+        const dim3 grid((cols + kColThreads * PV - 1) / (kColThreads * PV), num_chunks);
         const dim3 block(kColThreads, kRowThreads);
-        const auto kernel =
-            layernorm ? norm_bwd_params_kernel<T, V, true> : norm_bwd_params_kernel<T, V, false>;
-        // One chunk: the block's sums are the totals.
-        kernel<<<grid, block, 0, stream>>>(
-            tdy, tx, tmean, trstd, chunks > 1 ? static_cast<A*>(workspace) : nullptr,
-            static_cast<T*>(dweight), static_cast<T*>(dbias), rows, cols, rows_per_chunk);
+        const auto params =
+            layernorm ? norm_bwd_params_kernel<T, PV, true> : norm_bwd_params_kernel<T, PV, false>;
+        params<<<grid, block, 0, stream>>>(tdy, tx, tmean, trstd, partial, static_cast<T*>(dweight),
+                                           static_cast<T*>(dbias), rows, cols, rows_per_chunk);
       });
       cuda::check_launch("norm_bwd_params_kernel");
     }
-    if (chunks == 1) return;
-    cuda::launch_column_sum<T>(workspace, dweight, cols, chunks, 2 * cols, stream);
-    if (layernorm) {
-      cuda::launch_column_sum<T>(static_cast<const A*>(workspace) + cols, dbias, cols, chunks,
-                                 2 * cols, stream);
+    // Several chunks: their sums; no rows (no chunks): zeros.
+    if (num_chunks != 1) {
+      cuda::launch_column_sum<T>(workspace, dweight, width, num_chunks, 2 * cols, stream, dbias,
+                                 cols);
     }
   });
 }

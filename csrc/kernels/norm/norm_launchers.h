@@ -13,9 +13,12 @@ namespace fusible::kernels {
 /// opt-in limit); else the caller falls back.
 bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem);
 
-/// Blocks per SM the weight- and bias-gradient pass's row chunks are planned for (those resident
-/// at once): column_sum_chunks' blocks_per_sm for launch_norm_bwd.
-int norm_params_blocks_per_sm(bool layernorm, KernelDType dtype);
+/// How many row chunks launch_norm_bwd splits these rows into (its workspace holds one partial row
+/// per chunk when more than one): one wave of the one-pass kernel where a block holds a row in
+/// registers, else of the separate parameter pass; 0 without rows. The same pointers as the launch.
+int64_t norm_bwd_chunks(const void* dy, const void* x, const void* weight, const void* dextra,
+                        const void* dx, int64_t rows, int64_t cols, bool layernorm,
+                        KernelDType dtype, int num_sms);
 
 void launch_norm_fwd(const void* x,       // [rows, cols]
                      const void* weight,  // [cols]
@@ -39,7 +42,7 @@ void launch_norm_bwd(const void* dy,      // [rows, cols]
                      void* dweight,       // [cols]
                      void* dbias,         // [cols], LayerNorm only
                      void* workspace,     // [num_chunks, 2 * cols], accumulation type (chunks:
-                                          // column_sum_chunks); null allowed for one chunk
+                                          // norm_bwd_chunks); null allowed for one chunk
                      int64_t rows, int64_t cols, int64_t num_chunks, bool zero_centered_gamma,
                      bool layernorm, KernelDType dtype, cudaStream_t stream);
 
