@@ -12,7 +12,8 @@ pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this mac
 
 F = torch.ops.fusible
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
-# (300, 96): several row chunks in the column reductions (norm and bias gradients); the others one.
+# (300, 96): several row chunks in the bias gradients' column reduction; the norm backward's
+# one-pass kernel splits every shape of 8 rows or more into chunks.
 SHAPES = [(1, 8), (7, 33), (64, 1000), (5, 4096), (3, 2, 24), (300, 96)]
 # Norm rows kept in registers (a few vectors per thread: all SHAPES) or, longer, in shared memory
 # (20000 elements: every backward and the float32 and float64 forwards; float64's backward does
@@ -132,11 +133,15 @@ def test_column_sums_over_many_row_chunks(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
-def test_norm_backward_walks_many_rows_per_block(dtype, norm):
-    # 3000 rows of 4096: more rows than one wave of the one-pass backward's blocks, so each block
-    # sums several rows' weight (and bias) gradients before the column sum; dextra added to dx.
-    x, w, b = _rand((3000, 4096), dtype, 2.0), _rand(4096, dtype, 0.5), _rand(4096, dtype)
-    dy, dextra = _rand((3000, 4096), dtype), _rand((3000, 4096), dtype)
+@pytest.mark.parametrize("rows,cols", [(3000, 4096), (265, 4096), (5000, 64)])
+def test_norm_backward_walks_many_rows_per_block(dtype, norm, rows, cols):
+    # The one-pass backward: 3000 rows of 4096, more than one wave of blocks, so each block sums
+    # several rows' weight (and bias) gradients before the column sum; 265 rows, at least 4 per
+    # block, leave the last blocks no rows (their partial sums must still be written, as zeros);
+    # 64 columns, one-warp blocks after the wide ones (the occupancy asked per block size).
+    # dextra is added to dx.
+    x, w, b = _rand((rows, cols), dtype, 2.0), _rand(cols, dtype, 0.5), _rand(cols, dtype)
+    dy, dextra = _rand((rows, cols), dtype), _rand((rows, cols), dtype)
     if norm == "layernorm":
         _, mean, rstd = F.layernorm_fwd(x, w, b, 1e-5, False)
         _, rmean, rrstd = F.layernorm_fwd(_ref(x), _ref(w), _ref(b), 1e-5, False)
@@ -148,7 +153,7 @@ def test_norm_backward_walks_many_rows_per_block(dtype, norm):
         out = _cuda(F.rmsnorm_bwd_add, dy, x, rstd, w, False, dextra)
         ref = F.rmsnorm_bwd(_ref(dy), _ref(x), rrstd, _ref(w), False)
     _close(out[0], ref[0] + _ref(dextra), dtype)
-    # The parameter gradients are sums over 3000 rows: a GEMM reduction's tolerance.
+    # The parameter gradients are sums over the rows: a GEMM reduction's tolerance.
     rtol, atol = tols(dtype, gemm=True)
     for a, r in zip(out[1:], ref[1:]):
         assert not torch.isnan(a).any(), "an output element was never written"
@@ -202,6 +207,8 @@ def test_our_kernels_run_on_cuda():
         "glu_fwd_kernel",
     ):
         assert kernel in names, f"{kernel} did not run: {names}"
+    # A row in registers: the one-pass backward, not dx and then a separate parameter pass.
+    assert "norm_bwd_dx_kernel" not in names and "norm_bwd_params_kernel" not in names
     # The bias gradients of 64 rows took one pass, of 4096 rows two; the norm's 64 rows, one block
     # each, then their column sum.
     assert names.count("column_sum_kernel") == 2

@@ -12,6 +12,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -297,15 +298,15 @@ int resident_blocks(Kernel kernel, int threads, size_t smem = 0) {
   return blocks > 0 ? blocks : 1;
 }
 
-/// resident_blocks of kernel on the current device, asked once per kernel and device: the
-/// occupancy query is a driver call, and GPUs of one machine may differ.
+/// resident_blocks of kernel on the current device, asked once per kernel, block size and device:
+/// the occupancy query is a driver call, and GPUs of one machine may differ.
 template <typename Kernel>
 int resident_blocks_here(Kernel kernel, int threads) {
   int device = 0;
   cudaGetDevice(&device);
-  // Per thread: no lock on a launch's host path (a thread asks at most once per kernel).
-  thread_local std::map<std::pair<const void*, int>, int> known;
-  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+  // Per thread: no lock on a launch's host path (a thread asks at most once per key).
+  thread_local std::map<std::tuple<const void*, int, int>, int> known;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), threads, device);
   auto it = known.find(key);
   if (it == known.end()) it = known.emplace(key, resident_blocks(kernel, threads)).first;
   return it->second;

@@ -33,6 +33,7 @@ constexpr int kMaxThreads = 1024;
 // then).
 constexpr int kFwdRegVecs = 4;
 constexpr int kBwdRegVecs = 1;
+static_assert(kBwdRegVecs == 1, "norm_bwd_one_pass_kernel holds one vector of a row per thread");
 
 // Where the kernels keep the row: in registers when a block of blockDim threads holds it.
 template <int VEC, int NV>
@@ -367,7 +368,8 @@ __global__ void norm_bwd_params_kernel(
 
 // Threads per row's block: enough for nv vectors each where a block of at most kMaxThreads holds
 // the row so, else one vector each (up to kMaxThreads, the rest looped) with the row in shared
-// memory. The kernels tell the two apart the same way (row_in_registers).
+// memory. The forward kernel tells the two apart the same way (row_in_registers); the backward's
+// launcher picks its kernel by it.
 int threads_for(int64_t cols, int vec, int nv) {
   const int64_t vectors = (cols + vec - 1) / vec;
   const int64_t per_thread =
@@ -407,14 +409,20 @@ void allow_smem(Kernel kernel, size_t bytes) {
   }
 }
 
+// Rows the one-pass backward gives a block at least: a block's partial row (2 * cols fp32,
+// written, then read by the column sum) moves as many bytes as two rows of 16-bit dy and x, so
+// fewer rows per chunk than this would spend more on partials than on the rows. (Not tuned.)
+constexpr int64_t kMinRowsPerChunk = 4;
+
 // The one-pass backward's grid for a row of V-element vectors: one wave of its blocks, each a
-// chunk of rows (at most one chunk per row).
+// chunk of rows.
 template <typename T, int V, bool kLayerNorm>
 int64_t one_pass_chunks(int64_t rows, int64_t cols, int num_sms) {
   const int threads = threads_for(cols, V, kBwdRegVecs);
   const int per_sm =
       cuda::resident_blocks_here(norm_bwd_one_pass_kernel<T, V, kLayerNorm>, threads);
-  return std::max<int64_t>(1, std::min<int64_t>(rows, int64_t{per_sm} * num_sms));
+  return std::max<int64_t>(1,
+                           std::min<int64_t>(rows / kMinRowsPerChunk, int64_t{per_sm} * num_sms));
 }
 
 // The separate weight- and bias-gradient pass's row chunks: one wave of its blocks.
@@ -495,6 +503,7 @@ void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void
                      bool zero_centered_gamma, bool layernorm, KernelDType dtype,
                      cudaStream_t stream) {
   if (cols == 0) return;
+  const int64_t chunks = rows > 0 ? num_chunks : 0;  // no rows: the gradients are zeros
   // The partial rows hold [dweight | dbias]: one column sum writes both.
   const int64_t width = layernorm ? 2 * cols : cols;
   dispatch_bwd(dtype, cols, {dy, x, weight, dextra, dx}, [&](auto tag, auto vec, bool one_pass) {
@@ -505,12 +514,12 @@ void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void
     const auto* tx = static_cast<const T*>(x);
     const auto* tmean = static_cast<const A*>(mean);
     const auto* trstd = static_cast<const A*>(rstd);
-    auto* partial = num_chunks > 1 ? static_cast<A*>(workspace) : nullptr;
-    const int64_t rows_per_chunk = num_chunks > 0 ? (rows + num_chunks - 1) / num_chunks : 0;
+    auto* partial = chunks > 1 ? static_cast<A*>(workspace) : nullptr;
+    const int64_t rows_per_chunk = chunks > 0 ? (rows + chunks - 1) / chunks : 0;
     if (rows > 0 && one_pass) {
       const auto kernel =
           layernorm ? norm_bwd_one_pass_kernel<T, V, true> : norm_bwd_one_pass_kernel<T, V, false>;
-      kernel<<<num_chunks, threads_for(cols, V, kBwdRegVecs), 0, stream>>>(
+      kernel<<<chunks, threads_for(cols, V, kBwdRegVecs), 0, stream>>>(
           tdy, tx, tmean, trstd, static_cast<const T*>(weight), static_cast<const T*>(dextra),
           static_cast<T*>(dx), partial, static_cast<T*>(dweight), static_cast<T*>(dbias), rows,
           cols, rows_per_chunk, zero_centered_gamma);
@@ -526,7 +535,7 @@ void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void
       cuda::check_launch("norm_bwd_dx_kernel");
       cuda::dispatch_vec<T>(cols, {dy, x}, [&](auto pvec) {
         constexpr int PV = decltype(pvec)::value;
-        const dim3 grid((cols + kColThreads * PV - 1) / (kColThreads * PV), num_chunks);
+        const dim3 grid((cols + kColThreads * PV - 1) / (kColThreads * PV), chunks);
         const dim3 block(kColThreads, kRowThreads);
         const auto params =
             layernorm ? norm_bwd_params_kernel<T, PV, true> : norm_bwd_params_kernel<T, PV, false>;
@@ -536,9 +545,8 @@ void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void
       cuda::check_launch("norm_bwd_params_kernel");
     }
     // Several chunks: their sums; no rows (no chunks): zeros.
-    if (num_chunks != 1) {
-      cuda::launch_column_sum<T>(workspace, dweight, width, num_chunks, 2 * cols, stream, dbias,
-                                 cols);
+    if (chunks != 1) {
+      cuda::launch_column_sum<T>(workspace, dweight, width, chunks, 2 * cols, stream, dbias, cols);
     }
   });
 }
