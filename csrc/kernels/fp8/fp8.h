@@ -56,8 +56,8 @@ void check_fp8_cast_grouped_args(const at::Tensor& x, at::IntArrayRef sizes,
                                  c10::string_view format, double margin);
 
 /// Whether the CUDA fp8_cast and fp8_cast_delayed of a small tensor run as one cooperative launch
-/// (off by default for now, on where the process starts with FUSIBLE_FP8_CAST_ONE_LAUNCH=1; off:
-/// the plain launches, as for a large tensor). The same bytes either way.
+/// (on by default; off where the process starts with FUSIBLE_FP8_CAST_ONE_LAUNCH=0: the plain
+/// launches, as for a large tensor). The same bytes either way.
 bool fp8_cast_one_launch();
 void set_fp8_cast_one_launch(bool on);
 
