@@ -42,6 +42,12 @@ def phase_us(fn, x, dy, params, iters=200):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=18, help="profiler table rows")
+    p.add_argument(
+        "--profile",
+        nargs="*",
+        default=["fusible", "fusible_fp8"],
+        help="models whose CPU self time by op is tabled",
+    )
     args = p.parse_args()
     s = SHAPES["small"]
     torch.manual_seed(0)
@@ -76,7 +82,7 @@ def main():
     for label in ("fusible", "fusible_fp8"):
         fwd, bwd = phase_us(models[label], x, dy, params)
         print(f"  {label:22s} forward {fwd:7.1f}  backward {bwd:7.1f}")
-    for label in ("fusible", "fusible_fp8"):
+    for label in args.profile:
         step = step_of(models[label])
         step()
         torch.cuda.synchronize()
