@@ -35,15 +35,6 @@ _TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 _TILE = 128  # a block-scaled weight's tiles are _TILE x _TILE
 
 
-def _abs_max(t):
-    """max |t| with NaN elements left out, as the casts' amax (TransformerEngine's fmaxf); 0 for an
-    empty t."""
-    if not t.numel():
-        return t.new_zeros(())
-    a = t.abs()
-    return a.masked_fill(a.isnan(), 0).amax()
-
-
 def _written(func, args, kwargs):
     """Where func's written arguments are: a position in args, else a keyword name."""
     out = []
@@ -156,7 +147,7 @@ class Float8Tensor(torch.Tensor):
             scale = torch.ones_like(amax) if scale is None else scale.to(amax.device)
             data = cast_with_scale(hp, self._fp8_format, scale)
             scale_inv = scale.reciprocal()
-            amax.copy_(_abs_max(hp).float().reshape(1))
+            amax.copy_(torch.ops.fusible.fp8_amax(hp))
         self._data.copy_(data)
         self._scale_inv.copy_(scale_inv)
 
@@ -204,7 +195,7 @@ class Float8Tensor(torch.Tensor):
             if src._delayed is not None:
                 amax = src._delayed[1]
             else:
-                amax = _abs_max(src._values())
+                amax = torch.ops.fusible.fp8_amax(src._values())
             self._delayed[1].copy_(amax.float().reshape(1))
         return self
 

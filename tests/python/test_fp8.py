@@ -405,6 +405,10 @@ class TestDelayedScaling:
             torch.full_like(x, float("nan")), "e4m3", hist, scale, 0.0, "max"
         )
         assert hist.tolist() == [3000.0, 3000.0, 0.0]
+        # The amax op the FP8 weight records with: the same rule, [1] fp32, 0 when empty.
+        assert F.fp8_amax(x.double()).tolist() == [3000.0]
+        assert F.fp8_amax(x.bfloat16()).dtype == torch.float32
+        assert F.fp8_amax(x[:, :0]).tolist() == [0.0]
 
     def test_cast_op_errors_and_opcheck(self):
         x = torch.randn(4, 8)

@@ -84,6 +84,7 @@ def _cases(device):
             (F.fp8_cast_with_amax, (r(16, 32), "e4m3", r(1).abs() * 3, 0.0, t))
             for t in (True, False)
         ],
+        (F.fp8_amax, (r(16, 32),)),
         *[
             (F.fp8_cast_grouped, (r(48, 32).to(dt), [16, 0, 32], "e4m3", 0.0, t))
             for dt in (torch.float32, torch.bfloat16)

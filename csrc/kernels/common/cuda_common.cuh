@@ -160,20 +160,34 @@ __device__ __forceinline__ void block_amax_into(float m, float* amax) {
   }
 }
 
+/// Two values reduced together (block_sum2): one shuffle and one scratch slot each per step.
+template <typename A>
+struct Pair {
+  A a, b;
+};
+template <typename A>
+__device__ __forceinline__ A shfl_xor(A v, int lane_mask) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+template <typename A>
+__device__ __forceinline__ Pair<A> shfl_xor(Pair<A> v, int lane_mask) {
+  return {shfl_xor(v.a, lane_mask), shfl_xor(v.b, lane_mask)};
+}
+
 /// op(v of every thread) over the block (blockDim.x a multiple of 32, at most 1024; `identity`:
 /// op's neutral value); every thread gets the result. Safe to call repeatedly: it synchronizes
 /// before reusing its shared scratch.
 template <typename A, typename Op>
 __device__ __forceinline__ A block_reduce(A v, Op op, A identity) {
   __shared__ A scratch[32];
-  for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o /= 2) v = op(v, shfl_xor(v, o));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // an earlier call may still be reading scratch
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   const int warps = blockDim.x / 32;
   A total = lane < warps ? scratch[lane] : identity;
-  for (int o = 16; o > 0; o /= 2) total = op(total, __shfl_xor_sync(0xffffffffu, total, o));
+  for (int o = 16; o > 0; o /= 2) total = op(total, shfl_xor(total, o));
   return total;
 }
 
@@ -188,25 +202,14 @@ __device__ __forceinline__ A block_sum(A v) {
 /// rules and order, so each equals block_sum's); every thread gets them.
 template <typename A>
 __device__ __forceinline__ void block_sum2(A& a, A& b) {
-  __shared__ A scratch[2][32];
-  for (int o = 16; o > 0; o /= 2) {
-    a += __shfl_xor_sync(0xffffffffu, a, o);
-    b += __shfl_xor_sync(0xffffffffu, b, o);
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // an earlier call may still be reading scratch
-  if (lane == 0) {
-    scratch[0][warp] = a;
-    scratch[1][warp] = b;
-  }
-  __syncthreads();
-  const int warps = blockDim.x / 32;
-  a = lane < warps ? scratch[0][lane] : A(0);
-  b = lane < warps ? scratch[1][lane] : A(0);
-  for (int o = 16; o > 0; o /= 2) {
-    a += __shfl_xor_sync(0xffffffffu, a, o);
-    b += __shfl_xor_sync(0xffffffffu, b, o);
-  }
+  const Pair<A> total = block_reduce(
+      Pair<A>{a, b},
+      [](Pair<A> x, Pair<A> y) {
+        return Pair<A>{x.a + y.a, x.b + y.b};
+      },
+      Pair<A>{A(0), A(0)});
+  a = total.a;
+  b = total.b;
 }
 
 /// Max over the block of non-negative floats (block_reduce's shape rules); every thread gets it.

@@ -412,6 +412,9 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
   define(m,
          "fp8_cast_with_amax(Tensor x, str format, Tensor amax, float margin=0.0, bool "
          "transpose=False) -> (Tensor, Tensor, Tensor)");
+  // max |x| as [1] fp32 (NaN elements left out, 0 for an empty x): the amax every cast takes,
+  // for code outside the casts that records one (the FP8 weight's delayed-scaling state).
+  define(m, "fp8_amax(Tensor x) -> Tensor");
   // The same with delayed scaling's scale, then its history and scale updated.
   define(m,
          "fp8_cast_delayed(Tensor x, str format, Tensor(a!) amax_history, Tensor(b!) scale, "
@@ -426,6 +429,11 @@ TORCH_LIBRARY_IMPL(fusible, CPU, m) {
   m.impl("fp8_cast", &reference::fp8_cast);
   m.impl("fp8_cast_with_amax", &reference::fp8_cast_with_amax);
   m.impl("fp8_cast_delayed", &reference::fp8_cast_delayed);
+}
+
+// ATen calls only: one implementation for every device.
+TORCH_LIBRARY_IMPL(fusible, CompositeExplicitAutograd, m) {
+  m.impl("fp8_amax", &reference::amax_of);
 }
 
 // Block scaling on CUDA: the same ATen code until its kernel comes with the block-scaled GEMMs.

@@ -202,7 +202,7 @@ class FusibleOperation(torch.nn.Module):
     # module holds delayed-scaling state; a format of our own, plain tensors.
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        states = [_C._fp8_state(op._cpp) for op in self._basic_op_list()]
+        states = self._fp8_states()
         if any(state is not None for state in states):
             destination[prefix + "_extra_state"] = {"format": _FP8_STATE_FORMAT, "ops": states}
 
@@ -253,8 +253,12 @@ class FusibleOperation(torch.nn.Module):
             with torch.no_grad():
                 _C.assign_in_place_(param, real)
 
+    def _fp8_states(self):
+        """Each basic op's delayed-scaling state (None where it holds none), in op order."""
+        return [_C._fp8_state(op._cpp) for op in self._basic_op_list()]
+
     def _has_fp8_state(self):
-        return any(_C._fp8_state(op._cpp) is not None for op in self._basic_op_list())
+        return any(state is not None for state in self._fp8_states())
 
     def num_quantizers(self, mode):
         """How many FP8 quantizers the op uses in mode "forward" or "backward" (te.ops): the
