@@ -69,6 +69,11 @@ class FusibleOperation : public torch::nn::Module {
   /// on default_parameter_device(). Ops with parameters override this.
   virtual void reset_parameters() {}
 
+  /// torch::load into a deferred (meta) op: LibTorch gives each parameter the loaded tensor with
+  /// set_data, which refuses a meta parameter; each meta parameter the archive holds becomes real in
+  /// place on the loaded tensor's device first (same tensor object), then loads as any other.
+  void load(torch::serialize::InputArchive& archive) override;
+
   /// Runs before a fuser call that finds meta parameters among this op's (the call's, adopted
   /// first), before the fuser looks at them: basic ops materialize meta parameters on the input's
   /// device and initialize them. A future op with first-use state (FP8 weights) hooks in here.

@@ -10,8 +10,7 @@
 namespace fusible::test {
 namespace {
 
-std::shared_ptr<fuser::Sequential> residual_mlp() {
-  const auto cpu = c10::Device(c10::kCPU);
+std::shared_ptr<fuser::Sequential> residual_mlp(c10::Device cpu = c10::Device(c10::kCPU)) {
   auto make = std::make_shared<ops::MakeExtraOutput>();
   auto add = std::make_shared<ops::AddExtraInput>();
   make->set_extra_output_channel(0, "residual", /*output_to_caller=*/false);
@@ -67,6 +66,22 @@ TEST(ModuleCopies, SaveAndLoadRoundTrip) {
   torch::load(other, stream);
   const auto x = at::randn({2, 6}, at::kDouble);
   EXPECT_TRUE(at::equal(other->forward(x)[0], model->forward(x)[0]));
+}
+
+// LibTorch's load gives a parameter of another device the loaded tensor (set_data): a model built
+// on meta (deferred) computes with the checkpoint, not with a first-forward initialization.
+TEST(ModuleCopies, LoadIntoAMetaModelTakesTheCheckpoint) {
+  auto model = residual_mlp();
+  auto deferred = residual_mlp(c10::Device(c10::kMeta));
+  std::stringstream stream;
+  torch::save(model, stream);
+  torch::load(deferred, stream);
+  for (const auto& p : deferred->parameters()) EXPECT_FALSE(p.is_meta());
+  const auto x = at::randn({2, 6}, at::kDouble);
+  EXPECT_TRUE(at::equal(deferred->forward(x)[0], model->forward(x)[0]));
+  auto lin = std::dynamic_pointer_cast<ops::Linear>(deferred->children()[2]);
+  ASSERT_TRUE(lin);  // the composite and its basic op still hold one weight
+  EXPECT_EQ(lin->weight().unsafeGetTensorImpl(), lin->linear_op()->weight().unsafeGetTensorImpl());
 }
 
 }  // namespace
