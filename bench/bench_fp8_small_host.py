@@ -2,7 +2,8 @@
 fusible bf16, where the GPU work is tiny and each call's host work is what counts; then where the
 host time of one FP8 current-scaling step goes (torch.profiler CPU self time by op). CUDA only.
 
-Wall time per step: a back-to-back loop of 200 steps synchronized at the end, min of 5 repeats.
+Wall time per step: a back-to-back loop of 200 steps synchronized at the end; every config in
+turn, 7 rounds, min per config.
 
     python bench/bench_fp8_small_host.py [--rows N]
 """
@@ -39,9 +40,13 @@ def phase_us(fn, x, dy, params, iters=200):
     return statistics.median(fwd), statistics.median(bwd)
 
 
+LABELS = ["fusible", "fusible_fp8", "fusible_fp8_delayed", "fusible_fp8_block", "eager"]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=18, help="profiler table rows")
+    p.add_argument("--rounds", type=int, default=7, help="rounds of every config in turn")
     p.add_argument(
         "--profile",
         nargs="*",
@@ -64,20 +69,28 @@ def main():
 
         return step
 
-    labels = ["fusible", "fusible_fp8", "fusible_fp8_delayed", "fusible_fp8_block", "eager"]
-    times = {label: wall_us(step_of(models[label]), stat=min) for label in labels}
-    # The per-tensor casts of small tensors as plain launches (fusible._C switch; one cooperative
-    # launch each by default).
-    before = fusible._C._fp8_cast_one_launch()
-    fusible._C._set_fp8_cast_one_launch(False)
+    # The per-tensor casts of small tensors as plain launches too (fusible._C switch; one
+    # cooperative launch each by default).
+    one_launch = fusible._C._fp8_cast_one_launch()
+    configs = [(label, label, one_launch) for label in LABELS]
+    configs += [
+        (f"{m} (plain-launch casts)", m, False) for m in ("fusible_fp8", "fusible_fp8_delayed")
+    ]
+    # Round robin, min per config over the rounds: a config timed after the others must not gain
+    # from a host that warms up as it goes (timed in blocks, whichever came last looked faster).
+    times = {name: float("inf") for name, _, _ in configs}
     try:
-        for label in ("fusible_fp8", "fusible_fp8_delayed"):
-            times[label + " (plain-launch casts)"] = wall_us(step_of(models[label]), stat=min)
+        for _ in range(args.rounds):
+            for name, model, cast_one_launch in configs:
+                fusible._C._set_fp8_cast_one_launch(cast_one_launch)
+                t = wall_us(step_of(models[model]), repeats=1)
+                times[name] = min(times[name], t)
     finally:
-        fusible._C._set_fp8_cast_one_launch(before)
-    print("small MLP forward+backward, host wall time per step (us, min of 5 x 200 steps)")
-    for label in times:
-        print(f"  {label:34s} {times[label]:8.1f}  ({times[label] / times['fusible']:.2f}x bf16)")
+        fusible._C._set_fp8_cast_one_launch(one_launch)
+    print(f"small MLP forward+backward, host wall time per step (us, min of {args.rounds} rounds")
+    print("of 200 steps, configs in turn)")
+    for name in times:
+        print(f"  {name:34s} {times[name]:8.1f}  ({times[name] / times['fusible']:.2f}x bf16)")
     print("host time per phase (us, median of 200; synchronized before and after each phase)")
     for label in ("fusible", "fusible_fp8"):
         fwd, bwd = phase_us(models[label], x, dy, params)

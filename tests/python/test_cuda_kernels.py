@@ -281,6 +281,24 @@ class TestElementwise:
         _close(out, _ref(x) + _ref(other), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 17, 999, 4100])
+def test_bias_act_bwd_in_place_and_amax_over_row_chunks(rows, dtype):
+    """The bias + activation backward loads the next rows before it writes the current ones, in
+    place too (dpre is dy): many row chunks, a last batch cut short, GELU fixed at compile time
+    (bf16) and chosen at run time (QGELU); each form equals the out-of-place values bit for bit
+    and the float64 reference within tolerance, and the amax is max |dpre|."""
+    for act in ("gelu", "qgelu"):
+        dy, pre = _rand((rows, 512), dtype), _rand((rows, 512), dtype, 2.0)
+        dpre, dbias = _cuda(F.bias_act_bwd, dy, pre, act)
+        _close((dpre, dbias), F.bias_act_bwd(_ref(dy), _ref(pre), act), dtype)
+        in_place = dy.clone()
+        dbias_, amax_ = _cuda(F.bias_act_bwd_amax_, in_place, pre, act)
+        assert torch.equal(in_place, dpre)
+        assert torch.equal(dbias_, dbias)
+        assert amax_.item() == dpre.abs().max().float().item()
+
+
 def test_add_in_place_onto_itself_and_mixed_dtypes():
     x = _rand((5, 40), torch.bfloat16)
     expected = _ref(x) * 2

@@ -27,12 +27,13 @@ __global__ void bias_fwd_kernel(const T* __restrict__ x,     // [rows, cols]
 
 constexpr int kColThreads = 32;
 constexpr int kRowThreads = 8;
-// Measured on the H200 (bench/bench_norm_bias.py, GELU + bias backward of [8192, 16384] bf16): one
-// row at a time 0.42 ms (the compiler cannot hoist a load above a store that may alias it), two
-// rows per thread at 4 blocks per SM 0.28 ms, four rows (2 blocks per SM) 0.37 ms, 5 or 6 blocks
-// per SM (spills) 0.51-0.53 ms; two waves of row chunks as fast as one.
+// Measured with bench/kernel_variants/gelu_bias_bwd_variants.cu (GELU + bias backward of [8192,
+// 16384] bf16, H100): the earlier shape (two rows loaded, then computed and stored; 4 blocks per
+// SM, which spilled) 343 us; without the spill 301; the next rows' loads issued before this
+// rows' math 293; with evict-first loads and stores 284, the time of a multiply moving the same
+// bytes. Four rows per thread (2 blocks per SM) 330, 6 blocks per SM (spills) 318.
 constexpr int kRowBatch = 2;   // rows a thread loads at once (same summation order as one by one)
-constexpr int kMinBlocks = 4;  // blocks per SM the register budget must allow
+constexpr int kMinBlocks = 3;  // blocks per SM the register budget must allow (no spill)
 constexpr int kWaves = 2;      // waves of blocks the row chunks make (bias_grad_blocks_per_sm)
 
 // Block (32 x 8 threads, each on VEC adjacent columns) walks one chunk of rows for 32 * VEC
@@ -50,6 +51,9 @@ __global__ void __launch_bounds__(kColThreads* kRowThreads, kMinBlocks)
                      float* __restrict__ amax,        // max |dpre| (zeroed before), or null
                      int64_t rows, int64_t cols, int64_t rows_per_chunk, ActKind act) {
   using A = acc_t<T>;
+  using V = cuda::Vec<T, VEC>;
+  constexpr int64_t kStep = kRowThreads * kRowBatch;
+  const ActKind kind = kGelu ? ActKind::kGelu : act;  // a constant: no switch in the loop
   __shared__ A tile[kRowThreads][kColThreads * VEC];
   float m = 0.f;  // max |dpre| as stored (rounded), what an FP8 cast of dpre would find
   const int64_t col = (blockIdx.x * static_cast<int64_t>(kColThreads) + threadIdx.x) * VEC;
@@ -57,37 +61,49 @@ __global__ void __launch_bounds__(kColThreads* kRowThreads, kMinBlocks)
   const int64_t row_end = min(rows, row_begin + rows_per_chunk);
   A sum[VEC] = {};
   if (col < cols) {
-    // kRowBatch rows' loads are issued before any of their stores (dpre may alias dy, so the
-    // compiler cannot hoist a load above an earlier store itself): bytes in flight per thread.
-    for (int64_t r0 = row_begin + threadIdx.y; r0 < row_end; r0 += kRowThreads * kRowBatch) {
-      cuda::Vec<T, VEC> d[kRowBatch], p[kRowBatch];
+    // A batch is kRowBatch rows, kRowThreads apart. The next batch's loads are issued before this
+    // batch's math and stores: bytes in flight while the SFU works (dpre may alias dy, so the
+    // compiler cannot hoist a load above a store itself; the rows differ, so the order is safe).
+    V d[kRowBatch], p[kRowBatch];
+    auto load = [&](int64_t r0) {
 #pragma unroll
       for (int u = 0; u < kRowBatch; ++u) {
         const int64_t r = r0 + u * kRowThreads;
         if (r < row_end) {
-          d[u] = cuda::load_vec<T, VEC>(dy + r * cols + col);
-          if constexpr (kAct) p[u] = cuda::load_vec<T, VEC>(pre + r * cols + col);
+          d[u] = cuda::load_vec_streaming<T, VEC>(dy + r * cols + col);
+          if constexpr (kAct) p[u] = cuda::load_vec_streaming<T, VEC>(pre + r * cols + col);
         }
       }
+    };
+    int64_t r0 = row_begin + threadIdx.y;
+    load(r0);
+    for (; r0 < row_end; r0 += kStep) {
+      V cd[kRowBatch], cp[kRowBatch];
+#pragma unroll
+      for (int u = 0; u < kRowBatch; ++u) {
+        cd[u] = d[u];
+        if constexpr (kAct) cp[u] = p[u];
+      }
+      if (r0 + kStep < row_end) load(r0 + kStep);
 #pragma unroll
       for (int u = 0; u < kRowBatch; ++u) {
         const int64_t r = r0 + u * kRowThreads;
         if (r >= row_end) break;
         if constexpr (kAct) {
-          cuda::Vec<T, VEC> g;
+          V g;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             const A gj =
-                to_acc(d[u].v[j]) *
-                cuda::act_derivative<A, std::is_same_v<T, __nv_bfloat16>>(act, to_acc(p[u].v[j]));
+                to_acc(cd[u].v[j]) *
+                cuda::act_derivative<A, std::is_same_v<T, __nv_bfloat16>>(kind, to_acc(cp[u].v[j]));
             g.v[j] = from_acc<T>(gj);
             sum[j] += gj;  // unrounded: dbias as accurate as the fp32 (fp64) math allows
             if constexpr (kAmax) m = cuda::amax_with(m, static_cast<float>(to_acc(g.v[j])));
           }
-          cuda::store_vec<T, VEC>(dpre + r * cols + col, g);
+          cuda::store_vec_streaming<T, VEC>(dpre + r * cols + col, g);
         } else {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) sum[j] += to_acc(d[u].v[j]);
+          for (int j = 0; j < VEC; ++j) sum[j] += to_acc(cd[u].v[j]);
         }
       }
     }

@@ -71,6 +71,26 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, VEC>& v) {
   *reinterpret_cast<Vec<T, VEC>*>(p) = v;
 }
 
+/// load_vec / store_vec for data read or written once (a streaming pass larger than L2): the
+/// evict-first cache policy (ld/st.global.cs) for 16-byte vectors, a plain access otherwise.
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> load_vec_streaming(const T* p) {
+  if constexpr (sizeof(Vec<T, VEC>) == 16) {
+    const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(p));
+    return *reinterpret_cast<const Vec<T, VEC>*>(&raw);
+  } else {
+    return load_vec<T, VEC>(p);
+  }
+}
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vec_streaming(T* p, const Vec<T, VEC>& v) {
+  if constexpr (sizeof(Vec<T, VEC>) == 16) {
+    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+  } else {
+    store_vec<T, VEC>(p, v);
+  }
+}
+
 /// Elements per 16-byte access of T.
 template <typename T>
 constexpr int kVec16 = 16 / sizeof(T);
