@@ -286,9 +286,9 @@ class TestElementwise:
 def test_bias_act_bwd_in_place_and_amax_over_row_chunks(rows, dtype):
     """The bias + activation backward loads the next rows before it writes the current ones, in
     place too (dpre is dy): many row chunks, a last batch cut short, GELU fixed at compile time
-    (bf16) and chosen at run time (QGELU); each form equals the out-of-place values bit for bit
+    (bf16) and an activation chosen at run time (ReLU); each form equals the out-of-place values bit for bit
     and the float64 reference within tolerance, and the amax is max |dpre|."""
-    for act in ("gelu", "qgelu"):
+    for act in ("gelu", "relu"):
         dy, pre = _rand((rows, 512), dtype), _rand((rows, 512), dtype, 2.0)
         dpre, dbias = _cuda(F.bias_act_bwd, dy, pre, act)
         _close((dpre, dbias), F.bias_act_bwd(_ref(dy), _ref(pre), act), dtype)
