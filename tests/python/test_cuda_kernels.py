@@ -286,14 +286,14 @@ class TestElementwise:
 def test_bias_act_bwd_in_place_and_amax_over_row_chunks(rows, dtype):
     """The bias + activation backward loads the next rows before it writes the current ones, in
     place too (dpre is dy): many row chunks, a last batch cut short, GELU fixed at compile time
-    (bf16) and an activation chosen at run time (ReLU); each form equals the out-of-place values bit for bit
-    and the float64 reference within tolerance, and the amax is max |dpre|."""
+    (bf16) and an activation chosen at run time (ReLU); each form equals the out-of-place values
+    bit for bit and the float64 reference within tolerance, and the amax is max |dpre|."""
     for act in ("gelu", "relu"):
         dy, pre = _rand((rows, 512), dtype), _rand((rows, 512), dtype, 2.0)
         dpre, dbias = _cuda(F.bias_act_bwd, dy, pre, act)
         ref_dpre, ref_dbias = F.bias_act_bwd(_ref(dy), _ref(pre), act)
         _close(dpre, ref_dpre, dtype)
-        # A sum over up to 4100 rows: a reduction's tolerance (test_column_sums_over_many_row_chunks).
+        # Sums of up to 4100 rows: a reduction's tolerance (test_column_sums_over_many_row_chunks).
         rtol, atol = tols(dtype, gemm=True)
         torch.testing.assert_close(
             _ref(dbias), ref_dbias.to(dtype).double(), rtol=rtol, atol=max(atol, 1e-4)
