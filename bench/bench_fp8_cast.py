@@ -11,14 +11,13 @@ import argparse
 
 import fusible  # noqa: F401  (registers torch.ops.fusible)
 import torch
-from bench_mlp import median_ms
+from bench_mlp import hbm_tbs, median_ms
 
 SHAPES = {  # [tokens, features] of a gpt_small and a gpt_medium activation
     "gpt_small_x": (163840, 768),
     "gpt_small_ffn": (163840, 2048),
     "gpt_medium_x": (49152, 2048),
 }
-HBM_TBS = 4.8  # H200
 
 
 def main():
@@ -50,7 +49,7 @@ def main():
         for cast, (fn, nbytes) in casts.items():
             ms = median_ms(fn, args.reps)
             gbs = nbytes / ms / 1e6
-            print(f"{name:14s} {cast:22s} {ms:8.3f} {gbs:8.0f} {gbs / HBM_TBS / 10:6.0f}%")
+            print(f"{name:14s} {cast:22s} {ms:8.3f} {gbs:8.0f} {gbs / hbm_tbs() / 10:6.0f}%")
 
 
 if __name__ == "__main__":

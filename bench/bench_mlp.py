@@ -33,6 +33,11 @@ SHAPES = {"small": dict(T=16, H=1024, F=4096), "large": dict(T=8192, H=4096, F=1
 MIN_TOKENS = 1024  # fusible_fp8_min_tokens: Float8CurrentScaling(fp8_min_tokens=MIN_TOKENS)
 
 
+def hbm_tbs():
+    """The current GPU's nominal HBM bandwidth (TB/s): H200 4.8, H100 SXM 3.35 (else H200's)."""
+    return 3.35 if "H100" in torch.cuda.get_device_name() else 4.8
+
+
 def median_ms(fn, reps, warmup=5, setup=lambda: None):
     """Median of CUDA-event times of fn(); setup() runs before each, outside the timed span."""
     for _ in range(warmup):

@@ -12,10 +12,9 @@ import argparse
 
 import fusible  # noqa: F401  (registers torch.ops.fusible)
 import torch
-from bench_mlp import median_ms
+from bench_mlp import hbm_tbs, median_ms
 
 T, H, F_ = 8192, 4096, 16384
-HBM_TBS = 4.8  # H200
 
 
 def main():
@@ -43,7 +42,7 @@ def main():
         ms = median_ms(fn, args.reps)
         gbs = nbytes / ms / 1e6
         shape = f"{T}x{F_ if 'act' in name else H}"
-        print(f"{name:20s} {shape:>12s} {ms:8.3f} {gbs:8.0f} {gbs / HBM_TBS / 10:6.0f}%")
+        print(f"{name:20s} {shape:>12s} {ms:8.3f} {gbs:8.0f} {gbs / hbm_tbs() / 10:6.0f}%")
 
 
 if __name__ == "__main__":
