@@ -354,6 +354,27 @@ GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, b
   return o;
 }
 
+bool Fp8Cast::casts_from_wider(const at::Tensor& x, at::ScalarType dtype) const {
+  return on() && x.scalar_type() != dtype && at::isFloatingType(x.scalar_type()) &&
+         at::elementSize(x.scalar_type()) > at::elementSize(dtype);
+}
+
+GemmOperand Fp8Cast::forward_operand_from(const at::Tensor& x, at::ScalarType dtype, size_t index,
+                                          bool weight, bool rowwise, bool columnwise) const {
+  if (!casts_from_wider(x, dtype)) {
+    return forward_operand(x.scalar_type() == dtype ? x : x.to(dtype), index, weight, rowwise,
+                           columnwise);
+  }
+  auto o = forward_operand(x, index, weight, rowwise, columnwise);
+  o.dtype = dtype;
+  if (!o.fp8()) {  // emulated: the cast's values, then the dtype the GEMM computes in
+    const bool shared = o.rowwise.defined() && o.columnwise.is_same(o.rowwise);
+    if (o.rowwise.defined()) o.rowwise = o.rowwise.to(dtype);
+    if (o.columnwise.defined()) o.columnwise = shared ? o.rowwise : o.columnwise.to(dtype);
+  }
+  return o;
+}
+
 std::vector<GemmOperand> Fp8Cast::grouped_operands(const at::Tensor& t,
                                                    const std::vector<int64_t>& sizes, bool backward,
                                                    bool columnwise) const {

@@ -200,6 +200,13 @@ struct Fp8Cast {
                               const std::string& act = "") const {
     return operand(x, /*backward=*/false, index, weight, rowwise, columnwise, amax, act);
   }
+  /// forward_operand of a tensor x whose dtype may be wider than the GEMMs' `dtype` (a float32
+  /// parameter or input under torch.autocast): under a recipe the cast reads x itself, one rounding
+  /// to FP8 as te.ops casts (not x rounded to `dtype` first), and the operand computes in `dtype`.
+  GemmOperand forward_operand_from(const at::Tensor& x, at::ScalarType dtype, size_t index,
+                                   bool weight, bool rowwise, bool columnwise) const;
+  /// Whether forward_operand_from casts x from its own dtype, wider than `dtype`.
+  bool casts_from_wider(const at::Tensor& x, at::ScalarType dtype) const;
   /// A gradient as the backward's GEMMs take it (the backward format); `amax` as above.
   GemmOperand backward_operand(const at::Tensor& dy, size_t index, bool rowwise, bool columnwise,
                                const at::Tensor& amax = {}) const {

@@ -1968,3 +1968,42 @@ def test_block_scaling_with_2d_x_and_gradient_blocks(rows):
     dyq = qdq_block(dy, "e4m3", 2, True).double()  # E4M3 both ways (the default)
     expected = dyq.T @ xq
     torch.testing.assert_close(lin.weight.grad.double(), expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "make_recipe",
+    [recipe.Float8CurrentScaling, recipe.DelayedScaling, recipe.Float8BlockScaling],
+    ids=["current", "delayed", "block"],
+)
+@pytest.mark.parametrize("grouped", [False, True], ids=["linear", "grouped"])
+def test_float32_weights_under_torch_autocast_are_cast_to_fp8_once(device, make_recipe, grouped):
+    """As te.ops: a float32 weight under torch.autocast(bf16) is cast to FP8 from float32, not
+    rounded to bf16 first. 1.0625 + 2^-12 lies just above the midpoint of E4M3's 1.0 and 1.125:
+    from float32 it rounds to 1.125; bf16 first rounds it onto the midpoint, and the tie then goes
+    to the even 1.0. With scale 1 (amax 448; delayed scaling's first scale; a block's power of 2)
+    and x an identity, y shows the weight's FP8 values."""
+    n, k = 16, 128
+    w = torch.full((n, k), 1.0625 + 2.0**-12)
+    w[0, 0] = 448.0
+    if grouped:
+        op = ops.GroupedLinear(2, k, n, bias=False, device=device, dtype=torch.float32)
+        params = [getattr(op, f"weight{g}") for g in range(2)]
+    else:
+        op = ops.Linear(k, n, bias=False, device=device, dtype=torch.float32)
+        params = [op.weight]
+    with torch.no_grad():
+        for p in params:
+            p.copy_(w)
+    x = torch.eye(n, k, device=device, dtype=torch.bfloat16).repeat(2, 1).requires_grad_()
+    device_type = torch.device(device).type
+    with torch.autocast(device_type, dtype=torch.bfloat16):
+        with fusible.autocast(recipe=make_recipe()):
+            y = op(x, torch.tensor([n, n])) if grouped else op(x)
+    expected = torch.full((n, n), 1.125)
+    expected[0, 0] = 448.0
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y.float().cpu(), expected.repeat(2, 1))
+    y.float().sum().backward()
+    assert all(p.grad.dtype == torch.float32 and p.grad.shape == (n, k) for p in params)
+    assert x.grad.dtype == torch.bfloat16

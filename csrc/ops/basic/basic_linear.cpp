@@ -105,8 +105,8 @@ std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContex
   // The dgrad reads w itself, or its FP8 transpose; under block scaling with 1x128 weight blocks
   // its column-wise cast (128x1 blocks) on the emulated path too.
   const bool w_columnwise = need_w && (ctx.fp8.gemm_fp8 || ctx.fp8.needs_columnwise());
-  auto wo = ctx.fp8.forward_operand(cast_to(weight, ctx.compute_dtype), 1, /*weight=*/true,
-                                    /*rowwise=*/true, /*columnwise=*/w_columnwise);
+  auto wo = ctx.fp8.forward_operand_from(weight, ctx.compute_dtype, 1, /*weight=*/true,
+                                         /*rowwise=*/true, /*columnwise=*/w_columnwise);
   ctx.main_grad = need_x ? main_grad_call(main_grad_, param_grad_reduction()) : nullptr;
   if (ctx.requires_grad) {
     const auto& w_dgrad = w_columnwise ? wo.columnwise : wo.rowwise;

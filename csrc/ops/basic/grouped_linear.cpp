@@ -411,9 +411,9 @@ std::pair<at::Tensor, at::Tensor> GroupedLinear::fp8_weights(OperationContext& c
   const bool own_columnwise = dgrad && ctx.fp8.needs_columnwise();
   std::vector<at::Tensor> ws, ws_dgrad;
   for (int64_t g = 0; g < num_groups_; ++g) {
-    auto o = ctx.fp8.forward_operand(cast_to(weight_of(ctx, g), ctx.compute_dtype), num_groups_ + g,
-                                     /*weight=*/true, /*rowwise=*/true,
-                                     /*columnwise=*/own_columnwise);
+    auto o = ctx.fp8.forward_operand_from(weight_of(ctx, g), ctx.compute_dtype, num_groups_ + g,
+                                          /*weight=*/true, /*rowwise=*/true,
+                                          /*columnwise=*/own_columnwise);
     ws.push_back(o.rowwise);
     if (own_columnwise) ws_dgrad.push_back(o.columnwise);
   }

@@ -38,8 +38,9 @@ at::Tensor GroupedLinear::grouped_cast_weights(const OperationContext& ctx) cons
   for (int64_t i = 0; i < num_weight_params(); ++i) {
     if (ctx.param(i, "GroupedLinear").key_set().has(c10::DispatchKey::Python)) return {};
   }
-  return cast_to(grouped_param(ctx, 0, single_weight_, "weight", {out_features_, in_features_}),
-                 ctx.compute_dtype)
+  // A wider weight (float32 under torch.autocast) is cast from itself, as forward_operand_from.
+  const auto w = grouped_param(ctx, 0, single_weight_, "weight", {out_features_, in_features_});
+  return (ctx.fp8.casts_from_wider(w, ctx.compute_dtype) ? w : cast_to(w, ctx.compute_dtype))
       .reshape({-1, in_features_});
 }
 
@@ -60,6 +61,7 @@ at::Tensor GroupedLinear::fp8_forward(OperationContext& ctx, const at::Tensor& x
     if (const auto w = grouped_cast_weights(ctx); w.defined()) {
       ws = ctx.fp8.grouped_operands(w, std::vector<int64_t>(n, out_features_),
                                     /*backward=*/false, need_w);
+      for (auto& o : ws) o.dtype = ctx.compute_dtype;
     }
   }
   int64_t start = 0;
@@ -67,10 +69,10 @@ at::Tensor GroupedLinear::fp8_forward(OperationContext& ctx, const at::Tensor& x
     // Every group's weight is cast, an empty group's too (a delayed-scaling history advances
     // once per forward, as with one Linear per group).
     const int64_t m = host_sizes[g];
-    const auto wo =
-        !ws.empty() ? ws[g]
-                    : ctx.fp8.forward_operand(cast_to(weight_of(ctx, g), ctx.compute_dtype), n + g,
-                                              /*weight=*/true, /*rowwise=*/true, need_w && m > 0);
+    const auto wo = !ws.empty() ? ws[g]
+                                : ctx.fp8.forward_operand_from(
+                                      weight_of(ctx, g), ctx.compute_dtype, n + g,
+                                      /*weight=*/true, /*rowwise=*/true, need_w && m > 0);
     if (m == 0) continue;
     const auto xo = !xs.empty()
                         ? xs[g]
