@@ -70,8 +70,8 @@ class FusibleOperation : public torch::nn::Module {
   virtual void reset_parameters() {}
 
   /// torch::load into a deferred (meta) op: LibTorch gives each parameter the loaded tensor with
-  /// set_data, which refuses a meta parameter; each meta parameter the archive holds becomes real in
-  /// place on the loaded tensor's device first (same tensor object), then loads as any other.
+  /// set_data, which refuses a meta parameter; each meta parameter the archive holds becomes real
+  /// in place on the loaded tensor's device first (same tensor object), then loads as any other.
   void load(torch::serialize::InputArchive& archive) override;
 
   /// Runs before a fuser call that finds meta parameters among this op's (the call's, adopted
