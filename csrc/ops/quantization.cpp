@@ -354,20 +354,19 @@ GemmOperand Fp8Cast::operand(const at::Tensor& x, bool backward, size_t index, b
   return o;
 }
 
-bool Fp8Cast::casts_from_wider(const at::Tensor& x, at::ScalarType dtype) const {
-  return on() && x.scalar_type() != dtype && at::isFloatingType(x.scalar_type()) &&
-         at::elementSize(x.scalar_type()) > at::elementSize(dtype);
+at::Tensor Fp8Cast::cast_source(const at::Tensor& x, at::ScalarType dtype) const {
+  if (x.scalar_type() == dtype) return x;
+  const bool wider = at::isFloatingType(x.scalar_type()) &&
+                     at::elementSize(x.scalar_type()) > at::elementSize(dtype);
+  return on() && wider ? x : x.to(dtype);
 }
 
 GemmOperand Fp8Cast::forward_operand_from(const at::Tensor& x, at::ScalarType dtype, size_t index,
                                           bool weight, bool rowwise, bool columnwise) const {
-  if (!casts_from_wider(x, dtype)) {
-    return forward_operand(x.scalar_type() == dtype ? x : x.to(dtype), index, weight, rowwise,
-                           columnwise);
-  }
-  auto o = forward_operand(x, index, weight, rowwise, columnwise);
-  o.dtype = dtype;
-  if (!o.fp8()) {  // emulated: the cast's values, then the dtype the GEMM computes in
+  auto o = forward_operand(cast_source(x, dtype), index, weight, rowwise, columnwise);
+  if (o.dtype == dtype) return o;
+  o.dtype = dtype;  // cast from a wider x: the GEMMs still compute in dtype
+  if (!o.fp8()) {   // emulated: the cast's values, then the dtype the GEMM computes in
     const bool shared = o.rowwise.defined() && o.columnwise.is_same(o.rowwise);
     if (o.rowwise.defined()) o.rowwise = o.rowwise.to(dtype);
     if (o.columnwise.defined()) o.columnwise = shared ? o.rowwise : o.columnwise.to(dtype);

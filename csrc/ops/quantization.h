@@ -205,8 +205,9 @@ struct Fp8Cast {
   /// to FP8 as te.ops casts (not x rounded to `dtype` first), and the operand computes in `dtype`.
   GemmOperand forward_operand_from(const at::Tensor& x, at::ScalarType dtype, size_t index,
                                    bool weight, bool rowwise, bool columnwise) const;
-  /// Whether forward_operand_from casts x from its own dtype, wider than `dtype`.
-  bool casts_from_wider(const at::Tensor& x, at::ScalarType dtype) const;
+  /// The tensor a forward cast reads for GEMMs in `dtype`: x itself where a recipe is on and x's
+  /// dtype is wider (forward_operand_from's rule), else x in `dtype`.
+  at::Tensor cast_source(const at::Tensor& x, at::ScalarType dtype) const;
   /// A gradient as the backward's GEMMs take it (the backward format); `amax` as above.
   GemmOperand backward_operand(const at::Tensor& dy, size_t index, bool rowwise, bool columnwise,
                                const at::Tensor& amax = {}) const {

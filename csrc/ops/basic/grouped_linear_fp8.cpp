@@ -39,8 +39,9 @@ at::Tensor GroupedLinear::grouped_cast_weights(const OperationContext& ctx) cons
     if (ctx.param(i, "GroupedLinear").key_set().has(c10::DispatchKey::Python)) return {};
   }
   // A wider weight (float32 under torch.autocast) is cast from itself, as forward_operand_from.
-  const auto w = grouped_param(ctx, 0, single_weight_, "weight", {out_features_, in_features_});
-  return (ctx.fp8.casts_from_wider(w, ctx.compute_dtype) ? w : cast_to(w, ctx.compute_dtype))
+  return ctx.fp8
+      .cast_source(grouped_param(ctx, 0, single_weight_, "weight", {out_features_, in_features_}),
+                   ctx.compute_dtype)
       .reshape({-1, in_features_});
 }
 
