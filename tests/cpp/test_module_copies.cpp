@@ -72,6 +72,10 @@ TEST(ModuleCopies, SaveAndLoadRoundTrip) {
 // on meta (deferred) computes with the checkpoint, not with a first-forward initialization.
 TEST(ModuleCopies, LoadIntoAMetaModelTakesTheCheckpoint) {
   auto model = residual_mlp();
+  {
+    const at::NoGradGuard no_grad;  // every parameter random (a zero bias would hide a lost one)
+    for (auto& p : model->parameters()) p.normal_();
+  }
   auto deferred = residual_mlp(c10::Device(c10::kMeta));
   for (const auto& p : deferred->parameters()) ASSERT_TRUE(p.is_meta());
   std::stringstream stream;
