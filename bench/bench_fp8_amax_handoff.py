@@ -3,9 +3,6 @@ linear's cast) on the MLP block of bench_mlp.py: the same model in one process, 
 and off in alternating rounds (fusible._C._set_fp8_amax_handoff); per setting the median over 3
 rounds of median-of-30 CUDA-event times, and the GPU time outside GEMM kernels.
 
-First, fc1's FP8 GEMM + bias + GELU of the large MLP on its own: fusible::fp8_gemm against
-fusible::fp8_gemm_amax (max |output| from cuBLASLt's epilogue), and the amax pass it saves.
-
 usage: python bench/bench_fp8_amax_handoff.py
 """
 
@@ -14,29 +11,7 @@ import torch
 from bench_mlp import SHAPES, make_models, median_ms, nongemm_gpu_ms
 
 
-def gemm_amax():
-    s = SHAPES["large"]
-    F = torch.ops.fusible
-    torch.manual_seed(0)
-    a = torch.randn(s["T"], s["H"], device="cuda").to(torch.float8_e4m3fn)
-    b = torch.randn(s["F"], s["H"], device="cuda").to(torch.float8_e4m3fn)
-    sa = sb = torch.full((1,), 0.05, device="cuda")
-    bias = torch.randn(s["F"], device="cuda", dtype=torch.bfloat16)
-    args = (a, sa, b, sb, torch.bfloat16, bias)
-    kw = dict(act="gelu", save_pre=True, fast_accum=True)
-    y = F.fp8_gemm(*args, **kw)[0]
-    times = {"fp8_gemm": [], "fp8_gemm_amax": [], "fp8_amax pass": []}
-    for _ in range(3):
-        times["fp8_gemm"].append(median_ms(lambda: F.fp8_gemm(*args, **kw), 30))
-        times["fp8_gemm_amax"].append(median_ms(lambda: F.fp8_gemm_amax(*args, **kw), 30))
-        times["fp8_amax pass"].append(median_ms(lambda: F.fp8_amax(y), 30))
-    print(f"fc1 FP8 GEMM + bias + GELU (save_pre), [{s['T']}, {s['H']}] x [{s['F']}, {s['H']}]^T:")
-    for k, v in times.items():
-        print(f"  {k:14} {sorted(v)[1]:.3f} ms")
-
-
 def main():
-    gemm_amax()
     for part in ("large", "small"):
         s = SHAPES[part]
         torch.manual_seed(0)

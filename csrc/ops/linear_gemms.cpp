@@ -65,16 +65,7 @@ void forward_into(const GemmOperand& x, const GemmOperand& w, const std::optiona
 
 std::pair<at::Tensor, at::Tensor> forward_act(const GemmOperand& x, const GemmOperand& w,
                                               const std::optional<at::Tensor>& bias,
-                                              const std::string& act, bool save_pre,
-                                              at::Tensor* amax) {
-  if (x.fp8() && amax != nullptr && x.block == 0) {
-    const auto a = rows(x), b = rows(w);
-    check_cast(a, b);
-    auto [y, pre, m] = kernels::fp8_gemm_amax(a.data, a.scale_inv, b.data, b.scale_inv, x.dtype,
-                                              bias, std::nullopt, 1.0, act, save_pre, true);
-    *amax = m;
-    return {y, save_pre ? pre : at::Tensor()};
-  }
+                                              const std::string& act, bool save_pre) {
   if (x.fp8()) return fp8(rows(x), rows(w), x.dtype, bias, std::nullopt, 1.0, act, save_pre, true);
   if (!save_pre) return {kernels::linear_bias_act(x.rowwise, w.rowwise, bias, act), at::Tensor()};
   auto [y, pre] = kernels::linear_bias_act_fwd(x.rowwise, w.rowwise, bias, act);

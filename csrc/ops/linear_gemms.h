@@ -25,12 +25,10 @@ void forward_into(const GemmOperand& x, const GemmOperand& w, const std::optiona
                   const at::Tensor& out);
 
 /// act(x W^T + bias) ("gelu" (tanh) or "relu") -> (y, the pre-activation where save_pre, else
-/// undefined). With `amax` given and per-tensor FP8 GEMMs, *amax receives max |y| (from the GEMM's
-/// epilogue where cuBLASLt computes it; else stays undefined).
+/// undefined).
 std::pair<at::Tensor, at::Tensor> forward_act(const GemmOperand& x, const GemmOperand& w,
                                               const std::optional<at::Tensor>& bias,
-                                              const std::string& act, bool save_pre,
-                                              at::Tensor* amax = nullptr);
+                                              const std::string& act, bool save_pre);
 
 /// alpha * x W^T + bias + other; written into other where in_place and the GEMM can (FP8 GEMMs
 /// write a new tensor): the result either way.

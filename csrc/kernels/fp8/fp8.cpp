@@ -271,8 +271,7 @@ Fp8Cast fp8_cast_with_amax(const at::Tensor& x, c10::string_view format, const a
   check_fp8_amax_arg(op, x, amax);
   const double max = fp8_max(op, format);
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
-  // As x's dtype holds it (a GEMM epilogue's amax is of its output before that rounding).
-  const auto m = amax.reshape({}).to(x.scalar_type()).to(xf.scalar_type());
+  const auto m = amax.reshape({}).to(xf.scalar_type());
   const auto scale = scale_for(m, max, std::exp2(-margin), at::ones_like(m));
   return cast_with(xf, scale.to(at::kFloat), max, fp8_dtype(op, format), transpose);
 }
@@ -409,8 +408,7 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
          "fp8_cast(Tensor x, str format, float margin=0.0, bool transpose=False, str act=\"none\") "
          "-> (Tensor, Tensor, Tensor)");
   // fp8_cast with amax(x) given ([1] fp32, as the kernel that wrote x computed it: NaN or inf
-  // gives scale 1): the cast without its own amax pass. The amax is first rounded to x's dtype,
-  // so one computed before the producer rounded x (a GEMM epilogue's) gives max |x| as x holds it.
+  // gives scale 1): the cast without its own amax pass.
   define(m,
          "fp8_cast_with_amax(Tensor x, str format, Tensor amax, float margin=0.0, bool "
          "transpose=False) -> (Tensor, Tensor, Tensor)");

@@ -104,7 +104,7 @@ Fp8Cast fp8_cast(const at::Tensor& x, c10::string_view format, double margin, bo
 /// abs_max(x) as [1] float32 (0 for an empty x): what a kernel producing x hands to
 /// fp8_cast_with_amax.
 at::Tensor amax_of(const at::Tensor& x);
-/// fp8_cast with amax(x) given (float32 [1]; rounded to x's dtype first).
+/// fp8_cast with amax(x) given (float32 [1]).
 Fp8Cast fp8_cast_with_amax(const at::Tensor& x, c10::string_view format, const at::Tensor& amax,
                            double margin, bool transpose);
 /// The same with the given scale [1]; then amax_history and scale are updated as by
@@ -143,8 +143,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast(const at::Tensor& x,
                                                         const std::string& format, double margin,
                                                         bool transpose,
                                                         const std::string& act = "none");
-/// fp8_cast with amax(x) given ([1] float32, computed by the kernel that wrote x, before or after
-/// its rounding to x's dtype): no amax pass.
+/// fp8_cast with amax(x) given ([1] float32, computed by the kernel that wrote x): no amax pass.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_cast_with_amax(const at::Tensor& x,
                                                                   const std::string& format,
                                                                   const at::Tensor& amax,

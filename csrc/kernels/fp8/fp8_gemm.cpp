@@ -132,16 +132,6 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm_meta(const at::Tensor& a, const at::
   return {d, save_pre ? at::empty_symint(shape, opts) : at::empty({0}, opts)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_gemm_amax_meta(
-    const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
-    const at::Tensor& b_scale_inv, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& other, double alpha, c10::string_view act, bool save_pre,
-    bool fast_accum) {
-  auto [d, pre] = fp8_gemm_meta(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, alpha, act,
-                                save_pre, fast_accum, 0, 0);
-  return {d, pre, at::empty({1}, a.options().dtype(at::kFloat))};
-}
-
 void fp8_gemm_out_meta(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
                        const at::Tensor& b_scale_inv, const at::Tensor& out,
                        const std::optional<at::Tensor>& bias, double, bool, int64_t a_block,
@@ -176,16 +166,6 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
     d = activation_fwd(d, std::string(act));
   }
   return {d.to(out_dtype), pre};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_gemm_amax(
-    const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
-    const at::Tensor& b_scale_inv, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& other, double alpha, c10::string_view act, bool save_pre,
-    bool fast_accum) {
-  auto [d, pre] = fp8_gemm(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, alpha, act,
-                           save_pre, fast_accum, 0, 0);
-  return {d, pre, amax_of(d)};
 }
 
 void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
@@ -223,15 +203,6 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
                    save_pre, fast_accum, a_block, b_block);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_gemm_amax(
-    const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
-    const at::Tensor& b_scale_inv, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& other, double alpha, const std::string& act, bool save_pre,
-    bool fast_accum) {
-  FUSIBLE_DISPATCH(fp8_gemm_amax, a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, alpha,
-                   act, save_pre, fast_accum);
-}
-
 void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
                   const at::Tensor& b_scale_inv, const at::Tensor& out,
                   const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
@@ -252,14 +223,6 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
       "Tensor? bias=None, Tensor? other=None, float alpha=1.0, str act='none', bool "
       "save_pre=False, "
       "bool fast_accum=False, int a_block=0, int b_block=0) -> (Tensor, Tensor)");
-  // fp8_gemm with per-tensor scales -> (d, pre, max |d| as float32 [1]): the amax the next FP8
-  // cast of d takes (fp8_cast_with_amax). On CUDA cuBLASLt's epilogue computes it where it runs
-  // the whole GEMM, of d before its rounding to out_dtype; that rounds to max |d|, and the cast
-  // rounds a given amax to its input's dtype, so either amax gives the same scale.
-  define(m,
-         "fp8_gemm_amax(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, ScalarType "
-         "out_dtype, Tensor? bias=None, Tensor? other=None, float alpha=1.0, str act='none', bool "
-         "save_pre=False, bool fast_accum=False) -> (Tensor, Tensor, Tensor)");
   // fp8_gemm without activation or other, written into out [..., N] (its dtype the output's):
   // the GEMMs of row groups filling one output (GroupedLinear), each in place where cuBLASLt can
   // write out directly. accumulate: added to out instead (beta = 1; the product in fp32, so an
@@ -272,13 +235,11 @@ TORCH_LIBRARY_FRAGMENT(fusible, m) {
 
 TORCH_LIBRARY_IMPL(fusible, CPU, m) {
   m.impl("fp8_gemm", &reference::fp8_gemm);
-  m.impl("fp8_gemm_amax", &reference::fp8_gemm_amax);
   m.impl("fp8_gemm_out", &reference::fp8_gemm_out);
 }
 
 TORCH_LIBRARY_IMPL(fusible, Meta, m) {
   m.impl("fp8_gemm", &fp8_gemm_meta);
-  m.impl("fp8_gemm_amax", &fp8_gemm_amax_meta);
   m.impl("fp8_gemm_out", &fp8_gemm_out_meta);
 }
 

@@ -40,11 +40,6 @@ void fp8_gemm_out(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::
                   const at::Tensor& b_scale_inv, const at::Tensor& out,
                   const std::optional<at::Tensor>& bias, double alpha, bool fast_accum,
                   int64_t a_block, int64_t b_block, bool accumulate);
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_gemm_amax(
-    const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
-    const at::Tensor& b_scale_inv, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& other, double alpha, c10::string_view act, bool save_pre,
-    bool fast_accum);
 std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tensor& a_scale_inv,
                                             const at::Tensor& b, const at::Tensor& b_scale_inv,
                                             at::ScalarType out_dtype,
@@ -69,15 +64,6 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm(const at::Tensor& a, const at::Tenso
                                             const std::optional<at::Tensor>& other, double alpha,
                                             const std::string& act, bool save_pre, bool fast_accum,
                                             int64_t a_block = 0, int64_t b_block = 0);
-
-/// fp8_gemm with per-tensor scales, plus max |d| (float32 [1]) for the next FP8 cast of d
-/// (fp8_cast_with_amax): cuBLASLt's epilogue computes it where it runs the whole GEMM, of d before
-/// its rounding to out_dtype (the cast rounds an amax to its input's dtype: the same scale).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_gemm_amax(
-    const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
-    const at::Tensor& b_scale_inv, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& other, double alpha, const std::string& act, bool save_pre,
-    bool fast_accum);
 
 /// alpha * deq(a) @ deq(b)^T + bias written into out [..., N] (out's dtype); accumulate: added
 /// to out (in fp32 for an fp32 out).

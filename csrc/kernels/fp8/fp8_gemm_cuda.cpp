@@ -1,7 +1,7 @@
 // fp8_gemm on CUDA: one cuBLASLt FP8 GEMM with the scales, bias, residual (beta = 1) and GELU /
-// ReLU epilogues (fp8_gemm_amax: and the amax of its output). An epilogue cuBLASLt lacks for FP8
-// here runs as the plain GEMM and our activation kernel; what cuBLASLt cannot take at all
-// (unaligned rows, K not a multiple of 16, fp32 output with a bias) runs the reference.
+// ReLU epilogues. An epilogue cuBLASLt lacks for FP8 here runs as the plain GEMM and our activation
+// kernel; what cuBLASLt cannot take at all (unaligned rows, K not a multiple of 16, fp32 output
+// with a bias) runs the reference.
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -46,34 +46,16 @@ gemm::RowMajorGemm fp8_gemm_of(const at::Tensor& a, const at::Tensor& a_scale_in
   return g;
 }
 
-// Runs g where cuBLASLt can; with g.amax_d set, first with the amax in the epilogue, then (where
-// that is declined) without it, leaving *amax_in_epilogue false.
-bool try_gemm(gemm::RowMajorGemm& g, bool* amax_in_epilogue) {
-  if (g.amax_d.defined()) {
-    if (gemm::can_run(g) && gemm::try_run(g)) return *amax_in_epilogue = true;
-    g.amax_d = at::Tensor();
-  }
-  return gemm::can_run(g) && gemm::try_run(g);
-}
-
-// fp8_gemm on CUDA; with `amax` given, *amax receives max |d|: from the GEMM's epilogue where it
-// runs the whole thing (per-tensor scales), else from an amax pass over d.
-std::tuple<at::Tensor, at::Tensor> fp8_gemm_impl(
+std::tuple<at::Tensor, at::Tensor> fp8_gemm_cuda(
     const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
     const at::Tensor& b_scale_inv, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& other, double alpha, c10::string_view act, bool save_pre,
-    bool fast_accum, int64_t a_block, int64_t b_block, at::Tensor* amax) {
+    bool fast_accum, int64_t a_block, int64_t b_block) {
   check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, act, save_pre,
                       a_block, b_block);
-  bool amax_done = false;
-  const auto done = [&](at::Tensor d, at::Tensor pre) -> std::tuple<at::Tensor, at::Tensor> {
-    if (amax != nullptr && !amax_done) *amax = reference::amax_of(d);
-    return {std::move(d), std::move(pre)};
-  };
   const auto fallback = [&] {
-    auto [d, pre] = reference::fp8_gemm(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other,
-                                        alpha, act, save_pre, fast_accum, a_block, b_block);
-    return done(d, pre);
+    return reference::fp8_gemm(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, alpha, act,
+                               save_pre, fast_accum, a_block, b_block);
   };
   auto g = fp8_gemm_of(a, a_scale_inv, b, b_scale_inv, bias, alpha, fast_accum, a_block, b_block);
   g.d = at::empty({g.a.size(0), b.size(0)}, a.options().dtype(out_dtype));
@@ -83,14 +65,10 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm_impl(
   }
   const auto empty = at::empty({0}, g.d.options());
   if (act == "none" || !bias) {
-    if (act == "none" && amax != nullptr && a_block == 0) {
-      *amax = at::empty({1}, a.options().dtype(at::kFloat));
-      g.amax_d = *amax;
-    }
-    if (!try_gemm(g, &amax_done)) return fallback();
+    if (!gemm::can_run(g) || !gemm::try_run(g)) return fallback();
     auto d = gemm::shaped_like(g.d, a);
-    if (act == "none") return done(d, empty);
-    return done(activation_fwd(d, std::string(act)), save_pre ? d : empty);
+    if (act == "none") return {d, empty};
+    return {activation_fwd(d, std::string(act)), save_pre ? d : empty};
   }
   // The activation in the epilogue: GELU keeping its input for the backward, or not; ReLU (its
   // backward needs only the output).
@@ -101,38 +79,12 @@ std::tuple<at::Tensor, at::Tensor> fp8_gemm_impl(
   } else if (!save_pre) {
     g.epilogue = Epilogue::kReluBias;
   }
-  if (g.epilogue != Epilogue::kBias) {
-    if (amax != nullptr && a_block == 0) {
-      *amax = at::empty({1}, a.options().dtype(at::kFloat));
-      g.amax_d = *amax;
-    }
-    if (try_gemm(g, &amax_done)) {
-      return done(gemm::shaped_like(g.d, a), save_pre ? gemm::shaped_like(g.aux, a) : empty);
-    }
+  if (g.epilogue != Epilogue::kBias && gemm::can_run(g) && gemm::try_run(g)) {
+    return {gemm::shaped_like(g.d, a), save_pre ? gemm::shaped_like(g.aux, a) : empty};
   }
   if (!gemm::can_run(plain) || !gemm::try_run(plain)) return fallback();
   auto pre = gemm::shaped_like(plain.d, a);
-  return done(activation_fwd(pre, std::string(act)), save_pre ? pre : empty);
-}
-
-std::tuple<at::Tensor, at::Tensor> fp8_gemm_cuda(
-    const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
-    const at::Tensor& b_scale_inv, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& other, double alpha, c10::string_view act, bool save_pre,
-    bool fast_accum, int64_t a_block, int64_t b_block) {
-  return fp8_gemm_impl(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, alpha, act, save_pre,
-                       fast_accum, a_block, b_block, nullptr);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_gemm_amax_cuda(
-    const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
-    const at::Tensor& b_scale_inv, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& other, double alpha, c10::string_view act, bool save_pre,
-    bool fast_accum) {
-  at::Tensor amax;
-  auto [d, pre] = fp8_gemm_impl(a, a_scale_inv, b, b_scale_inv, out_dtype, bias, other, alpha, act,
-                                save_pre, fast_accum, 0, 0, &amax);
-  return {d, pre, amax};
+  return {activation_fwd(pre, std::string(act)), save_pre ? pre : empty};
 }
 
 void fp8_gemm_out_cuda(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
@@ -169,7 +121,6 @@ void fp8_gemm_out_cuda(const at::Tensor& a, const at::Tensor& a_scale_inv, const
 
 TORCH_LIBRARY_IMPL(fusible, CUDA, m) {
   m.impl("fp8_gemm", &fp8_gemm_cuda);
-  m.impl("fp8_gemm_amax", &fp8_gemm_amax_cuda);
   m.impl("fp8_gemm_out", &fp8_gemm_out_cuda);
 }
 

@@ -107,13 +107,6 @@ __device__ __forceinline__ float scale_from(float amax, float fmax, float margin
   return isfinite(amax) && amax > 0.f ? fminf(fmax / amax * margin_factor, FLT_MAX) : fallback;
 }
 
-// A given amax as x's dtype holds it. A producer may compute it before rounding its output to
-// that dtype (a GEMM epilogue does); rounding is monotonic, so this is max |x| either way.
-template <typename T>
-__device__ __forceinline__ float amax_as_stored(float amax) {
-  return static_cast<float>(cuda::to_acc(cuda::from_acc<T>(amax)));
-}
-
 __device__ __forceinline__ float fp8_round(float v, bool e4m3) {
   const auto q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2);
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, e4m3 ? __NV_E4M3 : __NV_E5M2)));
@@ -215,8 +208,7 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, uint8_t* __restri
                                       const float* __restrict__ scale,
                                       float* __restrict__ scale_inv, float fmax,
                                       float margin_factor, bool e4m3, ActKind act) {
-  const float s =
-      scale != nullptr ? *scale : scale_from(amax_as_stored<T>(*amax), fmax, margin_factor, 1.f);
+  const float s = scale != nullptr ? *scale : scale_from(*amax, fmax, margin_factor, 1.f);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.f / s;
   const float m = cast_transpose_tile<T, V, kAct>(x, data, data_t, rows, cols, blockIdx.x,
                                                   col_tiles, s, e4m3, act);
@@ -277,12 +269,12 @@ __global__ void grouped_cast_transpose_kernel(const T* __restrict__ x, uint8_t* 
                                               float margin_factor, bool e4m3) {
   if (blockIdx.x == 0) {
     for (int g = threadIdx.x; g < table.n; g += blockDim.x) {
-      scale_inv[g] = 1.f / scale_from(amax_as_stored<T>(amax[g]), fmax, margin_factor, 1.f);
+      scale_inv[g] = 1.f / scale_from(amax[g], fmax, margin_factor, 1.f);
     }
   }
   const int g = group_of(table.block_start, table.n, blockIdx.x);
   const int64_t r0 = table.row_start[g], rows = table.row_start[g + 1] - r0;
-  const float s = scale_from(amax_as_stored<T>(amax[g]), fmax, margin_factor, 1.f);
+  const float s = scale_from(amax[g], fmax, margin_factor, 1.f);
   cast_transpose_tile<T, V>(x + r0 * cols, data + r0 * cols,
                             data_t != nullptr ? data_t + r0 * cols : nullptr, rows, cols,
                             blockIdx.x - table.block_start[g], col_tiles, s, e4m3);

@@ -111,14 +111,13 @@ struct Key {
   cublasComputeType_t compute;
   uint32_t align_a, align_b, align_c, align_d;
   int64_t a_block, b_block;  // FP8 scale modes (RowMajorGemm's)
-  bool amax_d;
   bool operator==(const Key& o) const {
     return std::tie(device, m, n, k, trans_a, trans_b, has_c, c_is_d, dtype, a_type, b_type,
                     fast_accum, epilogue, compute, align_a, align_b, align_c, align_d, a_block,
-                    b_block, amax_d) ==
-           std::tie(o.device, o.m, o.n, o.k, o.trans_a, o.trans_b, o.has_c, o.c_is_d, o.dtype,
-                    o.a_type, o.b_type, o.fast_accum, o.epilogue, o.compute, o.align_a, o.align_b,
-                    o.align_c, o.align_d, o.a_block, o.b_block, o.amax_d);
+                    b_block) == std::tie(o.device, o.m, o.n, o.k, o.trans_a, o.trans_b, o.has_c,
+                                         o.c_is_d, o.dtype, o.a_type, o.b_type, o.fast_accum,
+                                         o.epilogue, o.compute, o.align_a, o.align_b, o.align_c,
+                                         o.align_d, o.a_block, o.b_block);
   }
 };
 struct KeyHash {
@@ -127,8 +126,7 @@ struct KeyHash {
     for (int64_t v : {int64_t(k.device), k.n, k.k, int64_t(k.trans_a), int64_t(k.trans_b),
                       int64_t(k.has_c), int64_t(k.c_is_d), int64_t(k.dtype),
                       int64_t(k.a_type) << 16 | int64_t(k.b_type) << 8 | int64_t(k.fast_accum),
-                      k.a_block << 4 | k.b_block | int64_t(k.amax_d) << 8, int64_t(k.epilogue),
-                      int64_t(k.compute),
+                      k.a_block << 4 | k.b_block, int64_t(k.epilogue), int64_t(k.compute),
                       int64_t(k.align_a) << 27 | int64_t(k.align_b) << 18 |
                           int64_t(k.align_c) << 9 | int64_t(k.align_d)}) {
       h = h * 1000003u ^ std::hash<int64_t>()(v);
@@ -216,13 +214,7 @@ bool can_run_fp8(const RowMajorGemm& g) {
     if (g.a_block != g.b_block || g.a_scale_inv.numel() != 1 || g.b_scale_inv.numel() != 1) {
       return false;
     }
-    const auto& amax = g.amax_d;
-    if (amax.defined() && (!amax.is_cuda() || amax.scalar_type() != at::kFloat ||
-                           amax.numel() != 1 || !aligned16(amax))) {
-      return false;
-    }
   } else {
-    if (g.amax_d.defined()) return false;
     // Block scaling (cuBLASLt on Hopper): no 128x128 x 128x128, the plain or bias epilogue only,
     // no fast accumulation.
     if (g.a_block == 2 && g.b_block == 2) return false;
@@ -266,8 +258,8 @@ bool can_run(const RowMajorGemm& g) {
 namespace {
 
 // What a GEMM of one key needs besides its pointers: the descriptors and the heuristic's algorithm,
-// built once. Per call only the pointers (scales, bias, aux, amax) are set (a descriptor's other
-// attributes are functions of the key).
+// built once. Per call only the bias and aux pointers are set (a descriptor's other attributes are
+// functions of the key).
 struct Prepared {
   MatmulDesc desc;
   Layout a, b, c, d;  // cuBLASLt's (see the mapping above)
@@ -319,10 +311,6 @@ std::unique_ptr<Prepared> prepare(const Key& key, const RowMajorGemm& g, cublasL
       const int32_t bias_type = type;  // FP8 kernels do not assume it
       set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
     }
-    if (key.amax_d) {
-      const void* amax = g.amax_d.data_ptr();
-      set_attribute(p->desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &amax, sizeof(amax));
-    }
   }
   make_layout(p->a, cuda_type(key.b_type), g.b.size(0), g.b.size(1));  // our b, as stored
   make_layout(p->b, cuda_type(key.a_type), g.a.size(0), g.a.size(1));  // our a, as stored
@@ -349,9 +337,8 @@ std::unique_ptr<Prepared> prepare(const Key& key, const RowMajorGemm& g, cublasL
   const auto status =
       cublasLtMatmulAlgoGetHeuristic(handle, p->desc.handle, p->a.handle, p->b.handle, p->c.handle,
                                      p->d.handle, pref.handle, 1, &result, &found);
-  // A block-scaled problem, or an amax of d, this cuBLASLt declines: the caller's fallback runs
-  // (cached as declined too).
-  if ((key.a_block != 0 || key.amax_d) && status != CUBLAS_STATUS_SUCCESS) return nullptr;
+  // A block-scaled problem this cuBLASLt declines runs the reference (cached as declined too).
+  if (key.a_block != 0 && status != CUBLAS_STATUS_SUCCESS) return nullptr;
   FUSIBLE_CUBLASLT_CHECK(status);
   if (found == 0) return nullptr;
   p->algo = result.algo;
@@ -416,8 +403,7 @@ bool run_if_possible(const RowMajorGemm& g) {
                 alignment(c_ptr),
                 alignment(g.d.data_ptr()),
                 g.a_block,
-                g.b_block,
-                g.amax_d.defined()};
+                g.b_block};
   auto handle = at::cuda::getCurrentCUDABlasLtHandle();
   const size_t workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
   auto* found = prepared(key, g, handle, workspace_size);
@@ -429,10 +415,6 @@ bool run_if_possible(const RowMajorGemm& g) {
     const void* b_scale = g.a_scale_inv.data_ptr();
     set_attribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale));
     set_attribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale));
-    if (key.amax_d) {
-      const void* amax = g.amax_d.data_ptr();
-      set_attribute(p.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &amax, sizeof(amax));
-    }
   }
   if (g.epilogue != Epilogue::kNone) {
     const void* bias = g.bias.data_ptr();

@@ -53,9 +53,6 @@ struct RowMajorGemm {
   at::Tensor a_scale_inv, b_scale_inv;
   int64_t a_block = 0, b_block = 0;
   bool fast_accum = false;  // FP8 only: cuBLASLt's fast accumulation (forward GEMMs)
-  // FP8 with per-tensor scales only, optional output: fp32 [1] on the device, set to max |d| as
-  // the epilogue computes d (before its rounding to d's dtype).
-  at::Tensor amax_d;
 };
 
 /// Whether cuBLASLt runs this GEMM here: supported dtype, 16-byte aligned pointers and rows, and

@@ -39,16 +39,14 @@ at::Tensor ForwardLinearBiasActivation::fuser_forward(const std::vector<Operatio
     activation_->fill_context(*ctxs.at(2), pre, pre, args);
     return activation_->defer_output(*ctxs.at(2), pre);
   }
-  // The next op casts y per tensor: the FP8 GEMM's epilogue computes max |y|.
-  auto& act_ctx = *ctxs.at(2);
-  at::Tensor amax;
-  at::Tensor* want_amax = act_ctx.want_output_amax && linear_ctx.fp8.gemm_fp8 ? &amax : nullptr;
   // ReLU's backward needs only y; without a backward nothing needs the pre-activation.
-  const bool save_pre = !activation_->saves_output() && act_ctx.requires_grad;
-  auto [y, pre] = gemms::forward_act(x, w, b, activation_->kind(), save_pre, want_amax);
-  // Saves pre, as the unfused op would; or y, standing for x (same dtype).
-  activation_->fill_context(act_ctx, save_pre ? pre : y, y, args);
-  if (amax.defined()) act_ctx.output_amax = {y, amax};
+  if (activation_->saves_output() || !ctxs.at(2)->requires_grad) {
+    auto y = gemms::forward_act(x, w, b, activation_->kind(), /*save_pre=*/false).first;
+    activation_->fill_context(*ctxs.at(2), y, y, args);  // y stands for x: same dtype
+    return y;
+  }
+  auto [y, pre] = gemms::forward_act(x, w, b, activation_->kind(), /*save_pre=*/true);
+  activation_->fill_context(*ctxs.at(2), pre, y, args);  // saves pre, as the unfused op would
   return y;
 }
 
