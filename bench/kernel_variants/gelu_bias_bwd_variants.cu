@@ -3,7 +3,8 @@
 // memory-only ceilings moving the same bytes. Standalone (no torch), built on the GPU machine:
 //
 //   nvcc -I csrc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr \
-//        --expt-extended-lambda -o /tmp/gelu_variants bench/kernel_variants/gelu_bias_bwd_variants.cu
+//        --expt-extended-lambda -o /tmp/gelu_variants
+//        bench/kernel_variants/gelu_bias_bwd_variants.cu
 //   /tmp/gelu_variants [rows cols]
 //
 // Each variant's dpre must equal the library kernel's bit for bit and its column sums agree to
@@ -14,36 +15,13 @@
 #include <vector>
 
 #include "kernels/bias/bias_kernels.cu"  // the library's kernel, launched as the library does
+#include "variant_bench.cuh"
 
 namespace fk = fusible::kernels;
 namespace fc = fusible::kernels::cuda;
 using bf16 = __nv_bfloat16;
 
 namespace {
-
-#define CHECK(x)                                                                       \
-  do {                                                                                 \
-    cudaError_t e = (x);                                                               \
-    if (e != cudaSuccess) {                                                            \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-
-__global__ void fill_normalish(bf16* x, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    uint32_t g = h * 747796405u + 2891336453u;
-    g ^= g >> 16;
-    // Sum of two uniforms in [-2, 2): roughly bell-shaped, both signs, GELU's interesting range.
-    const float a = (h & 0xffffff) / float(1 << 24), b = (g & 0xffffff) / float(1 << 24);
-    x[i] = __float2bfloat16_rn(2.f * (a + b) - 2.f);
-  }
-}
 
 __device__ __forceinline__ uint4 ld(const void* p, bool cs) {
   return cs ? __ldcs(static_cast<const uint4*>(p)) : *static_cast<const uint4*>(p);
@@ -143,9 +121,9 @@ __global__ void __launch_bounds__(32 * RT, MINB)
 // Ceilings: the same bytes (two reads, one write) with a multiply only, 2-D like the variants and
 // as a flat grid-stride loop.
 template <int ROWB>
-__global__ void __launch_bounds__(256) ceiling_2d(const bf16* a, const bf16* __restrict__ b,
-                                                  bf16* out, int64_t rows, int64_t cols,
-                                                  int64_t rows_per_chunk) {
+__global__ void __launch_bounds__(256)
+    ceiling_2d(const bf16* a, const bf16* __restrict__ b, bf16* out, int64_t rows, int64_t cols,
+               int64_t rows_per_chunk) {
   const int64_t col = (blockIdx.x * 32 + threadIdx.x) * 8;
   const int64_t row_end = min(rows, (blockIdx.y + 1) * rows_per_chunk);
   if (col >= cols) return;
@@ -188,27 +166,6 @@ __global__ void sum_chunks(const float* partial, double* out, int64_t chunks, in
   double s = 0;
   for (int64_t k = 0; k < chunks; ++k) s += partial[k * cols + c];
   out[c] = s;
-}
-
-template <typename F>
-float median_ms(F&& launch, int reps = 40) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) launch();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 struct Bufs {
@@ -319,8 +276,7 @@ int main(int argc, char** argv) {
   {
     const int64_t chunks = fk::column_sum_chunks(b.rows, b.cols, b.sms, 16);
     const int64_t rpc = (b.rows + chunks - 1) / chunks;
-    report("ceiling: 2-D multiply, 2 rows",
-           median_ms([&] {
+    report("ceiling: 2-D multiply, 2 rows", median_ms([&] {
              ceiling_2d<2><<<dim3(b.cols / 256, chunks), dim3(32, 8)>>>(b.dy, b.pre, b.dpre, b.rows,
                                                                         b.cols, rpc);
            }),
