@@ -7,6 +7,23 @@ import torch
 import torch.nn.functional as F
 from conftest import DEVICES, assert_close_to_ref, cuda_only
 from fusible import ops
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class _OpLog(TorchDispatchMode):
+    """The fusible ops and dtype conversions a call dispatches, with their tensors' dtypes."""
+
+    def __enter__(self):
+        self.calls = []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        if name.startswith("fusible.") or name == "aten._to_copy":
+            dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
+            self.calls.append((name, dtypes))
+        return func(*args, **(kwargs or {}))
+
 
 D = torch.float64
 # fp16 and bf16 too: a fused op rounds each result once, from fp32, against the float64 reference
@@ -365,6 +382,24 @@ class TestInPlaceSemantics:
         if not in_place:
             assert extra.grad.dtype == extra_dtype
             torch.testing.assert_close(extra.grad, dy.to(extra_dtype), rtol=0, atol=0)
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize(
+        "x_dtype,extra_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)]
+    )
+    def test_mixed_dtype_add_converts_inside_the_add(self, x_dtype, extra_dtype, device):
+        """The narrower operand converts inside the one add kernel, not in a cast kernel first (a
+        bf16 block output onto an fp32 residual stream: no extra pass over the activation)."""
+        x = torch.randn(64, 32, dtype=x_dtype, device=device)
+        extra = torch.randn(64, 32, dtype=extra_dtype, device=device)
+        with _OpLog() as log, torch.profiler.profile() as prof:
+            y = ops.AddExtraInput()(x, extra)
+        # fusible's add takes both tensors as they are, the fp32 one first (its dtype the sum's).
+        assert log.calls == [("fusible.add_fwd", (torch.float32, torch.bfloat16))], log.calls
+        if device == "cuda":  # (ATen's CPU add converts through a copy of its own)
+            names = [e.name for e in prof.events()]
+            assert "aten::_to_copy" not in names, names
+        assert y.dtype == torch.float32 and torch.equal(y, x + extra)
 
     @pytest.mark.parametrize("bias", [False, True])
     def test_bf16_block_output_added_to_a_float32_residual_stays_float32(self, bias):

@@ -3,6 +3,7 @@
 #include "kernels/elementwise/elementwise.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/result_type.h>
 #include <torch/library.h>
 
 #include "common/checks.h"
@@ -23,7 +24,11 @@ void check_add_args(const char* op, const at::Tensor& x, const at::Tensor& other
 // x + other in x's dtype.
 at::Tensor add_fwd(const at::Tensor& x, const at::Tensor& other) {
   check_add_args("add_fwd", x, other);
-  return (upcast(x) + upcast(other)).to(x.scalar_type());
+  // x the wider (an fp32 residual plus a bf16 output): one promoting add, no copy of other (it
+  // converts exactly either way, so the same bits).
+  const auto t = x.scalar_type();
+  if ((t == at::kFloat || t == at::kDouble) && at::result_type(x, other) == t) return x + other;
+  return (upcast(x) + upcast(other)).to(t);
 }
 
 // self += other, in self's storage and dtype: the sum in the promoted dtype, rounded once to self's

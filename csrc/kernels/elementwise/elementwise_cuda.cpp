@@ -1,5 +1,6 @@
 // scale_fwd / add_fwd / add_ on CUDA: torch-facing wrappers around elementwise_kernels.cu. Mixed
-// dtypes in an add run the ATen reference (it rounds once, from fp32).
+// dtypes in an add run the ATen reference (it rounds once, from fp32; with x the wider, one
+// promoting ATen add).
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

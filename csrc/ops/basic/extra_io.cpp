@@ -65,7 +65,13 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ct
     return kernels::add_fwd(cast_to(input, dtype).expand(shape).contiguous(),
                             cast_to(extra, dtype).expand(shape).contiguous());
   }
-  if (!in_place) return kernels::add_fwd(cast_to(input, dtype), cast_to(extra, dtype));
+  if (!in_place) {
+    // The operand already in the sum's dtype goes first: add_fwd adds the other in one pass,
+    // without a cast kernel and its copy (a bf16 block output onto an fp32 residual stream).
+    if (input.scalar_type() == dtype) return kernels::add_fwd(input, extra);
+    if (extra.scalar_type() == dtype) return kernels::add_fwd(extra, input);
+    return kernels::add_fwd(cast_to(input, dtype), cast_to(extra, dtype));
+  }
   kernels::add_(extra, input);
   return extra;
 }
