@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(256)
   const int64_t c0 = tile % col_tiles * 64 + 8 * (4 * (warp / 4) + lane / 8);
   float m = 0.f;
   if (c0 < cols) {
-    uint4 raw[4];
+    uint4 raw[4] = {};  // rows past the end stay zero (no effect on the amax)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if (r0 + i < rows) raw[i] = load16<kCs>(x + (r0 + i) * cols + c0);

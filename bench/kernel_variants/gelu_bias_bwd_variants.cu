@@ -3,7 +3,7 @@
 // memory-only ceilings moving the same bytes. Standalone (no torch), built on the GPU machine:
 //
 //   nvcc -I csrc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr \
-//        --expt-extended-lambda -o /tmp/gelu_variants
+//        --expt-extended-lambda -o /tmp/gelu_variants \
 //        bench/kernel_variants/gelu_bias_bwd_variants.cu
 //   /tmp/gelu_variants [rows cols]
 //

@@ -19,7 +19,7 @@ class _OpLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket)
-        if name.startswith("fusible.") or name == "aten._to_copy":
+        if name.startswith("fusible.") or name in ("aten.to", "aten._to_copy"):
             dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
             self.calls.append((name, dtypes))
         return func(*args, **(kwargs or {}))
@@ -385,21 +385,36 @@ class TestInPlaceSemantics:
 
     @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize(
-        "x_dtype,extra_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)]
+        "x_dtype,extra_dtype",
+        [
+            (torch.float32, torch.bfloat16),
+            (torch.bfloat16, torch.float32),
+            (torch.float16, torch.float64),
+            (torch.bfloat16, torch.float16),
+        ],
     )
     def test_mixed_dtype_add_converts_inside_the_add(self, x_dtype, extra_dtype, device):
         """The narrower operand converts inside the one add kernel, not in a cast kernel first (a
-        bf16 block output onto an fp32 residual stream: no extra pass over the activation)."""
+        bf16 block output onto an fp32 residual stream: no extra pass over the activation). Where
+        the sum's dtype is neither operand's (bf16 + fp16), both are cast first."""
         x = torch.randn(64, 32, dtype=x_dtype, device=device)
         extra = torch.randn(64, 32, dtype=extra_dtype, device=device)
         with _OpLog() as log, torch.profiler.profile() as prof:
             y = ops.AddExtraInput()(x, extra)
-        # fusible's add takes both tensors as they are, the fp32 one first (its dtype the sum's).
-        assert log.calls == [("fusible.add_fwd", (torch.float32, torch.bfloat16))], log.calls
-        if device == "cuda":  # (ATen's CPU add converts through a copy of its own)
-            names = [e.name for e in prof.events()]
-            assert "aten::_to_copy" not in names, names
-        assert y.dtype == torch.float32 and torch.equal(y, x + extra)
+        want = torch.promote_types(x_dtype, extra_dtype)
+        if want in (x_dtype, extra_dtype):
+            # fusible's add takes both tensors as they are, the one in the sum's dtype first.
+            other = extra_dtype if want == x_dtype else x_dtype
+            assert log.calls == [("fusible.add_fwd", (want, other))], log.calls
+            if device == "cuda":  # (ATen's CPU add converts through a copy of its own)
+                names = [e.name for e in prof.events()]
+                assert "aten::_to_copy" not in names, names
+        else:
+            # (in either order: C++ leaves the order of a call's arguments open)
+            casts = sorted(log.calls[:2], key=str)
+            assert casts == sorted([("aten.to", (x_dtype,)), ("aten.to", (extra_dtype,))], key=str)
+            assert log.calls[2:] == [("fusible.add_fwd", (want, want))], log.calls
+        assert y.dtype == want and torch.equal(y, x + extra)
 
     @pytest.mark.parametrize("bias", [False, True])
     def test_bf16_block_output_added_to_a_float32_residual_stays_float32(self, bias):
