@@ -20,10 +20,11 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
+// 8 bf16 as one 16-byte load, evict-first with kCs (the library's helpers).
 template <bool kCs>
-__device__ __forceinline__ uint4 load16(const void* p) {
-  if constexpr (kCs) return __ldcs(static_cast<const uint4*>(p));
-  return *static_cast<const uint4*>(p);
+__device__ __forceinline__ fc::Vec<bf16, 8> load8(const bf16* p) {
+  if constexpr (kCs) return fc::load_vec_streaming<bf16, 8>(p);
+  return fc::load_vec<bf16, 8>(p);
 }
 
 // Rows i of four 4-byte words (byte c of word i: row i, column c) as four words of columns.
@@ -52,15 +53,15 @@ __global__ void __launch_bounds__(256)
   const int64_t c0 = tile % col_tiles * 64 + 8 * (4 * (warp / 4) + lane / 8);
   float m = 0.f;
   if (c0 < cols) {
-    uint4 raw[4] = {};  // rows past the end stay zero (no effect on the amax)
+    fc::Vec<bf16, 8> raw[4] = {};  // rows past the end stay zero (no effect on the amax)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (r0 + i < rows) raw[i] = load16<kCs>(x + (r0 + i) * cols + c0);
+      if (r0 + i < rows) raw[i] = load8<kCs>(x + (r0 + i) * cols + c0);
     }
     uint32_t lo[4], hi[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const auto& v = reinterpret_cast<const fc::Vec<bf16, 8>&>(raw[i]);
+      const auto& v = raw[i];
       float f[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -130,19 +131,17 @@ __global__ void amax_variant(const bf16* __restrict__ x, int64_t num_vecs,
   int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   float m = 0.f;
   for (; v + (kUnroll - 1) * stride < num_vecs; v += kUnroll * stride) {
-    uint4 raw[kUnroll];
+    fc::Vec<bf16, 8> raw[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) raw[u] = load16<kCs>(x + (v + u * stride) * 8);
+    for (int u = 0; u < kUnroll; ++u) raw[u] = load8<kCs>(x + (v + u * stride) * 8);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const auto& xv = reinterpret_cast<const fc::Vec<bf16, 8>&>(raw[u]);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) m = fc::amax_with(m, fc::to_acc(xv.v[j]));
+      for (int j = 0; j < 8; ++j) m = fc::amax_with(m, fc::to_acc(raw[u].v[j]));
     }
   }
   for (; v < num_vecs; v += stride) {
-    const uint4 raw = load16<kCs>(x + v * 8);
-    const auto& xv = reinterpret_cast<const fc::Vec<bf16, 8>&>(raw);
+    const auto xv = load8<kCs>(x + v * 8);
 #pragma unroll
     for (int j = 0; j < 8; ++j) m = fc::amax_with(m, fc::to_acc(xv.v[j]));
   }
