@@ -1,9 +1,10 @@
 """Shared pytest fixtures and helpers: devices (CUDA skipped, never faked), the tolerances against
-a float64 reference."""
+a float64 reference, a log of the fusible ops and dtype conversions a call dispatches."""
 
 import fusible  # noqa: F401  (registers torch.ops.fusible)
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 HAS_CUDA = torch.cuda.is_available()
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this machine")
@@ -74,3 +75,18 @@ def randomized(module, scale=0.3):
         for p in module.parameters():
             p.copy_(torch.randn_like(p) * scale + 0.01)
     return module
+
+
+class OpLog(TorchDispatchMode):
+    """The fusible ops and dtype conversions a call dispatches, with their tensors' dtypes."""
+
+    def __enter__(self):
+        self.calls = []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        if name.startswith("fusible.") or name in ("aten.to", "aten._to_copy"):
+            dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
+            self.calls.append((name, dtypes))
+        return func(*args, **(kwargs or {}))

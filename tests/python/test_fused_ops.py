@@ -5,25 +5,8 @@ AddExtraInput / MakeExtraOutput (te.ops' test_add_extra_input ground)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICES, assert_close_to_ref, cuda_only
+from conftest import DEVICES, OpLog, assert_close_to_ref, cuda_only
 from fusible import ops
-from torch.utils._python_dispatch import TorchDispatchMode
-
-
-class _OpLog(TorchDispatchMode):
-    """The fusible ops and dtype conversions a call dispatches, with their tensors' dtypes."""
-
-    def __enter__(self):
-        self.calls = []
-        return super().__enter__()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket)
-        if name.startswith("fusible.") or name in ("aten.to", "aten._to_copy"):
-            dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
-            self.calls.append((name, dtypes))
-        return func(*args, **(kwargs or {}))
-
 
 D = torch.float64
 # fp16 and bf16 too: a fused op rounds each result once, from fp32, against the float64 reference
@@ -399,7 +382,7 @@ class TestInPlaceSemantics:
         the sum's dtype is neither operand's (bf16 + fp16), both are cast first."""
         x = torch.randn(64, 32, dtype=x_dtype, device=device)
         extra = torch.randn(64, 32, dtype=extra_dtype, device=device)
-        with _OpLog() as log, torch.profiler.profile() as prof:
+        with OpLog() as log, torch.profiler.profile() as prof:
             y = ops.AddExtraInput()(x, extra)
         want = torch.promote_types(x_dtype, extra_dtype)
         if want in (x_dtype, extra_dtype):

@@ -14,6 +14,9 @@ def _cases(device):
     y, mean, rstd = F.layernorm_fwd(x, lnw, lnb, 1e-5, False)
     _, rrstd = F.rmsnorm_fwd(x, lnw, 1e-5, True)
     _, l2rstd = F.l2norm_fwd(x, 1e-6)
+    hw, hb, hdy = lnw.bfloat16(), lnb.bfloat16(), r(6, 8).bfloat16()
+    _, hmean, hrstd = F.layernorm_fwd(x, hw, hb, 1e-5, False)
+    _, hrrstd = F.rmsnorm_fwd(x, hw, 1e-5, True)
     _, mask = F.dropout_fwd(x, 0.3)
     dy8, dy5, dy4 = r(6, 8), r(6, 5), r(6, 4)
     return [
@@ -68,6 +71,11 @@ def _cases(device):
         *[(F.bias_act_bwd_, (r(6, 8), r(6, 8), act)) for act in ("gelu", "relu")],
         (F.rmsnorm_bwd_add, (dy8, x, rrstd, lnw, False, r(6, 8))),
         (F.layernorm_bwd_add, (dy8, x, mean, rstd, lnw, True, r(6, 8))),
+        # A float32 x beside bf16 weights: y in bf16, dx (and dextra) in float32.
+        (F.layernorm_fwd, (x, hw, hb, 1e-5, False)),
+        (F.rmsnorm_fwd_amax, (x, hw, 1e-5, False)),
+        (F.layernorm_bwd_add, (hdy, x, hmean, hrstd, hw, False, r(6, 8))),
+        (F.rmsnorm_bwd, (hdy, x, hrrstd, hw, True)),
         *[(F.fp8_quantize_dequantize, (x, fmt, 1.0)) for fmt in ("e4m3", "e5m2")],
         *[
             (F.fp8_quantize_dequantize_delayed, (x, "e4m3", r(4).abs(), r(1).abs(), 0.0, algo))

@@ -95,6 +95,32 @@ __device__ __forceinline__ void store_vec_streaming(T* p, const Vec<T, VEC>& v) 
 template <typename T>
 constexpr int kVec16 = 16 / sizeof(T);
 
+/// load_vec / store_vec for a vector that may span several 16-byte accesses (eight floats beside a
+/// 16-bit type's eight-element vector): one access per 16 bytes, so p needs only their alignment.
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> load_vec_pieces(const T* p) {
+  constexpr int kPiece = VEC < kVec16<T> ? VEC : kVec16<T>;
+  Vec<T, VEC> out;
+#pragma unroll
+  for (int h = 0; h < VEC; h += kPiece) {
+    const auto piece = load_vec<T, kPiece>(p + h);
+#pragma unroll
+    for (int j = 0; j < kPiece; ++j) out.v[h + j] = piece.v[j];
+  }
+  return out;
+}
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vec_pieces(T* p, const Vec<T, VEC>& v) {
+  constexpr int kPiece = VEC < kVec16<T> ? VEC : kVec16<T>;
+#pragma unroll
+  for (int h = 0; h < VEC; h += kPiece) {
+    Vec<T, kPiece> piece;
+#pragma unroll
+    for (int j = 0; j < kPiece; ++j) piece.v[j] = v.v[h + j];
+    store_vec<T, kPiece>(p + h, piece);
+  }
+}
+
 /// Whether every pointer is 16-byte aligned and n a multiple of the vector width: the vector path.
 inline bool can_vectorize(int64_t n, int vec, std::initializer_list<const void*> ptrs) {
   if (n % vec != 0) return false;

@@ -1,5 +1,9 @@
 // layernorm / rmsnorm / l2norm forward and backward through ATen, computed in fp32 (fp64 for fp64)
 // and rounded once. Statistics (mean, rstd) are returned per row for the backward.
+//
+// The compute dtype of layernorm / rmsnorm is weight's: x of another floating dtype (a float32
+// residual stream beside bf16 weights under autocast) is rounded to it first, as a cast would; y
+// and the parameter gradients are in weight's dtype, dx (and dextra) in x's, rounded once.
 #include "kernels/norm/norm.h"
 
 #include <ATen/TensorOperators.h>
@@ -21,8 +25,8 @@ namespace reference {
 std::vector<int64_t> check_norm_args(const char* op, const at::Tensor& x,
                                      const at::Tensor& weight) {
   FUSIBLE_CHECK_FLOATING(op, "x", x);
+  FUSIBLE_CHECK_FLOATING(op, "weight", weight);
   FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "weight", weight);
-  FUSIBLE_CHECK_SAME_DTYPE(op, "x", x, "weight", weight);
   const auto nd = weight.dim();
   TORCH_CHECK(x.dim() >= nd && x.sym_sizes().slice(x.dim() - nd).equals(weight.sym_sizes()), op,
               ": expected x's trailing dims to be ", weight.sym_sizes(), ", got x shape ",
@@ -36,7 +40,7 @@ void check_norm_bias(const char* op, const at::Tensor& x, const at::Tensor& weig
                      const at::Tensor& bias) {
   TORCH_CHECK(bias.sym_sizes().equals(weight.sym_sizes()), op, ": expected bias of shape ",
               weight.sym_sizes(), ", got ", bias.sym_sizes());
-  FUSIBLE_CHECK_SAME_DTYPE(op, "x", x, "bias", bias);
+  FUSIBLE_CHECK_SAME_DTYPE(op, "weight", weight, "bias", bias);
   FUSIBLE_CHECK_SAME_DEVICE(op, "x", x, "bias", bias);
 }
 
@@ -56,6 +60,11 @@ at::Tensor expand_stat(const at::Tensor& stat, int64_t nd) {
   return out;
 }
 
+// x as the norm computes on it: rounded to weight's dtype, then in the accumulation dtype.
+at::Tensor input_acc(const at::Tensor& x, const at::Tensor& weight) {
+  return upcast(x.to(weight.scalar_type()));
+}
+
 at::Tensor gamma(const at::Tensor& weight, bool zero_centered_gamma) {
   const auto w = upcast(weight);
   return zero_centered_gamma ? w + 1 : w;
@@ -69,12 +78,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd(const at::Tensor& x
                                                              bool zero_centered_gamma) {
   const auto dims = check_norm_args("layernorm_fwd", x, weight);
   check_norm_bias("layernorm_fwd", x, weight, bias);
-  const auto xf = upcast(x);
+  const auto xf = input_acc(x, weight);
   const auto mean = xf.mean(dims, /*keepdim=*/true);
   const auto var = (xf - mean).pow(2).mean(dims, /*keepdim=*/true);
   const auto rstd = at::rsqrt(var + eps);
   const auto y = (xf - mean) * rstd * gamma(weight, zero_centered_gamma) + upcast(bias);
-  return {y.to(x.scalar_type()), mean.squeeze(dims), rstd.squeeze(dims)};
+  return {y.to(weight.scalar_type()), mean.squeeze(dims), rstd.squeeze(dims)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd(
@@ -84,7 +93,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd(
   FUSIBLE_CHECK_SHAPE_LIKE("layernorm_bwd", "dy", dy, x);
   const auto nd = weight.dim();
   const auto r = expand_stat(rstd, nd);
-  const auto xhat = (upcast(x) - expand_stat(mean, nd)) * r;
+  const auto xhat = (input_acc(x, weight) - expand_stat(mean, nd)) * r;
   const auto dyf = upcast(dy);
   const auto g = dyf * gamma(weight, zero_centered_gamma);
   const auto dx = r * (g - g.mean(dims, true) - xhat * (g * xhat).mean(dims, true));
@@ -110,10 +119,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd_amax(const at::Tensor
 std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd(const at::Tensor& x, const at::Tensor& weight,
                                                double eps, bool zero_centered_gamma) {
   const auto dims = check_norm_args("rmsnorm_fwd", x, weight);
-  const auto xf = upcast(x);
+  const auto xf = input_acc(x, weight);
   const auto rstd = at::rsqrt(xf.pow(2).mean(dims, /*keepdim=*/true) + eps);
   const auto y = xf * rstd * gamma(weight, zero_centered_gamma);
-  return {y.to(x.scalar_type()), rstd.squeeze(dims)};
+  return {y.to(weight.scalar_type()), rstd.squeeze(dims)};
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::Tensor& x,
@@ -123,7 +132,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::T
   FUSIBLE_CHECK_SHAPE_LIKE("rmsnorm_bwd", "dy", dy, x);
   const auto nd = weight.dim();
   const auto r = expand_stat(rstd, nd);
-  const auto xhat = upcast(x) * r;
+  const auto xhat = input_acc(x, weight) * r;
   const auto dyf = upcast(dy);
   const auto g = dyf * gamma(weight, zero_centered_gamma);
   const auto dx = r * (g - xhat * (g * xhat).mean(dims, true));
@@ -136,8 +145,8 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor& dy, const a
                                                    const at::Tensor& rstd, const at::Tensor& weight,
                                                    bool zero_centered_gamma,
                                                    const at::Tensor& dextra) {
-  FUSIBLE_CHECK_SAME_DTYPE("rmsnorm_bwd_add", "dy", dy, "dextra", dextra);
-  auto [dx, dw] = kernels::rmsnorm_bwd(kernels::upcast(dy), kernels::upcast(x), rstd,
+  FUSIBLE_CHECK_SAME_DTYPE("rmsnorm_bwd_add", "x", x, "dextra", dextra);
+  auto [dx, dw] = kernels::rmsnorm_bwd(kernels::upcast(dy), input_acc(x, weight), rstd,
                                        kernels::upcast(weight), zero_centered_gamma);
   // add_fwd checks the shape; one rounding of dx + dextra.
   return {kernels::add_fwd(dx, kernels::upcast(dextra)).to(x.scalar_type()),
@@ -147,8 +156,8 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor& dy, const a
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
     const at::Tensor& weight, bool zero_centered_gamma, const at::Tensor& dextra) {
-  FUSIBLE_CHECK_SAME_DTYPE("layernorm_bwd_add", "dy", dy, "dextra", dextra);
-  auto [dx, dw, db] = kernels::layernorm_bwd(kernels::upcast(dy), kernels::upcast(x), mean, rstd,
+  FUSIBLE_CHECK_SAME_DTYPE("layernorm_bwd_add", "x", x, "dextra", dextra);
+  auto [dx, dw, db] = kernels::layernorm_bwd(kernels::upcast(dy), input_acc(x, weight), mean, rstd,
                                              kernels::upcast(weight), zero_centered_gamma);
   return {kernels::add_fwd(dx, kernels::upcast(dextra)).to(x.scalar_type()),
           dw.to(weight.scalar_type()), db.to(weight.scalar_type())};

@@ -1,11 +1,14 @@
 // LayerNorm / RMSNorm on CUDA (and their backward with the residual gradient added): torch-facing
 // wrappers around norm_kernels.cu. A row too long for the kernels' shared memory, or statistics
-// not in the accumulation dtype, runs the ATen reference instead.
+// not in the accumulation dtype, runs the ATen reference instead. The compute dtype is weight's;
+// a float32 x beside a bf16 / fp16 weight (autocast's residual stream) goes to the kernels as it
+// is, other mixes are converted first (forward) or run the reference (backward).
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <initializer_list>
 #include <limits>
 
 #include "common/checks.h"
@@ -30,10 +33,32 @@ RowShape row_shape(const at::Tensor& x, const at::Tensor& weight) {
   return {cols == 0 ? 0 : x.numel() / cols, cols, std::move(lead)};
 }
 
-// Saved statistics as the kernels expect them: the accumulation dtype, one per row, on x's device.
-bool stats_ok(const at::Tensor& stat, const at::Tensor& x, const RowShape& s) {
-  return stat.scalar_type() == acc_dtype(x.scalar_type()) && stat.device() == x.device() &&
+// Saved statistics as the kernels expect them: the compute dtype's accumulation dtype, one per
+// row, on x's device.
+bool stats_ok(const at::Tensor& stat, const at::Tensor& x, const at::Tensor& weight,
+              const RowShape& s) {
+  return stat.scalar_type() == acc_dtype(weight.scalar_type()) && stat.device() == x.device() &&
          stat.is_contiguous() && stat.numel() == s.rows;
+}
+
+// Whether the kernels read this x (and, backward, dextra / write dx in its dtype) beside weight's
+// dtype over these pointers.
+bool takes_x(const char* op, const at::Tensor& x, const at::Tensor& weight, bool backward,
+             std::initializer_list<const void*> ptrs) {
+  return norm_takes_x_dtype(weight.numel(), kernel_dtype(op, weight), kernel_dtype(op, x), backward,
+                            ptrs);
+}
+
+// x as the forward kernels take it: as it is, or converted to weight's dtype first.
+at::Tensor fwd_input(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                     const at::Tensor* bias) {
+  if (x.scalar_type() == weight.scalar_type()) return x;
+  const auto xc = x.contiguous();
+  return takes_x(op, xc, weight, false,
+                 {xc.const_data_ptr(), weight.const_data_ptr(),
+                  bias != nullptr ? bias->const_data_ptr() : nullptr})
+             ? xc
+             : x.to(weight.scalar_type());
 }
 
 // Shapes the kernels take: a non-empty row (empty rows give NaN statistics, as the reference
@@ -51,16 +76,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(
   const bool layernorm = bias != nullptr;
   const auto xc = x.contiguous(), wc = weight.contiguous();
   const auto bc = layernorm ? bias->contiguous() : at::Tensor();
-  auto y = at::empty(x.sizes(), x.options());
-  const auto stat_opts = x.options().dtype(acc_dtype(x.scalar_type()));
+  auto y = at::empty(x.sizes(), weight.options());
+  const auto stat_opts = x.options().dtype(acc_dtype(weight.scalar_type()));
   auto mean = layernorm ? at::empty(s.stats, stat_opts) : at::Tensor();
   auto rstd = at::empty(s.stats, stat_opts);
   auto amax = with_amax ? zeroed_amax(x.device()) : at::Tensor();
-  launch_norm_fwd(
-      xc.const_data_ptr(), wc.const_data_ptr(), layernorm ? bc.const_data_ptr() : nullptr,
-      y.mutable_data_ptr(), layernorm ? mean.mutable_data_ptr() : nullptr, rstd.mutable_data_ptr(),
-      with_amax ? amax.mutable_data_ptr<float>() : nullptr, s.rows, s.cols, eps,
-      zero_centered_gamma, layernorm, kernel_dtype(op, x), c10::cuda::getCurrentCUDAStream());
+  launch_norm_fwd(xc.const_data_ptr(), wc.const_data_ptr(),
+                  layernorm ? bc.const_data_ptr() : nullptr, y.mutable_data_ptr(),
+                  layernorm ? mean.mutable_data_ptr() : nullptr, rstd.mutable_data_ptr(),
+                  with_amax ? amax.mutable_data_ptr<float>() : nullptr, s.rows, s.cols, eps,
+                  zero_centered_gamma, layernorm, kernel_dtype(op, weight), kernel_dtype(op, x),
+                  c10::cuda::getCurrentCUDAStream());
   return {y, mean, rstd, amax};
 }
 
@@ -70,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
     const at::Tensor& rstd, const at::Tensor& weight, bool zero_centered_gamma,
     const at::Tensor* dextra, const RowShape& s) {
   const bool layernorm = mean != nullptr;
-  const auto dtype = kernel_dtype(op, x);
+  const auto dtype = kernel_dtype(op, weight), x_dtype = kernel_dtype(op, x);
   const auto dyc = dy.contiguous(), xc = x.contiguous(), wc = weight.contiguous();
   const auto ec = dextra ? dextra->contiguous() : at::Tensor();
   auto dx = at::empty(x.sizes(), x.options());
@@ -79,15 +105,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(
   const int64_t chunks =
       norm_bwd_chunks(dyc.const_data_ptr(), xc.const_data_ptr(), wc.const_data_ptr(),
                       dextra ? ec.const_data_ptr() : nullptr, dx.const_data_ptr(), s.rows, s.cols,
-                      layernorm, dtype, current_sm_count());
-  const auto workspace = column_sum_workspace(chunks, 2 * s.cols, x);
+                      layernorm, dtype, x_dtype, current_sm_count());
+  const auto workspace = column_sum_workspace(chunks, 2 * s.cols, weight);
   launch_norm_bwd(
       dyc.const_data_ptr(), xc.const_data_ptr(), layernorm ? mean->const_data_ptr() : nullptr,
       rstd.const_data_ptr(), wc.const_data_ptr(), dextra ? ec.const_data_ptr() : nullptr,
       dx.mutable_data_ptr(), dw.mutable_data_ptr(), layernorm ? db.mutable_data_ptr() : nullptr,
       data_or_null(workspace), s.rows, s.cols, chunks, zero_centered_gamma, layernorm, dtype,
-      c10::cuda::getCurrentCUDAStream());
+      x_dtype, c10::cuda::getCurrentCUDAStream());
   return {dx, dw, db};
+}
+
+// The forward kernels run for a non-empty row that fits their shared memory. Call under a
+// CUDAGuard on x's device (norm_fits reads its limits).
+bool fwd_runs(const char* op, const at::Tensor& weight, const RowShape& s) {
+  return kernel_shape(s) && norm_fits(s.cols, kernel_dtype(op, weight), false, current_max_smem());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_cuda(const at::Tensor& x,
@@ -97,28 +129,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_cuda(const at::Tens
                                                                   bool zero_centered_gamma) {
   reference::check_norm_args("layernorm_fwd", x, weight);
   reference::check_norm_bias("layernorm_fwd", x, weight, bias);
-  const c10::cuda::CUDAGuard guard(x.device());  // norm_fits reads this device's limits
+  const c10::cuda::CUDAGuard guard(x.device());
   const auto s = row_shape(x, weight);
-  if (!kernel_shape(s) ||
-      !norm_fits(s.cols, kernel_dtype("layernorm_fwd", x), false, current_max_smem())) {
+  if (!fwd_runs("layernorm_fwd", weight, s)) {
     return reference::layernorm_fwd(x, weight, bias, eps, zero_centered_gamma);
   }
   auto [y, mean, rstd, unused] =
-      norm_fwd("layernorm_fwd", x, weight, &bias, eps, zero_centered_gamma, s);
+      norm_fwd("layernorm_fwd", fwd_input("layernorm_fwd", x, weight, &bias), weight, &bias, eps,
+               zero_centered_gamma, s);
   return {y, mean, rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cuda(const at::Tensor& x, const at::Tensor& weight,
                                                     double eps, bool zero_centered_gamma) {
   reference::check_norm_args("rmsnorm_fwd", x, weight);
-  const c10::cuda::CUDAGuard guard(x.device());  // norm_fits reads this device's limits
+  const c10::cuda::CUDAGuard guard(x.device());
   const auto s = row_shape(x, weight);
-  if (!kernel_shape(s) ||
-      !norm_fits(s.cols, kernel_dtype("rmsnorm_fwd", x), false, current_max_smem())) {
+  if (!fwd_runs("rmsnorm_fwd", weight, s)) {
     return reference::rmsnorm_fwd(x, weight, eps, zero_centered_gamma);
   }
   auto [y, mean, rstd, unused] =
-      norm_fwd("rmsnorm_fwd", x, weight, nullptr, eps, zero_centered_gamma, s);
+      norm_fwd("rmsnorm_fwd", fwd_input("rmsnorm_fwd", x, weight, nullptr), weight, nullptr, eps,
+               zero_centered_gamma, s);
   return {y, rstd};
 }
 
@@ -130,11 +162,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_amax_cu
   reference::check_norm_bias("layernorm_fwd_amax", x, weight, bias);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto s = row_shape(x, weight);
-  if (!kernel_shape(s) ||
-      !norm_fits(s.cols, kernel_dtype("layernorm_fwd_amax", x), false, current_max_smem())) {
+  if (!fwd_runs("layernorm_fwd_amax", weight, s)) {
     return reference::layernorm_fwd_amax(x, weight, bias, eps, zero_centered_gamma);
   }
-  return norm_fwd("layernorm_fwd_amax", x, weight, &bias, eps, zero_centered_gamma, s, true);
+  return norm_fwd("layernorm_fwd_amax", fwd_input("layernorm_fwd_amax", x, weight, &bias), weight,
+                  &bias, eps, zero_centered_gamma, s, true);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd_amax_cuda(const at::Tensor& x,
@@ -144,24 +176,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd_amax_cuda(const at::T
   reference::check_norm_args("rmsnorm_fwd_amax", x, weight);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto s = row_shape(x, weight);
-  if (!kernel_shape(s) ||
-      !norm_fits(s.cols, kernel_dtype("rmsnorm_fwd_amax", x), false, current_max_smem())) {
+  if (!fwd_runs("rmsnorm_fwd_amax", weight, s)) {
     return reference::rmsnorm_fwd_amax(x, weight, eps, zero_centered_gamma);
   }
   auto [y, mean, rstd, amax] =
-      norm_fwd("rmsnorm_fwd_amax", x, weight, nullptr, eps, zero_centered_gamma, s, true);
+      norm_fwd("rmsnorm_fwd_amax", fwd_input("rmsnorm_fwd_amax", x, weight, nullptr), weight,
+               nullptr, eps, zero_centered_gamma, s, true);
   return {y, rstd, amax};
 }
 
-// The kernels run when the row fits and the statistics are the forward's own. Call under a
-// CUDAGuard on x's device (norm_fits reads its limits).
-bool bwd_runs(const char* op, const at::Tensor& x, const RowShape& s,
+// The backward kernels run when the row fits, the statistics are the forward's own, dy is in
+// weight's dtype, x in a dtype they take beside it and dextra (when given) in x's dtype, shape
+// and device. Else the reference. Call under a CUDAGuard on x's device (norm_fits reads its
+// limits).
+bool bwd_runs(const char* op, const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
+              const at::Tensor* dextra, const RowShape& s,
               std::initializer_list<const at::Tensor*> stats) {
-  if (!kernel_shape(s)) return false;
-  for (const auto* st : stats) {
-    if (!stats_ok(*st, x, s)) return false;
+  if (!kernel_shape(s) || dy.scalar_type() != weight.scalar_type()) return false;
+  if (dextra != nullptr && (dextra->scalar_type() != x.scalar_type() ||
+                            !dextra->sizes().equals(x.sizes()) || dextra->device() != x.device())) {
+    return false;
   }
-  return norm_fits(s.cols, kernel_dtype(op, x), true, current_max_smem());
+  for (const auto* st : stats) {
+    if (!stats_ok(*st, x, weight, s)) return false;
+  }
+  if (!norm_fits(s.cols, kernel_dtype(op, weight), true, current_max_smem())) return false;
+  return x.scalar_type() == weight.scalar_type() ||
+         takes_x(op, x, weight, true,
+                 {dy.const_data_ptr(), x.const_data_ptr(), weight.const_data_ptr(),
+                  dextra != nullptr ? dextra->const_data_ptr() : nullptr});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_cuda(
@@ -172,10 +215,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_cuda(
   FUSIBLE_CHECK_SAME_DEVICE("layernorm_bwd", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto s = row_shape(x, weight);
-  if (dy.scalar_type() != x.scalar_type() || !bwd_runs("layernorm_bwd", x, s, {&mean, &rstd})) {
+  const auto dyc = dy.contiguous(), xc = x.contiguous();
+  if (!bwd_runs("layernorm_bwd", dyc, xc, weight, nullptr, s, {&mean, &rstd})) {
     return reference::layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);
   }
-  return norm_bwd("layernorm_bwd", dy, x, &mean, rstd, weight, zero_centered_gamma, nullptr, s);
+  return norm_bwd("layernorm_bwd", dyc, xc, &mean, rstd, weight, zero_centered_gamma, nullptr, s);
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cuda(const at::Tensor& dy, const at::Tensor& x,
@@ -187,20 +231,16 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cuda(const at::Tensor& dy, const 
   FUSIBLE_CHECK_SAME_DEVICE("rmsnorm_bwd", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto s = row_shape(x, weight);
-  if (dy.scalar_type() != x.scalar_type() || !bwd_runs("rmsnorm_bwd", x, s, {&rstd})) {
+  const auto dyc = dy.contiguous(), xc = x.contiguous();
+  if (!bwd_runs("rmsnorm_bwd", dyc, xc, weight, nullptr, s, {&rstd})) {
     return reference::rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
   }
   auto [dx, dw, db] =
-      norm_bwd("rmsnorm_bwd", dy, x, nullptr, rstd, weight, zero_centered_gamma, nullptr, s);
+      norm_bwd("rmsnorm_bwd", dyc, xc, nullptr, rstd, weight, zero_centered_gamma, nullptr, s);
   return {dx, dw};
 }
 
-// The fused residual-gradient twins: dextra added in the kernel's last pass when its dtype is x's.
-bool dextra_fuses(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& dextra) {
-  return dy.scalar_type() == x.scalar_type() && dextra.scalar_type() == x.scalar_type() &&
-         dextra.sizes().equals(x.sizes()) && dextra.device() == x.device();
-}
-
+// The fused residual-gradient twins: dextra added in the kernel's last pass.
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_cuda(const at::Tensor& dy, const at::Tensor& x,
                                                         const at::Tensor& rstd,
                                                         const at::Tensor& weight,
@@ -211,11 +251,12 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_cuda(const at::Tensor& dy, co
   FUSIBLE_CHECK_SAME_DEVICE("rmsnorm_bwd_add", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto s = row_shape(x, weight);
-  if (!dextra_fuses(dy, x, dextra) || !bwd_runs("rmsnorm_bwd_add", x, s, {&rstd})) {
+  const auto dyc = dy.contiguous(), xc = x.contiguous(), ec = dextra.contiguous();
+  if (!bwd_runs("rmsnorm_bwd_add", dyc, xc, weight, &ec, s, {&rstd})) {
     return reference::rmsnorm_bwd_add(dy, x, rstd, weight, zero_centered_gamma, dextra);
   }
   auto [dx, dw, db] =
-      norm_bwd("rmsnorm_bwd_add", dy, x, nullptr, rstd, weight, zero_centered_gamma, &dextra, s);
+      norm_bwd("rmsnorm_bwd_add", dyc, xc, nullptr, rstd, weight, zero_centered_gamma, &ec, s);
   return {dx, dw};
 }
 
@@ -227,10 +268,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add_cuda(
   FUSIBLE_CHECK_SAME_DEVICE("layernorm_bwd_add", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto s = row_shape(x, weight);
-  if (!dextra_fuses(dy, x, dextra) || !bwd_runs("layernorm_bwd_add", x, s, {&mean, &rstd})) {
+  const auto dyc = dy.contiguous(), xc = x.contiguous(), ec = dextra.contiguous();
+  if (!bwd_runs("layernorm_bwd_add", dyc, xc, weight, &ec, s, {&mean, &rstd})) {
     return reference::layernorm_bwd_add(dy, x, mean, rstd, weight, zero_centered_gamma, dextra);
   }
-  return norm_bwd("layernorm_bwd_add", dy, x, &mean, rstd, weight, zero_centered_gamma, &dextra, s);
+  return norm_bwd("layernorm_bwd_add", dyc, xc, &mean, rstd, weight, zero_centered_gamma, &ec, s);
 }
 
 }  // namespace

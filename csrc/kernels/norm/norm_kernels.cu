@@ -6,9 +6,16 @@
 // weight and bias gradients as it goes into its own partial row, and a last kernel adds the
 // partials in chunk order (deterministic). Longer rows: dx one block per row from shared memory,
 // then a separate column pass over dy and x for the partials.
+//
+// x may be wider than the compute dtype T (X = float beside a 16-bit T: a float32 residual stream
+// under autocast). The kernels then read it as it is and round each element to T on load, as a
+// cast would, and the backward (one-pass only) adds a float32 dextra and writes dx in float32,
+// rounded once: no separate cast kernels on either side.
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <stdexcept>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/common/cuda_common.cuh"
@@ -20,7 +27,9 @@ namespace {
 using cuda::acc_t;
 using cuda::from_acc;
 using cuda::load_vec;
+using cuda::load_vec_pieces;
 using cuda::store_vec;
+using cuda::store_vec_pieces;
 using cuda::to_acc;
 using cuda::Vec;
 
@@ -33,12 +42,31 @@ constexpr int kMaxThreads = 1024;
 // then).
 constexpr int kFwdRegVecs = 4;
 constexpr int kBwdRegVecs = 1;
+// The forward over a wider x keeps as many bytes in flight in half the vectors (four spilled at
+// the 64-register limit).
+template <typename T, typename X>
+constexpr int kFwdRegVecsOf = sizeof(X) > sizeof(T) ? kFwdRegVecs / 2 : kFwdRegVecs;
 static_assert(kBwdRegVecs == 1, "norm_bwd_one_pass_kernel holds one vector of a row per thread");
 
 // Where the kernels keep the row: in registers when a block of blockDim threads holds it.
 template <int VEC, int NV>
 __device__ __forceinline__ bool row_in_registers(int64_t cols) {
   return cols <= static_cast<int64_t>(blockDim.x) * VEC * NV;
+}
+
+// VEC elements of x at p as T: a wider X (float) rounded to T as a cast would.
+template <typename T, int VEC, typename X>
+__device__ __forceinline__ Vec<T, VEC> load_as(const X* p) {
+  if constexpr (std::is_same_v<T, X>) {
+    return load_vec<T, VEC>(p);
+  } else {
+    static_assert(std::is_same_v<X, float>, "a wider x is float32");
+    const auto wide = load_vec_pieces<X, VEC>(p);
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = from_acc<T>(wide.v[j]);
+    return out;
+  }
 }
 
 // Element offset of a thread's k-th vector in the register layout (coalesced per k).
@@ -68,9 +96,9 @@ __device__ __forceinline__ A norm_dx(NormGradTerms<A> t, A rs, A c1, A c2) {
   return rs * (t.g - c1 - t.xh * c2);
 }
 
-template <typename T, int VEC, bool kLayerNorm>
+template <typename T, typename X, int VEC, bool kLayerNorm>
 __global__ void __launch_bounds__(kMaxThreads)
-    norm_fwd_kernel(const T* __restrict__ x,       // [rows, cols]
+    norm_fwd_kernel(const X* __restrict__ x,       // [rows, cols]
                     const T* __restrict__ weight,  // [cols]
                     const T* __restrict__ bias,    // [cols] (LayerNorm)
                     T* __restrict__ y,             // [rows, cols]
@@ -82,19 +110,20 @@ __global__ void __launch_bounds__(kMaxThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   A* row = reinterpret_cast<A*>(smem);  // this thread's elements only: no barrier needed
   const int64_t r = blockIdx.x;
-  const T* xr = x + r * cols;
+  const X* xr = x + r * cols;
   const A shift = zero_centered_gamma ? A(1) : A(0);
   T* yr = y + r * cols;
   float m = 0.f;  // max |y| as stored (rounded), what a cast of y would find
-  if (row_in_registers<VEC, kFwdRegVecs>(cols)) {
-    Vec<T, VEC> xv[kFwdRegVecs];
+  constexpr int NV = kFwdRegVecsOf<T, X>;
+  if (row_in_registers<VEC, NV>(cols)) {
+    Vec<T, VEC> xv[NV];
 #pragma unroll
-    for (int k = 0; k < kFwdRegVecs; ++k) {
-      if (reg_offset<VEC>(k) < cols) xv[k] = load_vec<T, VEC>(xr + reg_offset<VEC>(k));
+    for (int k = 0; k < NV; ++k) {
+      if (reg_offset<VEC>(k) < cols) xv[k] = load_as<T, VEC>(xr + reg_offset<VEC>(k));
     }
     A sum = 0;
 #pragma unroll
-    for (int k = 0; k < kFwdRegVecs; ++k) {
+    for (int k = 0; k < NV; ++k) {
       if (reg_offset<VEC>(k) >= cols) continue;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += to_acc(xv[k].v[j]);
@@ -102,7 +131,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const A mu = kLayerNorm ? cuda::block_sum(sum) / static_cast<A>(cols) : A(0);
     A sq = 0;
 #pragma unroll
-    for (int k = 0; k < kFwdRegVecs; ++k) {
+    for (int k = 0; k < NV; ++k) {
       if (reg_offset<VEC>(k) >= cols) continue;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -116,7 +145,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       rstd[r] = rs;
     }
 #pragma unroll
-    for (int k = 0; k < kFwdRegVecs; ++k) {
+    for (int k = 0; k < NV; ++k) {
       const int64_t i = reg_offset<VEC>(k);
       if (i >= cols) continue;
       const auto w = load_vec<T, VEC>(weight + i);
@@ -137,7 +166,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
   A sum = 0;
   for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
-    const auto v = load_vec<T, VEC>(xr + i);
+    const auto v = load_as<T, VEC>(xr + i);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       row[i + j] = to_acc(v.v[j]);
@@ -177,16 +206,16 @@ __global__ void __launch_bounds__(kMaxThreads)
 // The backward of rows kept in registers (one vector per thread), in one pass: block c walks rows
 // [c * rows_per_chunk, ...) one at a time, writes each row's dx (plus dextra), and sums dy * xhat
 // and dy of its own columns as it goes; then partial[c] = [dweight | dbias], or, with one chunk,
-// the totals straight into dweight and dbias. dy and x are read once.
-template <typename T, int VEC, bool kLayerNorm>
+// the totals straight into dweight and dbias. dy and x are read once. x, dextra and dx in X.
+template <typename T, typename X, int VEC, bool kLayerNorm>
 __global__ void __launch_bounds__(kMaxThreads)
     norm_bwd_one_pass_kernel(const T* __restrict__ dy,           // [rows, cols]
-                             const T* __restrict__ x,            // [rows, cols]
+                             const X* __restrict__ x,            // [rows, cols]
                              const acc_t<T>* __restrict__ mean,  // [rows] (LayerNorm)
                              const acc_t<T>* __restrict__ rstd,  // [rows]
                              const T* __restrict__ weight,       // [cols]
-                             const T* __restrict__ dextra,       // [rows, cols] or null
-                             T* __restrict__ dx,                 // [rows, cols]
+                             const X* __restrict__ dextra,       // [rows, cols] or null
+                             X* __restrict__ dx,                 // [rows, cols]
                              acc_t<T>* __restrict__ partial,     // [chunks, 2 * cols] or null
                              T* __restrict__ dweight,            // [cols] when partial null
                              T* __restrict__ dbias,              // [cols] when partial null
@@ -203,13 +232,14 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int64_t r = row_begin; r < row_end; ++r) {
     const A mu = kLayerNorm ? mean[r] : A(0);
     const A rs = rstd[r];
-    Vec<T, VEC> xv, dv, ev, wv;
+    Vec<T, VEC> xv, dv, wv;
+    Vec<X, VEC> ev;
     A sum_g = 0, sum_gx = 0;
     if (mine) {
       wv = load_vec<T, VEC>(weight + i);  // from cache after the first row: fewer registers held
-      xv = load_vec<T, VEC>(x + r * cols + i);
+      xv = load_as<T, VEC>(x + r * cols + i);
       dv = load_vec<T, VEC>(dy + r * cols + i);
-      if (dextra != nullptr) ev = load_vec<T, VEC>(dextra + r * cols + i);
+      if (dextra != nullptr) ev = load_vec_pieces<X, VEC>(dextra + r * cols + i);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const A d = to_acc(dv.v[j]);
@@ -228,7 +258,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const A c1 = kLayerNorm ? sum_g * inv : A(0);
     const A c2 = sum_gx * inv;
     if (!mine) continue;
-    Vec<T, VEC> out;
+    Vec<X, VEC> out;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       // xhat and g recomputed: cheaper than keeping them in registers across the reductions.
@@ -236,9 +266,9 @@ __global__ void __launch_bounds__(kMaxThreads)
           norm_grad_terms(to_acc(xv.v[j]), to_acc(dv.v[j]), to_acc(wv.v[j]), mu, rs, shift);
       A o = norm_dx(t, rs, c1, c2);
       if (dextra != nullptr) o += to_acc(ev.v[j]);
-      out.v[j] = from_acc<T>(o);
+      out.v[j] = from_acc<X>(o);
     }
-    store_vec<T, VEC>(dx + r * cols + i, out);
+    store_vec_pieces<X, VEC>(dx + r * cols + i, out);
   }
   if (!mine) return;
 #pragma unroll
@@ -416,11 +446,11 @@ constexpr int64_t kMinRowsPerChunk = 4;
 
 // The one-pass backward's grid for a row of V-element vectors: one wave of its blocks, each a
 // chunk of rows.
-template <typename T, int V, bool kLayerNorm>
+template <typename T, typename X, int V, bool kLayerNorm>
 int64_t one_pass_chunks(int64_t rows, int64_t cols, int num_sms) {
   const int threads = threads_for(cols, V, kBwdRegVecs);
   const int per_sm =
-      cuda::resident_blocks_here(norm_bwd_one_pass_kernel<T, V, kLayerNorm>, threads);
+      cuda::resident_blocks_here(norm_bwd_one_pass_kernel<T, X, V, kLayerNorm>, threads);
   return std::max<int64_t>(1,
                            std::min<int64_t>(rows / kMinRowsPerChunk, int64_t{per_sm} * num_sms));
 }
@@ -434,17 +464,30 @@ int64_t params_pass_chunks(int64_t rows, int64_t cols, int num_sms) {
   return column_sum_chunks(rows, cols, num_sms, per_sm);
 }
 
-// f(T{}, vector width, one_pass) for a backward over these pointers: the element type, the dx
-// pass's vector width, and whether a block holds the row in registers (the one-pass kernel) or
-// not (dx from shared memory, then the separate parameter pass). norm_bwd_chunks and
-// launch_norm_bwd decide alike through it.
+// f(T{}, X{}): the compute dtype's element type and x's, X = T or float beside a 16-bit T.
 template <typename F>
-void dispatch_bwd(KernelDType dtype, int64_t cols, std::initializer_list<const void*> ptrs, F&& f) {
+void dispatch_x(KernelDType dtype, KernelDType x_dtype, F&& f) {
   cuda::dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 2) {
+      if (x_dtype == KernelDType::kFloat32) return f(tag, float{});
+    }
+    f(tag, tag);
+  });
+}
+
+// f(T{}, X{}, vector width, one_pass) for a backward over these pointers: the element types, the
+// dx pass's vector width, and whether a block holds the row in registers (the one-pass kernel) or
+// not (dx from shared memory, then the separate parameter pass). norm_bwd_chunks,
+// launch_norm_bwd and norm_takes_x_dtype decide alike through it.
+template <typename F>
+void dispatch_bwd(KernelDType dtype, KernelDType x_dtype, int64_t cols,
+                  std::initializer_list<const void*> ptrs, F&& f) {
+  dispatch_x(dtype, x_dtype, [&](auto tag, auto xtag) {
     using T = decltype(tag);
     cuda::dispatch_vec<T>(cols, ptrs, [&](auto vec) {
       constexpr int V = decltype(vec)::value;
-      f(tag, vec, rows_in_registers(cols, V, kBwdRegVecs));
+      f(tag, xtag, vec, rows_in_registers(cols, V, kBwdRegVecs));
     });
   });
 }
@@ -455,22 +498,35 @@ bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem) {
   return smem_bytes(cols, dtype, backward) + kStaticSmemMargin <= static_cast<size_t>(max_smem);
 }
 
+bool norm_takes_x_dtype(int64_t cols, KernelDType dtype, KernelDType x_dtype, bool backward,
+                        std::initializer_list<const void*> ptrs) {
+  if (x_dtype == dtype) return true;
+  const bool half = dtype == KernelDType::kBFloat16 || dtype == KernelDType::kFloat16;
+  if (x_dtype != KernelDType::kFloat32 || !half) return false;
+  if (!backward) return true;  // the forward kernel reads a wider x in either row layout
+  bool one_pass = false;       // the backward's mixed dtypes: the one-pass kernel only
+  dispatch_bwd(dtype, x_dtype, cols, ptrs, [&](auto, auto, auto, bool op) { one_pass = op; });
+  return one_pass;
+}
+
 void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* y, void* mean,
                      void* rstd, float* amax, int64_t rows, int64_t cols, double eps,
                      bool zero_centered_gamma, bool layernorm, KernelDType dtype,
-                     cudaStream_t stream) {
+                     KernelDType x_dtype, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
-  cuda::dispatch_dtype(dtype, [&](auto tag) {
+  dispatch_x(dtype, x_dtype, [&](auto tag, auto xtag) {
     using T = decltype(tag);
+    using X = decltype(xtag);
     using A = acc_t<T>;
     cuda::dispatch_vec<T>(cols, {x, weight, bias, y}, [&](auto vec) {
       constexpr int V = decltype(vec)::value;
-      const auto kernel = layernorm ? norm_fwd_kernel<T, V, true> : norm_fwd_kernel<T, V, false>;
+      const auto kernel =
+          layernorm ? norm_fwd_kernel<T, X, V, true> : norm_fwd_kernel<T, X, V, false>;
       const size_t smem =
-          rows_in_registers(cols, V, kFwdRegVecs) ? 0 : smem_bytes(cols, dtype, false);
+          rows_in_registers(cols, V, kFwdRegVecsOf<T, X>) ? 0 : smem_bytes(cols, dtype, false);
       allow_smem(kernel, smem);
-      kernel<<<rows, threads_for(cols, V, kFwdRegVecs), smem, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
+      kernel<<<rows, threads_for(cols, V, kFwdRegVecsOf<T, X>), smem, stream>>>(
+          static_cast<const X*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
           static_cast<T*>(y), static_cast<A*>(mean), static_cast<A*>(rstd), amax, cols,
           static_cast<A>(eps), zero_centered_gamma);
     });
@@ -480,20 +536,22 @@ void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* 
 
 int64_t norm_bwd_chunks(const void* dy, const void* x, const void* weight, const void* dextra,
                         const void* dx, int64_t rows, int64_t cols, bool layernorm,
-                        KernelDType dtype, int num_sms) {
+                        KernelDType dtype, KernelDType x_dtype, int num_sms) {
   if (rows == 0 || cols == 0) return 0;
   int64_t chunks = 1;
-  dispatch_bwd(dtype, cols, {dy, x, weight, dextra, dx}, [&](auto tag, auto vec, bool one_pass) {
-    using T = decltype(tag);
-    constexpr int V = decltype(vec)::value;
-    if (one_pass) {
-      chunks = layernorm ? one_pass_chunks<T, V, true>(rows, cols, num_sms)
-                         : one_pass_chunks<T, V, false>(rows, cols, num_sms);
-    } else {
-      chunks = layernorm ? params_pass_chunks<T, true>(rows, cols, num_sms)
-                         : params_pass_chunks<T, false>(rows, cols, num_sms);
-    }
-  });
+  dispatch_bwd(dtype, x_dtype, cols, {dy, x, weight, dextra, dx},
+               [&](auto tag, auto xtag, auto vec, bool one_pass) {
+                 using T = decltype(tag);
+                 using X = decltype(xtag);
+                 constexpr int V = decltype(vec)::value;
+                 if (one_pass) {
+                   chunks = layernorm ? one_pass_chunks<T, X, V, true>(rows, cols, num_sms)
+                                      : one_pass_chunks<T, X, V, false>(rows, cols, num_sms);
+                 } else {
+                   chunks = layernorm ? params_pass_chunks<T, true>(rows, cols, num_sms)
+                                      : params_pass_chunks<T, false>(rows, cols, num_sms);
+                 }
+               });
   return chunks;
 }
 
@@ -501,54 +559,64 @@ void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void
                      const void* weight, const void* dextra, void* dx, void* dweight, void* dbias,
                      void* workspace, int64_t rows, int64_t cols, int64_t num_chunks,
                      bool zero_centered_gamma, bool layernorm, KernelDType dtype,
-                     cudaStream_t stream) {
+                     KernelDType x_dtype, cudaStream_t stream) {
   if (cols == 0) return;
   const int64_t chunks = rows > 0 ? num_chunks : 0;  // no rows: the gradients are zeros
   // The partial rows hold [dweight | dbias]: one column sum writes both.
   const int64_t width = layernorm ? 2 * cols : cols;
-  dispatch_bwd(dtype, cols, {dy, x, weight, dextra, dx}, [&](auto tag, auto vec, bool one_pass) {
-    using T = decltype(tag);
-    using A = acc_t<T>;
-    constexpr int V = decltype(vec)::value;
-    const auto* tdy = static_cast<const T*>(dy);
-    const auto* tx = static_cast<const T*>(x);
-    const auto* tmean = static_cast<const A*>(mean);
-    const auto* trstd = static_cast<const A*>(rstd);
-    auto* partial = chunks > 1 ? static_cast<A*>(workspace) : nullptr;
-    const int64_t rows_per_chunk = chunks > 0 ? (rows + chunks - 1) / chunks : 0;
-    if (rows > 0 && one_pass) {
-      const auto kernel =
-          layernorm ? norm_bwd_one_pass_kernel<T, V, true> : norm_bwd_one_pass_kernel<T, V, false>;
-      kernel<<<chunks, threads_for(cols, V, kBwdRegVecs), 0, stream>>>(
-          tdy, tx, tmean, trstd, static_cast<const T*>(weight), static_cast<const T*>(dextra),
-          static_cast<T*>(dx), partial, static_cast<T*>(dweight), static_cast<T*>(dbias), rows,
-          cols, rows_per_chunk, zero_centered_gamma);
-      cuda::check_launch("norm_bwd_one_pass_kernel");
-    } else if (rows > 0) {
-      const auto kernel =
-          layernorm ? norm_bwd_dx_kernel<T, V, true> : norm_bwd_dx_kernel<T, V, false>;
-      const size_t smem = smem_bytes(cols, dtype, true);
-      allow_smem(kernel, smem);
-      kernel<<<rows, threads_for(cols, V, kBwdRegVecs), smem, stream>>>(
-          tdy, tx, tmean, trstd, static_cast<const T*>(weight), static_cast<const T*>(dextra),
-          static_cast<T*>(dx), cols, zero_centered_gamma);
-      cuda::check_launch("norm_bwd_dx_kernel");
-      cuda::dispatch_vec<T>(cols, {dy, x}, [&](auto pvec) {
-        constexpr int PV = decltype(pvec)::value;
-        const dim3 grid((cols + kColThreads * PV - 1) / (kColThreads * PV), chunks);
-        const dim3 block(kColThreads, kRowThreads);
-        const auto params =
-            layernorm ? norm_bwd_params_kernel<T, PV, true> : norm_bwd_params_kernel<T, PV, false>;
-        params<<<grid, block, 0, stream>>>(tdy, tx, tmean, trstd, partial, static_cast<T*>(dweight),
-                                           static_cast<T*>(dbias), rows, cols, rows_per_chunk);
+  dispatch_bwd(
+      dtype, x_dtype, cols, {dy, x, weight, dextra, dx},
+      [&](auto tag, auto xtag, auto vec, bool one_pass) {
+        using T = decltype(tag);
+        using X = decltype(xtag);
+        using A = acc_t<T>;
+        constexpr int V = decltype(vec)::value;
+        const auto* tdy = static_cast<const T*>(dy);
+        const auto* tmean = static_cast<const A*>(mean);
+        const auto* trstd = static_cast<const A*>(rstd);
+        auto* partial = chunks > 1 ? static_cast<A*>(workspace) : nullptr;
+        const int64_t rows_per_chunk = chunks > 0 ? (rows + chunks - 1) / chunks : 0;
+        if (rows > 0 && one_pass) {
+          const auto kernel = layernorm ? norm_bwd_one_pass_kernel<T, X, V, true>
+                                        : norm_bwd_one_pass_kernel<T, X, V, false>;
+          kernel<<<chunks, threads_for(cols, V, kBwdRegVecs), 0, stream>>>(
+              tdy, static_cast<const X*>(x), tmean, trstd, static_cast<const T*>(weight),
+              static_cast<const X*>(dextra), static_cast<X*>(dx), partial, static_cast<T*>(dweight),
+              static_cast<T*>(dbias), rows, cols, rows_per_chunk, zero_centered_gamma);
+          cuda::check_launch("norm_bwd_one_pass_kernel");
+        } else if (rows > 0) {
+          if constexpr (!std::is_same_v<T, X>) {
+            throw std::invalid_argument(
+                "launch_norm_bwd: a wider x takes the one-pass kernel only (norm_takes_x_dtype)");
+          } else {
+            const auto* tx = static_cast<const T*>(x);
+            const auto kernel =
+                layernorm ? norm_bwd_dx_kernel<T, V, true> : norm_bwd_dx_kernel<T, V, false>;
+            const size_t smem = smem_bytes(cols, dtype, true);
+            allow_smem(kernel, smem);
+            kernel<<<rows, threads_for(cols, V, kBwdRegVecs), smem, stream>>>(
+                tdy, tx, tmean, trstd, static_cast<const T*>(weight), static_cast<const T*>(dextra),
+                static_cast<T*>(dx), cols, zero_centered_gamma);
+            cuda::check_launch("norm_bwd_dx_kernel");
+            cuda::dispatch_vec<T>(cols, {dy, x}, [&](auto pvec) {
+              constexpr int PV = decltype(pvec)::value;
+              const dim3 grid((cols + kColThreads * PV - 1) / (kColThreads * PV), chunks);
+              const dim3 block(kColThreads, kRowThreads);
+              const auto params = layernorm ? norm_bwd_params_kernel<T, PV, true>
+                                            : norm_bwd_params_kernel<T, PV, false>;
+              params<<<grid, block, 0, stream>>>(tdy, tx, tmean, trstd, partial,
+                                                 static_cast<T*>(dweight), static_cast<T*>(dbias),
+                                                 rows, cols, rows_per_chunk);
+            });
+            cuda::check_launch("norm_bwd_params_kernel");
+          }
+        }
+        // Several chunks: their sums; no rows (no chunks): zeros.
+        if (chunks != 1) {
+          cuda::launch_column_sum<T>(workspace, dweight, width, chunks, 2 * cols, stream, dbias,
+                                     cols);
+        }
       });
-      cuda::check_launch("norm_bwd_params_kernel");
-    }
-    // Several chunks: their sums; no rows (no chunks): zeros.
-    if (chunks != 1) {
-      cuda::launch_column_sum<T>(workspace, dweight, width, chunks, 2 * cols, stream, dbias, cols);
-    }
-  });
 }
 
 }  // namespace fusible::kernels

@@ -1,9 +1,13 @@
 // Host launchers of the norm family's raw kernels (norm_kernels.cu): LayerNorm (layernorm = true:
 // mean subtracted, bias added) and RMSNorm over rows of cols. Statistics and workspaces are in the
-// accumulation type: float, or double for kFloat64.
+// accumulation type: float, or double for kFloat64. dtype is the compute dtype (weight, bias, y,
+// dy, dweight, dbias); x_dtype that of x (and the backward's dextra and dx): dtype, or float32
+// beside a 16-bit dtype where norm_takes_x_dtype says so (x rounded to dtype on load, as a cast
+// would; dx rounded once, from the accumulation type).
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/common/launcher_types.h"
 
@@ -13,12 +17,19 @@ namespace fusible::kernels {
 /// opt-in limit); else the caller falls back.
 bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem);
 
+/// Whether the kernels take x in x_dtype beside the compute dtype for rows of cols over these
+/// pointers (the forward's x, weight, bias; the backward's dy, x, weight, dextra): the same dtype,
+/// or float32 beside bf16 / fp16 (the backward: where a block holds the row in registers). Else
+/// the caller converts x first.
+bool norm_takes_x_dtype(int64_t cols, KernelDType dtype, KernelDType x_dtype, bool backward,
+                        std::initializer_list<const void*> ptrs);
+
 /// How many row chunks launch_norm_bwd splits these rows into (its workspace holds one partial row
 /// per chunk when more than one): one wave of the one-pass kernel where a block holds a row in
 /// registers, else of the separate parameter pass; 0 without rows. The same pointers as the launch.
 int64_t norm_bwd_chunks(const void* dy, const void* x, const void* weight, const void* dextra,
                         const void* dx, int64_t rows, int64_t cols, bool layernorm,
-                        KernelDType dtype, int num_sms);
+                        KernelDType dtype, KernelDType x_dtype, int num_sms);
 
 void launch_norm_fwd(const void* x,       // [rows, cols]
                      const void* weight,  // [cols]
@@ -29,7 +40,7 @@ void launch_norm_fwd(const void* x,       // [rows, cols]
                      float* amax,         // [1]: max |y| (for an FP8 cast of y), zeroed by the
                                           // caller; or null
                      int64_t rows, int64_t cols, double eps, bool zero_centered_gamma,
-                     bool layernorm, KernelDType dtype, cudaStream_t stream);
+                     bool layernorm, KernelDType dtype, KernelDType x_dtype, cudaStream_t stream);
 
 /// dx (plus dextra when given), dweight and (LayerNorm) dbias.
 void launch_norm_bwd(const void* dy,      // [rows, cols]
@@ -44,6 +55,6 @@ void launch_norm_bwd(const void* dy,      // [rows, cols]
                      void* workspace,     // [num_chunks, 2 * cols], accumulation type (chunks:
                                           // norm_bwd_chunks); null allowed for one chunk
                      int64_t rows, int64_t cols, int64_t num_chunks, bool zero_centered_gamma,
-                     bool layernorm, KernelDType dtype, cudaStream_t stream);
+                     bool layernorm, KernelDType dtype, KernelDType x_dtype, cudaStream_t stream);
 
 }  // namespace fusible::kernels

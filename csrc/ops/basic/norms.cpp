@@ -33,6 +33,15 @@ void check_trailing_dims(const char* op, const at::Tensor& x, const std::vector<
               ", got input shape ", shape_str(x));
 }
 
+// x as LayerNorm / RMSNorm hand it to their kernels: a float32 x beside a 16-bit compute dtype
+// (autocast's float32 residual stream) as it is, since the kernels round it on load as a cast
+// would and return its gradient in float32, rounded once; any other dtype converted first. The
+// backward keeps this tensor: the float32 input itself, as eager's autocast norms keep it.
+at::Tensor norm_input(const at::Tensor& x, at::ScalarType compute) {
+  const bool half = compute == at::kBFloat16 || compute == at::kHalf;
+  return x.scalar_type() == at::kFloat && half ? x : cast_to(x, compute);
+}
+
 }  // namespace
 
 L2Normalization::L2Normalization(double eps) : BasicOperation("L2Normalization"), eps_(eps) {
@@ -70,7 +79,7 @@ at::Tensor LayerNorm::op_forward(OperationContext& ctx, const at::Tensor& x,
   check_input_against_param("LayerNorm", x, weight);
   check_trailing_dims("LayerNorm", x, normalized_shape_);
   ctx.compute_dtype = compute_dtype(args, weight.scalar_type());
-  const auto xc = cast_to(x, ctx.compute_dtype);
+  const auto xc = norm_input(x, ctx.compute_dtype);
   const auto w = cast_to(weight, ctx.compute_dtype);
   const auto b = cast_to(ctx.param(1, "LayerNorm"), ctx.compute_dtype);
   at::Tensor y, mean, rstd, amax;
@@ -122,7 +131,7 @@ at::Tensor RMSNorm::op_forward(OperationContext& ctx, const at::Tensor& x,
   check_input_against_param("RMSNorm", x, weight);
   check_trailing_dims("RMSNorm", x, normalized_shape_);
   ctx.compute_dtype = compute_dtype(args, weight.scalar_type());
-  const auto xc = cast_to(x, ctx.compute_dtype);
+  const auto xc = norm_input(x, ctx.compute_dtype);
   const auto w = cast_to(weight, ctx.compute_dtype);
   at::Tensor y, rstd, amax;
   if (ctx.want_output_amax) {  // the next op's FP8 cast of y takes max |y| from this pass

@@ -7,18 +7,18 @@
 namespace fusible::ops {
 namespace {
 
-// The one kernel adds dextra only when every dtype is the compute dtype.
+// The norm's backward adds dextra itself when dextra is in the dtype of the x it kept: the
+// compute dtype, or autocast's float32 residual stream beside a 16-bit one (norm_input).
 bool adds_in_kernel(const OperationContext& ctx, const at::Tensor& dextra) {
-  return dextra.defined() && dextra.scalar_type() == ctx.compute_dtype &&
-         ctx.input_dtype == ctx.compute_dtype;
+  return dextra.defined() && dextra.scalar_type() == ctx.saved_tensors.at(0).scalar_type();
 }
 
-// Nothing to add, or mixed dtypes (autocast): the norm's own backward, then the add in the input's
-// dtype, as MakeExtraOutput would.
+// Nothing to add, or other dtypes: the norm's own backward, then the add in the extra output's
+// dtype (the norm's input), as MakeExtraOutput would.
 BackwardResult norm_backward_then_add(BasicOperation& norm, OperationContext& ctx,
                                       const at::Tensor& dy, const at::Tensor& dextra) {
   auto [dx, dparams] = norm.op_backward(ctx, dy);
-  if (dextra.defined()) dx = kernels::add_fwd(cast_to(dx, ctx.input_dtype), dextra);
+  if (dextra.defined()) dx = kernels::add_fwd(cast_to(dx, dextra.scalar_type()), dextra);
   return {dx, {{}, std::move(dparams)}, {{}, {}}};
 }
 
