@@ -464,13 +464,18 @@ int64_t params_pass_chunks(int64_t rows, int64_t cols, int num_sms) {
   return column_sum_chunks(rows, cols, num_sms, per_sm);
 }
 
-// f(T{}, X{}): the compute dtype's element type and x's, X = T or float beside a 16-bit T.
+// f(T{}, X{}): the compute dtype's element type and x's, X = T or float beside a 16-bit T (any
+// other pair throws: norm_takes_x_dtype turns those down first).
 template <typename F>
 void dispatch_x(KernelDType dtype, KernelDType x_dtype, F&& f) {
   cuda::dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (sizeof(T) == 2) {
       if (x_dtype == KernelDType::kFloat32) return f(tag, float{});
+    }
+    if (x_dtype != dtype) {
+      throw std::invalid_argument(
+          "norm kernels: x's dtype is neither the compute dtype nor float32");
     }
     f(tag, tag);
   });

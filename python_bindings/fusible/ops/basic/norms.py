@@ -48,7 +48,9 @@ class _Norm(BasicOperation):
 
 class LayerNorm(_Norm):
     """Layer norm over the trailing `normalized_shape` dims; parameters `weight` (ones, or zeros
-    with zero_centered_gamma, which applies 1 + weight) and `bias` (zeros).
+    with zero_centered_gamma, which applies 1 + weight) and `bias` (zeros). Computed in autocast's
+    dtype, else the parameters'; a float32 input beside a bf16 or fp16 one is read as it is
+    (rounded on load, as a cast would) and its gradient comes back in float32, rounded once.
 
     Args:
         normalized_shape (int or tuple): the trailing dims normalized over.
@@ -68,7 +70,8 @@ class LayerNorm(_Norm):
 
 
 class RMSNorm(_Norm):
-    """y = x * rsqrt(mean(x^2) + eps) * weight over the trailing `normalized_shape` dims.
+    """y = x * rsqrt(mean(x^2) + eps) * weight over the trailing `normalized_shape` dims, in the
+    dtypes LayerNorm's are.
 
     Args:
         normalized_shape (int or tuple): the trailing dims normalized over.
