@@ -376,7 +376,8 @@ GemmOperand Fp8Cast::forward_operand_from(const at::Tensor& x, at::ScalarType dt
 
 std::vector<GemmOperand> Fp8Cast::grouped_operands(const at::Tensor& t,
                                                    const std::vector<int64_t>& sizes, bool backward,
-                                                   bool columnwise) const {
+                                                   bool columnwise,
+                                                   std::optional<at::ScalarType> gemm_dtype) const {
   TORCH_CHECK(takes_produced_amax(),
               "Fp8Cast::grouped_operands: expected per-tensor current scaling on FP8 data, got "
               "recipe kind '",
@@ -393,7 +394,7 @@ std::vector<GemmOperand> Fp8Cast::grouped_operands(const at::Tensor& t,
   for (size_t g = 0; g < sizes.size(); ++g) {
     auto& o = out[g];
     const int64_t m = sizes[g];
-    o.dtype = t.scalar_type();
+    o.dtype = gemm_dtype.value_or(t.scalar_type());
     o.rowwise = data.narrow(0, start, m);
     o.scale_inv = o.columnwise_scale_inv = scales[static_cast<int64_t>(g)].narrow(0, 0, 1);
     if (columnwise) o.columnwise = data_t.narrow(0, start * k, m * k).view({k, m});

@@ -7,6 +7,7 @@
 #include <c10/core/Device.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -218,9 +219,12 @@ struct Fp8Cast {
   bool takes_produced_amax() const { return gemm_fp8 && recipe->kind == "current"; }
   /// With takes_produced_amax: t [T, k]'s groups of consecutive rows (sizes) as the GEMMs take
   /// them, each cast with the scale of its own amax (as forward_operand / backward_operand cast
-  /// one tensor), by one fp8_cast_grouped for all groups; `columnwise`: the transposes too.
-  std::vector<GemmOperand> grouped_operands(const at::Tensor& t, const std::vector<int64_t>& sizes,
-                                            bool backward, bool columnwise) const;
+  /// one tensor), by one fp8_cast_grouped for all groups; `columnwise`: the transposes too;
+  /// `gemm_dtype`: the dtype the GEMMs compute in (default t's; a wider weight's cast under
+  /// autocast computes in autocast's).
+  std::vector<GemmOperand> grouped_operands(
+      const at::Tensor& t, const std::vector<int64_t>& sizes, bool backward, bool columnwise,
+      std::optional<at::ScalarType> gemm_dtype = std::nullopt) const;
   /// x as the forward's FP8 GEMM sees it (the forward format); `index`: which of the op's forward
   /// tensors (its quantizer, for delayed scaling); `weight`: a weight (block scaling's 2-D
   /// blocks).

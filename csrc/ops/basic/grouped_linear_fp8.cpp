@@ -61,8 +61,7 @@ at::Tensor GroupedLinear::fp8_forward(OperationContext& ctx, const at::Tensor& x
     xs = ctx.fp8.grouped_operands(x, host_sizes, /*backward=*/false, need_x);
     if (const auto w = grouped_cast_weights(ctx); w.defined()) {
       ws = ctx.fp8.grouped_operands(w, std::vector<int64_t>(n, out_features_),
-                                    /*backward=*/false, need_w);
-      for (auto& o : ws) o.dtype = ctx.compute_dtype;
+                                    /*backward=*/false, need_w, ctx.compute_dtype);
     }
   }
   int64_t start = 0;
