@@ -14,10 +14,10 @@ from fusible import ops
 
 F = torch.ops.fusible
 HALF = [torch.bfloat16, torch.float16]
-# One row; widths not a multiple of 8 (one element per access; the backward's one-pass kernel up to
-# 1024 of them); several row chunks; 20000: the forward's shared-memory rows and, past what the
-# backward holds in registers, its reference path.
-SHAPES = [(1, 8), (7, 33), (64, 1000), (5, 4096), (300, 96), (2, 20000)]
+# One row; widths not a multiple of 8 (one element per access: the backward's one-pass kernel up
+# to 1024 of them, 2052 past it); several row chunks; 20000: rows the forward and the backward keep
+# in shared memory (the backward's dx pass, then its separate parameter pass).
+SHAPES = [(1, 8), (7, 33), (64, 1000), (4, 2052), (5, 4096), (300, 96), (2, 20000)]
 
 
 def _rand(shape, dtype, device, scale=1.0):
@@ -56,10 +56,13 @@ def _norm_bwd(kind, dy, x, stats, w, zero_centered_gamma, dextra=None):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
-def test_kernels_read_float32_x_beside_16bit_weights(kind, dtype, shape, device):
+@pytest.mark.parametrize("offset", [0, 1])
+def test_kernels_read_float32_x_beside_16bit_weights(kind, dtype, shape, device, offset):
+    """offset 1: x starts 4 bytes past a 16-byte boundary (one element per access)."""
     zcg = shape[-1] % 2 == 1  # zero-centered gamma on the odd widths
     h = shape[-1]
-    x = _rand(shape, torch.float32, device, 2.0) + 0.5
+    n = torch.Size(shape).numel()
+    x = (torch.randn(n + offset, device=device) * 2 + 0.5)[offset:].view(shape)
     w, b = _rand(h, dtype, device, 0.5), _rand(h, dtype, device)
     dy, dextra = _rand(shape, dtype, device), _rand(shape, torch.float32, device)
     out = _norm(kind, x, w, b, zcg)
@@ -107,6 +110,16 @@ def test_other_dtype_mixes_convert(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_float8_x_is_converted_first(device):
+    """A dtype the kernels are not built for (float8 data) is converted to weight's first."""
+    x = _rand((4, 32), torch.float32, device).to(torch.float8_e4m3fn)
+    w, b = _rand(32, torch.bfloat16, device), _rand(32, torch.bfloat16, device)
+    out = F.layernorm_fwd(x, w, b, 1e-5, False)
+    same = F.layernorm_fwd(x.to(torch.bfloat16), w, b, 1e-5, False)
+    assert all(torch.equal(a, s) for a, s in zip(out, same))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_dextra_must_be_in_x_dtype(device):
     x = _rand((4, 16), torch.float32, device)
     w = _rand(16, torch.bfloat16, device)
@@ -142,26 +155,29 @@ def test_op_takes_float32_input_without_conversions(kind, device):
         for p in norm.parameters():
             p.uniform_(-1.0, 1.0)
     x = torch.randn(8, 64, device=device, requires_grad=True)
+    dy = torch.randn(8, 64, device=device, dtype=torch.bfloat16)
     with OpLog() as log, torch.profiler.profile() as prof:
         y = norm(x)
-        y.backward(torch.randn_like(y))
+        # autograd.grad: no AccumulateGrad, which may copy a gradient it cannot take as it is
+        (dx,) = torch.autograd.grad(y, x, dy)
     name = "fusible.layernorm" if kind == "layernorm" else "fusible.rmsnorm"
     assert [c[0] for c in log.calls] == [name + "_fwd", name + "_bwd"], log.calls
     assert log.calls[0][1][0] == torch.float32 and y.dtype == torch.bfloat16
-    assert x.grad.dtype == torch.float32
+    assert dx.dtype == torch.float32
     if device == "cuda":  # (the CPU reference converts inside the op)
         names = [e.name for e in prof.events()]
         assert "aten::_to_copy" not in names and "aten::copy_" not in names, names
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
-def test_float32_residual_under_autocast_trains_like_the_reference(kind, device):
+def test_float32_residual_under_autocast_trains_like_the_reference(kind, dtype, device):
     """MakeExtraOutput + norm (BackwardAdd<Norm> in the backward) on a float32 stream under bf16
-    autocast, float32 parameters: y from x rounded to bf16, x's gradient (the norm's plus the
-    residual's) in float32 at float32's tolerance, and the parameters after three SGD steps."""
+    autocast (bf16 and fp16), float32 parameters: y from x rounded to the autocast dtype, x's
+    gradient (the norm's plus the residual's) in float32 at float32's tolerance, and the
+    parameters after three SGD steps."""
     torch.manual_seed(0)
-    dtype = torch.bfloat16
     norm = _layer(kind, 48, torch.float32, device)
     with torch.no_grad():
         for p in norm.parameters():
@@ -202,7 +218,8 @@ def test_cuda_residual_backward_is_one_kernel(kind):
     y, residual = seq(x)
     gy, gres = torch.randn_like(y), torch.randn_like(residual)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        torch.autograd.backward([y, residual], [gy, gres])
+        # autograd.grad: no AccumulateGrad, which may copy a gradient it cannot take as it is
+        torch.autograd.grad([y, residual], [x, *norm.parameters()], [gy, gres])
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert any("norm_bwd_one_pass_kernel" in k for k in kernels), kernels

@@ -41,24 +41,21 @@ bool stats_ok(const at::Tensor& stat, const at::Tensor& x, const at::Tensor& wei
          stat.is_contiguous() && stat.numel() == s.rows;
 }
 
+// The dtypes the kernels are built for.
+bool kernel_dtype_ok(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
 // Whether the kernels read this x (and, backward, dextra / write dx in its dtype) beside weight's
-// dtype over these pointers.
-bool takes_x(const char* op, const at::Tensor& x, const at::Tensor& weight, bool backward,
-             std::initializer_list<const void*> ptrs) {
-  return norm_takes_x_dtype(weight.numel(), kernel_dtype(op, weight), kernel_dtype(op, x), backward,
-                            ptrs);
+// dtype, the compute dtype.
+bool takes_x(const char* op, const at::Tensor& x, const at::Tensor& weight) {
+  return kernel_dtype_ok(x.scalar_type()) &&
+         norm_takes_x_dtype(kernel_dtype(op, weight), kernel_dtype(op, x));
 }
 
 // x as the forward kernels take it: as it is, or converted to weight's dtype first.
-at::Tensor fwd_input(const char* op, const at::Tensor& x, const at::Tensor& weight,
-                     const at::Tensor* bias) {
-  if (x.scalar_type() == weight.scalar_type()) return x;
-  const auto xc = x.contiguous();
-  return takes_x(op, xc, weight, false,
-                 {xc.const_data_ptr(), weight.const_data_ptr(),
-                  bias != nullptr ? bias->const_data_ptr() : nullptr})
-             ? xc
-             : x.to(weight.scalar_type());
+at::Tensor fwd_input(const char* op, const at::Tensor& x, const at::Tensor& weight) {
+  return takes_x(op, x, weight) ? x : x.to(weight.scalar_type());
 }
 
 // Shapes the kernels take: a non-empty row (empty rows give NaN statistics, as the reference
@@ -134,9 +131,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_cuda(const at::Tens
   if (!fwd_runs("layernorm_fwd", weight, s)) {
     return reference::layernorm_fwd(x, weight, bias, eps, zero_centered_gamma);
   }
-  auto [y, mean, rstd, unused] =
-      norm_fwd("layernorm_fwd", fwd_input("layernorm_fwd", x, weight, &bias), weight, &bias, eps,
-               zero_centered_gamma, s);
+  auto [y, mean, rstd, unused] = norm_fwd("layernorm_fwd", fwd_input("layernorm_fwd", x, weight),
+                                          weight, &bias, eps, zero_centered_gamma, s);
   return {y, mean, rstd};
 }
 
@@ -148,9 +144,8 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cuda(const at::Tensor& x, const a
   if (!fwd_runs("rmsnorm_fwd", weight, s)) {
     return reference::rmsnorm_fwd(x, weight, eps, zero_centered_gamma);
   }
-  auto [y, mean, rstd, unused] =
-      norm_fwd("rmsnorm_fwd", fwd_input("rmsnorm_fwd", x, weight, nullptr), weight, nullptr, eps,
-               zero_centered_gamma, s);
+  auto [y, mean, rstd, unused] = norm_fwd("rmsnorm_fwd", fwd_input("rmsnorm_fwd", x, weight),
+                                          weight, nullptr, eps, zero_centered_gamma, s);
   return {y, rstd};
 }
 
@@ -165,8 +160,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_amax_cu
   if (!fwd_runs("layernorm_fwd_amax", weight, s)) {
     return reference::layernorm_fwd_amax(x, weight, bias, eps, zero_centered_gamma);
   }
-  return norm_fwd("layernorm_fwd_amax", fwd_input("layernorm_fwd_amax", x, weight, &bias), weight,
-                  &bias, eps, zero_centered_gamma, s, true);
+  return norm_fwd("layernorm_fwd_amax", fwd_input("layernorm_fwd_amax", x, weight), weight, &bias,
+                  eps, zero_centered_gamma, s, true);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd_amax_cuda(const at::Tensor& x,
@@ -180,8 +175,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd_amax_cuda(const at::T
     return reference::rmsnorm_fwd_amax(x, weight, eps, zero_centered_gamma);
   }
   auto [y, mean, rstd, amax] =
-      norm_fwd("rmsnorm_fwd_amax", fwd_input("rmsnorm_fwd_amax", x, weight, nullptr), weight,
-               nullptr, eps, zero_centered_gamma, s, true);
+      norm_fwd("rmsnorm_fwd_amax", fwd_input("rmsnorm_fwd_amax", x, weight), weight, nullptr, eps,
+               zero_centered_gamma, s, true);
   return {y, rstd, amax};
 }
 
@@ -200,11 +195,8 @@ bool bwd_runs(const char* op, const at::Tensor& dy, const at::Tensor& x, const a
   for (const auto* st : stats) {
     if (!stats_ok(*st, x, weight, s)) return false;
   }
-  if (!norm_fits(s.cols, kernel_dtype(op, weight), true, current_max_smem())) return false;
-  return x.scalar_type() == weight.scalar_type() ||
-         takes_x(op, x, weight, true,
-                 {dy.const_data_ptr(), x.const_data_ptr(), weight.const_data_ptr(),
-                  dextra != nullptr ? dextra->const_data_ptr() : nullptr});
+  return takes_x(op, x, weight) &&
+         norm_fits(s.cols, kernel_dtype(op, weight), true, current_max_smem());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_cuda(
@@ -215,11 +207,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_cuda(
   FUSIBLE_CHECK_SAME_DEVICE("layernorm_bwd", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto s = row_shape(x, weight);
-  const auto dyc = dy.contiguous(), xc = x.contiguous();
-  if (!bwd_runs("layernorm_bwd", dyc, xc, weight, nullptr, s, {&mean, &rstd})) {
+  if (!bwd_runs("layernorm_bwd", dy, x, weight, nullptr, s, {&mean, &rstd})) {
     return reference::layernorm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma);
   }
-  return norm_bwd("layernorm_bwd", dyc, xc, &mean, rstd, weight, zero_centered_gamma, nullptr, s);
+  return norm_bwd("layernorm_bwd", dy, x, &mean, rstd, weight, zero_centered_gamma, nullptr, s);
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cuda(const at::Tensor& dy, const at::Tensor& x,
@@ -231,12 +222,11 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cuda(const at::Tensor& dy, const 
   FUSIBLE_CHECK_SAME_DEVICE("rmsnorm_bwd", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto s = row_shape(x, weight);
-  const auto dyc = dy.contiguous(), xc = x.contiguous();
-  if (!bwd_runs("rmsnorm_bwd", dyc, xc, weight, nullptr, s, {&rstd})) {
+  if (!bwd_runs("rmsnorm_bwd", dy, x, weight, nullptr, s, {&rstd})) {
     return reference::rmsnorm_bwd(dy, x, rstd, weight, zero_centered_gamma);
   }
   auto [dx, dw, db] =
-      norm_bwd("rmsnorm_bwd", dyc, xc, nullptr, rstd, weight, zero_centered_gamma, nullptr, s);
+      norm_bwd("rmsnorm_bwd", dy, x, nullptr, rstd, weight, zero_centered_gamma, nullptr, s);
   return {dx, dw};
 }
 
@@ -251,12 +241,11 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add_cuda(const at::Tensor& dy, co
   FUSIBLE_CHECK_SAME_DEVICE("rmsnorm_bwd_add", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto s = row_shape(x, weight);
-  const auto dyc = dy.contiguous(), xc = x.contiguous(), ec = dextra.contiguous();
-  if (!bwd_runs("rmsnorm_bwd_add", dyc, xc, weight, &ec, s, {&rstd})) {
+  if (!bwd_runs("rmsnorm_bwd_add", dy, x, weight, &dextra, s, {&rstd})) {
     return reference::rmsnorm_bwd_add(dy, x, rstd, weight, zero_centered_gamma, dextra);
   }
   auto [dx, dw, db] =
-      norm_bwd("rmsnorm_bwd_add", dyc, xc, nullptr, rstd, weight, zero_centered_gamma, &ec, s);
+      norm_bwd("rmsnorm_bwd_add", dy, x, nullptr, rstd, weight, zero_centered_gamma, &dextra, s);
   return {dx, dw};
 }
 
@@ -268,11 +257,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add_cuda(
   FUSIBLE_CHECK_SAME_DEVICE("layernorm_bwd_add", "dy", dy, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto s = row_shape(x, weight);
-  const auto dyc = dy.contiguous(), xc = x.contiguous(), ec = dextra.contiguous();
-  if (!bwd_runs("layernorm_bwd_add", dyc, xc, weight, &ec, s, {&mean, &rstd})) {
+  if (!bwd_runs("layernorm_bwd_add", dy, x, weight, &dextra, s, {&mean, &rstd})) {
     return reference::layernorm_bwd_add(dy, x, mean, rstd, weight, zero_centered_gamma, dextra);
   }
-  return norm_bwd("layernorm_bwd_add", dyc, xc, &mean, rstd, weight, zero_centered_gamma, &ec, s);
+  return norm_bwd("layernorm_bwd_add", dy, x, &mean, rstd, weight, zero_centered_gamma, &dextra, s);
 }
 
 }  // namespace

@@ -9,8 +9,8 @@
 //
 // x may be wider than the compute dtype T (X = float beside a 16-bit T: a float32 residual stream
 // under autocast). The kernels then read it as it is and round each element to T on load, as a
-// cast would, and the backward (one-pass only) adds a float32 dextra and writes dx in float32,
-// rounded once: no separate cast kernels on either side.
+// cast would, and the backward adds a float32 dextra and writes dx in float32, rounded once: no
+// separate cast kernels on either side.
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -285,15 +285,15 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 // dx for one row per block (plus dextra), for rows too long for registers: xhat and g = dy * gamma
 // kept in shared memory as fp32 between the reduction and the write.
-template <typename T, int VEC, bool kLayerNorm>
+template <typename T, typename X, int VEC, bool kLayerNorm>
 __global__ void __launch_bounds__(kMaxThreads)
     norm_bwd_dx_kernel(const T* __restrict__ dy,           // [rows, cols]
-                       const T* __restrict__ x,            // [rows, cols]
+                       const X* __restrict__ x,            // [rows, cols]
                        const acc_t<T>* __restrict__ mean,  // [rows] (LayerNorm)
                        const acc_t<T>* __restrict__ rstd,  // [rows]
                        const T* __restrict__ weight,       // [cols]
-                       const T* __restrict__ dextra,       // [rows, cols] or null
-                       T* __restrict__ dx,                 // [rows, cols]
+                       const X* __restrict__ dextra,       // [rows, cols] or null
+                       X* __restrict__ dx,                 // [rows, cols]
                        int64_t cols, bool zero_centered_gamma) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const A inv = A(1) / static_cast<A>(cols);
   A sum_g = 0, sum_gx = 0;
   for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
-    const auto xv = load_vec<T, VEC>(x + r * cols + i);
+    const auto xv = load_as<T, VEC>(x + r * cols + i);
     const auto dv = load_vec<T, VEC>(dy + r * cols + i);
     const auto wv = load_vec<T, VEC>(weight + i);
 #pragma unroll
@@ -323,16 +323,16 @@ __global__ void __launch_bounds__(kMaxThreads)
   const A c1 = kLayerNorm ? cuda::block_sum(sum_g) * inv : A(0);
   const A c2 = cuda::block_sum(sum_gx) * inv;
   for (int64_t i = threadIdx.x * VEC; i < cols; i += step) {
-    Vec<T, VEC> e;
-    if (dextra != nullptr) e = load_vec<T, VEC>(dextra + r * cols + i);
-    Vec<T, VEC> out;
+    Vec<X, VEC> e;
+    if (dextra != nullptr) e = load_vec_pieces<X, VEC>(dextra + r * cols + i);
+    Vec<X, VEC> out;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       A o = norm_dx(NormGradTerms<A>{xhat[i + j], g[i + j]}, rs, c1, c2);
       if (dextra != nullptr) o += to_acc(e.v[j]);
-      out.v[j] = from_acc<T>(o);
+      out.v[j] = from_acc<X>(o);
     }
-    store_vec<T, VEC>(dx + r * cols + i, out);
+    store_vec_pieces<X, VEC>(dx + r * cols + i, out);
   }
 }
 
@@ -343,10 +343,10 @@ constexpr int kRowThreads = 8;
 // adjacent columns each) sums one chunk of rows into partial[chunk] = [dweight | dbias], or, with
 // one chunk, straight into dweight and dbias (no second pass). Fixed assignment, so the final sums
 // are deterministic.
-template <typename T, int VEC, bool kLayerNorm>
+template <typename T, typename X, int VEC, bool kLayerNorm>
 __global__ void norm_bwd_params_kernel(
     const T* __restrict__ dy,           // [rows, cols]
-    const T* __restrict__ x,            // [rows, cols]
+    const X* __restrict__ x,            // [rows, cols]
     const acc_t<T>* __restrict__ mean,  // [rows] (LayerNorm)
     const acc_t<T>* __restrict__ rstd,  // [rows]
     acc_t<T>* __restrict__ partial,     // [chunks, 2 * cols] or null
@@ -364,7 +364,7 @@ __global__ void norm_bwd_params_kernel(
     for (int64_t r = row_begin + threadIdx.y; r < row_end; r += kRowThreads) {
       const A mu = kLayerNorm ? mean[r] : A(0);
       const A rs = rstd[r];
-      const auto xv = load_vec<T, VEC>(x + r * cols + col);
+      const auto xv = load_as<T, VEC>(x + r * cols + col);
       const auto dv = load_vec<T, VEC>(dy + r * cols + col);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -456,10 +456,10 @@ int64_t one_pass_chunks(int64_t rows, int64_t cols, int num_sms) {
 }
 
 // The separate weight- and bias-gradient pass's row chunks: one wave of its blocks.
-template <typename T, bool kLayerNorm>
+template <typename T, typename X, bool kLayerNorm>
 int64_t params_pass_chunks(int64_t rows, int64_t cols, int num_sms) {
   constexpr int V = cuda::kVec16<T>;
-  const int per_sm = cuda::resident_blocks_here(norm_bwd_params_kernel<T, V, kLayerNorm>,
+  const int per_sm = cuda::resident_blocks_here(norm_bwd_params_kernel<T, X, V, kLayerNorm>,
                                                 kColThreads * kRowThreads);
   return column_sum_chunks(rows, cols, num_sms, per_sm);
 }
@@ -483,8 +483,8 @@ void dispatch_x(KernelDType dtype, KernelDType x_dtype, F&& f) {
 
 // f(T{}, X{}, vector width, one_pass) for a backward over these pointers: the element types, the
 // dx pass's vector width, and whether a block holds the row in registers (the one-pass kernel) or
-// not (dx from shared memory, then the separate parameter pass). norm_bwd_chunks,
-// launch_norm_bwd and norm_takes_x_dtype decide alike through it.
+// not (dx from shared memory, then the separate parameter pass). norm_bwd_chunks and
+// launch_norm_bwd decide alike through it.
 template <typename F>
 void dispatch_bwd(KernelDType dtype, KernelDType x_dtype, int64_t cols,
                   std::initializer_list<const void*> ptrs, F&& f) {
@@ -503,15 +503,9 @@ bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem) {
   return smem_bytes(cols, dtype, backward) + kStaticSmemMargin <= static_cast<size_t>(max_smem);
 }
 
-bool norm_takes_x_dtype(int64_t cols, KernelDType dtype, KernelDType x_dtype, bool backward,
-                        std::initializer_list<const void*> ptrs) {
-  if (x_dtype == dtype) return true;
+bool norm_takes_x_dtype(KernelDType dtype, KernelDType x_dtype) {
   const bool half = dtype == KernelDType::kBFloat16 || dtype == KernelDType::kFloat16;
-  if (x_dtype != KernelDType::kFloat32 || !half) return false;
-  if (!backward) return true;  // the forward kernel reads a wider x in either row layout
-  bool one_pass = false;       // the backward's mixed dtypes: the one-pass kernel only
-  dispatch_bwd(dtype, x_dtype, cols, ptrs, [&](auto, auto, auto, bool op) { one_pass = op; });
-  return one_pass;
+  return x_dtype == dtype || (x_dtype == KernelDType::kFloat32 && half);
 }
 
 void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* y, void* mean,
@@ -553,8 +547,8 @@ int64_t norm_bwd_chunks(const void* dy, const void* x, const void* weight, const
                    chunks = layernorm ? one_pass_chunks<T, X, V, true>(rows, cols, num_sms)
                                       : one_pass_chunks<T, X, V, false>(rows, cols, num_sms);
                  } else {
-                   chunks = layernorm ? params_pass_chunks<T, true>(rows, cols, num_sms)
-                                      : params_pass_chunks<T, false>(rows, cols, num_sms);
+                   chunks = layernorm ? params_pass_chunks<T, X, true>(rows, cols, num_sms)
+                                      : params_pass_chunks<T, X, false>(rows, cols, num_sms);
                  }
                });
   return chunks;
@@ -590,31 +584,26 @@ void launch_norm_bwd(const void* dy, const void* x, const void* mean, const void
               static_cast<T*>(dbias), rows, cols, rows_per_chunk, zero_centered_gamma);
           cuda::check_launch("norm_bwd_one_pass_kernel");
         } else if (rows > 0) {
-          if constexpr (!std::is_same_v<T, X>) {
-            throw std::invalid_argument(
-                "launch_norm_bwd: a wider x takes the one-pass kernel only (norm_takes_x_dtype)");
-          } else {
-            const auto* tx = static_cast<const T*>(x);
-            const auto kernel =
-                layernorm ? norm_bwd_dx_kernel<T, V, true> : norm_bwd_dx_kernel<T, V, false>;
-            const size_t smem = smem_bytes(cols, dtype, true);
-            allow_smem(kernel, smem);
-            kernel<<<rows, threads_for(cols, V, kBwdRegVecs), smem, stream>>>(
-                tdy, tx, tmean, trstd, static_cast<const T*>(weight), static_cast<const T*>(dextra),
-                static_cast<T*>(dx), cols, zero_centered_gamma);
-            cuda::check_launch("norm_bwd_dx_kernel");
-            cuda::dispatch_vec<T>(cols, {dy, x}, [&](auto pvec) {
-              constexpr int PV = decltype(pvec)::value;
-              const dim3 grid((cols + kColThreads * PV - 1) / (kColThreads * PV), chunks);
-              const dim3 block(kColThreads, kRowThreads);
-              const auto params = layernorm ? norm_bwd_params_kernel<T, PV, true>
-                                            : norm_bwd_params_kernel<T, PV, false>;
-              params<<<grid, block, 0, stream>>>(tdy, tx, tmean, trstd, partial,
-                                                 static_cast<T*>(dweight), static_cast<T*>(dbias),
-                                                 rows, cols, rows_per_chunk);
-            });
-            cuda::check_launch("norm_bwd_params_kernel");
-          }
+          const auto* tx = static_cast<const X*>(x);
+          const auto kernel =
+              layernorm ? norm_bwd_dx_kernel<T, X, V, true> : norm_bwd_dx_kernel<T, X, V, false>;
+          const size_t smem = smem_bytes(cols, dtype, true);
+          allow_smem(kernel, smem);
+          kernel<<<rows, threads_for(cols, V, kBwdRegVecs), smem, stream>>>(
+              tdy, tx, tmean, trstd, static_cast<const T*>(weight), static_cast<const X*>(dextra),
+              static_cast<X*>(dx), cols, zero_centered_gamma);
+          cuda::check_launch("norm_bwd_dx_kernel");
+          cuda::dispatch_vec<T>(cols, {dy, x}, [&](auto pvec) {
+            constexpr int PV = decltype(pvec)::value;
+            const dim3 grid((cols + kColThreads * PV - 1) / (kColThreads * PV), chunks);
+            const dim3 block(kColThreads, kRowThreads);
+            const auto params = layernorm ? norm_bwd_params_kernel<T, X, PV, true>
+                                          : norm_bwd_params_kernel<T, X, PV, false>;
+            params<<<grid, block, 0, stream>>>(tdy, tx, tmean, trstd, partial,
+                                               static_cast<T*>(dweight), static_cast<T*>(dbias),
+                                               rows, cols, rows_per_chunk);
+          });
+          cuda::check_launch("norm_bwd_params_kernel");
         }
         // Several chunks: their sums; no rows (no chunks): zeros.
         if (chunks != 1) {

@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 
 #include "kernels/common/launcher_types.h"
 
@@ -17,12 +16,10 @@ namespace fusible::kernels {
 /// opt-in limit); else the caller falls back.
 bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem);
 
-/// Whether the kernels take x in x_dtype beside the compute dtype for rows of cols over these
-/// pointers (the forward's x, weight, bias; the backward's dy, x, weight, dextra): the same dtype,
-/// or float32 beside bf16 / fp16 (the backward: where a block holds the row in registers). Else
-/// the caller converts x first.
-bool norm_takes_x_dtype(int64_t cols, KernelDType dtype, KernelDType x_dtype, bool backward,
-                        std::initializer_list<const void*> ptrs);
+/// Whether the kernels take x in x_dtype beside the compute dtype (x, and the backward's dextra
+/// and dx, in x_dtype): the same dtype, or float32 beside bf16 / fp16. Else the caller converts x
+/// first.
+bool norm_takes_x_dtype(KernelDType dtype, KernelDType x_dtype);
 
 /// How many row chunks launch_norm_bwd splits these rows into (its workspace holds one partial row
 /// per chunk when more than one): one wave of the one-pass kernel where a block holds a row in
