@@ -12,24 +12,27 @@ pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this mac
 D = torch.float32
 
 
-def _model(dropout=0.0):
+def _model(dropout=0.0, dtype=D):
+    """dtype: the parameters'. With bf16 ones and a float32 input, the norm reads the float32
+    stream and writes its float32 gradient itself (plus the residual's)."""
     torch.manual_seed(0)
     make, add = ops.MakeExtraOutput(), ops.AddExtraInput()
     make.set_extra_output_channel(0, "residual", output_to_caller=False)
     add.set_extra_input_channel(0, "residual")
     return ops.Sequential(
         make,
-        ops.LayerNorm(64, device="cuda", dtype=D),
-        ops.Linear(64, 256, device="cuda", dtype=D),
+        ops.LayerNorm(64, device="cuda", dtype=dtype),
+        ops.Linear(64, 256, device="cuda", dtype=dtype),
         ops.GELU(),
         ops.Dropout(dropout),
-        ops.Linear(256, 64, device="cuda", dtype=D),
+        ops.Linear(256, 64, device="cuda", dtype=dtype),
         add,
     )
 
 
-def test_no_host_synchronization():
-    model = _model(dropout=0.1)
+@pytest.mark.parametrize("dtype", [D, torch.bfloat16])
+def test_no_host_synchronization(dtype):
+    model = _model(dropout=0.1, dtype=dtype)
     x = torch.randn(32, 64, device="cuda", requires_grad=True)
     model(x).sum().backward()  # first call: plans, heuristics, materialization
     torch.cuda.synchronize()
@@ -61,8 +64,9 @@ def test_forward_graph_replays_eager():
         torch.testing.assert_close(static_y, model(static_x), rtol=0, atol=0)
 
 
-def test_make_graphed_callables_forward_backward():
-    model, ref = _model(), _model()
+@pytest.mark.parametrize("dtype", [D, torch.bfloat16])
+def test_make_graphed_callables_forward_backward(dtype):
+    model, ref = _model(dtype=dtype), _model(dtype=dtype)
     x = torch.randn(32, 64, device="cuda", requires_grad=True)
     graphed = torch.cuda.make_graphed_callables(model, (x,))
     for _ in range(2):
