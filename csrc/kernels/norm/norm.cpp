@@ -189,6 +189,11 @@ at::Tensor l2norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tenso
 
 // ---- Entry points for C++ callers (declared in norm.h).
 
+bool norm_reads_as_is(at::ScalarType x_dtype, at::ScalarType compute_dtype) {
+  const bool half = compute_dtype == at::kBFloat16 || compute_dtype == at::kHalf;
+  return x_dtype == compute_dtype || (x_dtype == at::kFloat && half);
+}
+
 std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor& dy, const at::Tensor& x,
                                                    const at::Tensor& rstd, const at::Tensor& weight,
                                                    bool zero_centered_gamma,

@@ -52,6 +52,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_add(
 
 }  // namespace fusible::kernels::reference
 
+namespace fusible::kernels {
+
+/// Whether the norm kernels read an x of x_dtype as it is beside the compute (weight's) dtype: the
+/// same dtype, or float32 beside bf16 / fp16 (rounded on load, dx written in float32). Other pairs
+/// are converted to the compute dtype first, or (backward, CUDA) run the reference.
+bool norm_reads_as_is(at::ScalarType x_dtype, at::ScalarType compute_dtype);
+
+}  // namespace fusible::kernels
+
 // ---- Entry points: torch.ops.fusible.<name> for C++ callers, through the dispatcher (the
 // same CPU / CUDA / Meta routing as from Python). Shapes and semantics: the schemas in
 // norm.cpp.

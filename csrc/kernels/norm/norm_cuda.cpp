@@ -41,21 +41,9 @@ bool stats_ok(const at::Tensor& stat, const at::Tensor& x, const at::Tensor& wei
          stat.is_contiguous() && stat.numel() == s.rows;
 }
 
-// The dtypes the kernels are built for.
-bool kernel_dtype_ok(at::ScalarType t) {
-  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
-}
-
-// Whether the kernels read this x (and, backward, dextra / write dx in its dtype) beside weight's
-// dtype, the compute dtype.
-bool takes_x(const char* op, const at::Tensor& x, const at::Tensor& weight) {
-  return kernel_dtype_ok(x.scalar_type()) &&
-         norm_takes_x_dtype(kernel_dtype(op, weight), kernel_dtype(op, x));
-}
-
 // x as the forward kernels take it: as it is, or converted to weight's dtype first.
-at::Tensor fwd_input(const char* op, const at::Tensor& x, const at::Tensor& weight) {
-  return takes_x(op, x, weight) ? x : x.to(weight.scalar_type());
+at::Tensor fwd_input(const at::Tensor& x, const at::Tensor& weight) {
+  return norm_reads_as_is(x.scalar_type(), weight.scalar_type()) ? x : x.to(weight.scalar_type());
 }
 
 // Shapes the kernels take: a non-empty row (empty rows give NaN statistics, as the reference
@@ -131,8 +119,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_cuda(const at::Tens
   if (!fwd_runs("layernorm_fwd", weight, s)) {
     return reference::layernorm_fwd(x, weight, bias, eps, zero_centered_gamma);
   }
-  auto [y, mean, rstd, unused] = norm_fwd("layernorm_fwd", fwd_input("layernorm_fwd", x, weight),
-                                          weight, &bias, eps, zero_centered_gamma, s);
+  auto [y, mean, rstd, unused] =
+      norm_fwd("layernorm_fwd", fwd_input(x, weight), weight, &bias, eps, zero_centered_gamma, s);
   return {y, mean, rstd};
 }
 
@@ -144,8 +132,8 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cuda(const at::Tensor& x, const a
   if (!fwd_runs("rmsnorm_fwd", weight, s)) {
     return reference::rmsnorm_fwd(x, weight, eps, zero_centered_gamma);
   }
-  auto [y, mean, rstd, unused] = norm_fwd("rmsnorm_fwd", fwd_input("rmsnorm_fwd", x, weight),
-                                          weight, nullptr, eps, zero_centered_gamma, s);
+  auto [y, mean, rstd, unused] =
+      norm_fwd("rmsnorm_fwd", fwd_input(x, weight), weight, nullptr, eps, zero_centered_gamma, s);
   return {y, rstd};
 }
 
@@ -160,8 +148,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_amax_cu
   if (!fwd_runs("layernorm_fwd_amax", weight, s)) {
     return reference::layernorm_fwd_amax(x, weight, bias, eps, zero_centered_gamma);
   }
-  return norm_fwd("layernorm_fwd_amax", fwd_input("layernorm_fwd_amax", x, weight), weight, &bias,
-                  eps, zero_centered_gamma, s, true);
+  return norm_fwd("layernorm_fwd_amax", fwd_input(x, weight), weight, &bias, eps,
+                  zero_centered_gamma, s, true);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd_amax_cuda(const at::Tensor& x,
@@ -174,9 +162,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd_amax_cuda(const at::T
   if (!fwd_runs("rmsnorm_fwd_amax", weight, s)) {
     return reference::rmsnorm_fwd_amax(x, weight, eps, zero_centered_gamma);
   }
-  auto [y, mean, rstd, amax] =
-      norm_fwd("rmsnorm_fwd_amax", fwd_input("rmsnorm_fwd_amax", x, weight), weight, nullptr, eps,
-               zero_centered_gamma, s, true);
+  auto [y, mean, rstd, amax] = norm_fwd("rmsnorm_fwd_amax", fwd_input(x, weight), weight, nullptr,
+                                        eps, zero_centered_gamma, s, true);
   return {y, rstd, amax};
 }
 
@@ -195,7 +182,7 @@ bool bwd_runs(const char* op, const at::Tensor& dy, const at::Tensor& x, const a
   for (const auto* st : stats) {
     if (!stats_ok(*st, x, weight, s)) return false;
   }
-  return takes_x(op, x, weight) &&
+  return norm_reads_as_is(x.scalar_type(), weight.scalar_type()) &&
          norm_fits(s.cols, kernel_dtype(op, weight), true, current_max_smem());
 }
 

@@ -465,7 +465,7 @@ int64_t params_pass_chunks(int64_t rows, int64_t cols, int num_sms) {
 }
 
 // f(T{}, X{}): the compute dtype's element type and x's, X = T or float beside a 16-bit T (any
-// other pair throws: norm_takes_x_dtype turns those down first).
+// other pair throws: norm_reads_as_is turns those down first).
 template <typename F>
 void dispatch_x(KernelDType dtype, KernelDType x_dtype, F&& f) {
   cuda::dispatch_dtype(dtype, [&](auto tag) {
@@ -501,11 +501,6 @@ void dispatch_bwd(KernelDType dtype, KernelDType x_dtype, int64_t cols,
 
 bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem) {
   return smem_bytes(cols, dtype, backward) + kStaticSmemMargin <= static_cast<size_t>(max_smem);
-}
-
-bool norm_takes_x_dtype(KernelDType dtype, KernelDType x_dtype) {
-  const bool half = dtype == KernelDType::kBFloat16 || dtype == KernelDType::kFloat16;
-  return x_dtype == dtype || (x_dtype == KernelDType::kFloat32 && half);
 }
 
 void launch_norm_fwd(const void* x, const void* weight, const void* bias, void* y, void* mean,

@@ -2,8 +2,8 @@
 // mean subtracted, bias added) and RMSNorm over rows of cols. Statistics and workspaces are in the
 // accumulation type: float, or double for kFloat64. dtype is the compute dtype (weight, bias, y,
 // dy, dweight, dbias); x_dtype that of x (and the backward's dextra and dx): dtype, or float32
-// beside a 16-bit dtype where norm_takes_x_dtype says so (x rounded to dtype on load, as a cast
-// would; dx rounded once, from the accumulation type).
+// beside a 16-bit dtype where norm_reads_as_is (norm.h) says so (x rounded to dtype on load, as a
+// cast would; dx rounded once, from the accumulation type).
 #pragma once
 
 #include <cstdint>
@@ -15,11 +15,6 @@ namespace fusible::kernels {
 /// Whether a row of cols fits the kernels' shared memory, max_smem bytes per block (the device's
 /// opt-in limit); else the caller falls back.
 bool norm_fits(int64_t cols, KernelDType dtype, bool backward, int max_smem);
-
-/// Whether the kernels take x in x_dtype beside the compute dtype (x, and the backward's dextra
-/// and dx, in x_dtype): the same dtype, or float32 beside bf16 / fp16. Else the caller converts x
-/// first.
-bool norm_takes_x_dtype(KernelDType dtype, KernelDType x_dtype);
 
 /// How many row chunks launch_norm_bwd splits these rows into (its workspace holds one partial row
 /// per chunk when more than one): one wave of the one-pass kernel where a block holds a row in

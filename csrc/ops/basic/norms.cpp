@@ -38,8 +38,7 @@ void check_trailing_dims(const char* op, const at::Tensor& x, const std::vector<
 // would and return its gradient in float32, rounded once; any other dtype converted first. The
 // backward keeps this tensor: the float32 input itself, as eager's autocast norms keep it.
 at::Tensor norm_input(const at::Tensor& x, at::ScalarType compute) {
-  const bool half = compute == at::kBFloat16 || compute == at::kHalf;
-  return x.scalar_type() == at::kFloat && half ? x : cast_to(x, compute);
+  return kernels::norm_reads_as_is(x.scalar_type(), compute) ? x : cast_to(x, compute);
 }
 
 }  // namespace
