@@ -4,7 +4,7 @@ into a CUDA graph replays to what eager computes. Skipped without CUDA."""
 
 import pytest
 import torch
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, randomized
 from fusible import ops
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this machine")
@@ -19,7 +19,7 @@ def _model(dropout=0.0, dtype=D):
     make, add = ops.MakeExtraOutput(), ops.AddExtraInput()
     make.set_extra_output_channel(0, "residual", output_to_caller=False)
     add.set_extra_input_channel(0, "residual")
-    return ops.Sequential(
+    model = ops.Sequential(
         make,
         ops.LayerNorm(64, device="cuda", dtype=dtype),
         ops.Linear(64, 256, device="cuda", dtype=dtype),
@@ -28,6 +28,7 @@ def _model(dropout=0.0, dtype=D):
         ops.Linear(256, 64, device="cuda", dtype=dtype),
         add,
     )
+    return randomized(model)  # norm and biases too (the same draws for every call: seeded)
 
 
 @pytest.mark.parametrize("dtype", [D, torch.bfloat16])

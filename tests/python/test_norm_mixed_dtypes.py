@@ -9,7 +9,7 @@ steps against a float64 reference."""
 import pytest
 import torch
 import torch.nn.functional as TF
-from conftest import DEVICES, OpLog, assert_close_to_ref, cuda_only, tols
+from conftest import DEVICES, OpLog, assert_close_to_ref, cuda_only, randomized, tols
 from fusible import ops
 
 F = torch.ops.fusible
@@ -34,6 +34,23 @@ def _close_fp32(actual, ref64):
     assert actual.dtype == torch.float32
     rtol, atol = tols(torch.float32, gemm=True)  # "cpu": no TF32 allowance, as none is used
     torch.testing.assert_close(_ref(actual), ref64, rtol=rtol, atol=atol)
+
+
+def _reference(kind, x, w, b, zero_centered_gamma, dy):
+    """The norm's formula in float64 with autograd, independent of fusible's ops: y, the statistics
+    (mean and rstd, or rstd) and the gradients of x, weight (and bias) for the output gradient dy.
+    """
+    x, w, b = (t.detach().double().cpu().requires_grad_() for t in (x, w, b))
+    g = w + 1 if zero_centered_gamma else w
+    if kind == "layernorm":
+        mu = x.mean(-1, keepdim=True)
+        rstd = torch.rsqrt((x - mu).pow(2).mean(-1, keepdim=True) + 1e-5)
+        y, stats, params = (x - mu) * rstd * g + b, (mu, rstd), (w, b)
+    else:
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+        y, stats, params = x * rstd * g, (rstd,), (w,)
+    grads = torch.autograd.grad(y, (x, *params), _ref(dy))
+    return y.detach(), [st.detach().squeeze(-1) for st in stats], grads
 
 
 def _norm(kind, x, w, b, zero_centered_gamma):
@@ -69,17 +86,14 @@ def test_kernels_read_float32_x_beside_16bit_weights(kind, dtype, shape, device,
     y, stats = out[0], out[1:]
     assert y.dtype == dtype and all(s.dtype == torch.float32 for s in stats)
     # The forward: x rounded to the compute dtype first, as norming x.to(dtype) does.
-    rx = _ref(x.to(dtype))
-    ref = _norm(kind, rx, _ref(w), _ref(b), zcg)
-    for a, r in zip(out, ref):
+    ry, rstats, rgrads = _reference(kind, x.to(dtype), w, b, zcg, dy)
+    for a, r in zip(out, (ry, *rstats)):
         assert_close_to_ref(a, r, a.dtype if a.dtype != torch.float32 else dtype)
     if device == "cpu":
         same = _norm(kind, x.to(dtype), w, b, zcg)
         assert all(torch.equal(a, s) for a, s in zip(out, same))
     # The backward: dx in float32, rounded once; the parameter gradients in weight's dtype.
-    rstats = ref[1:]
     grads = _norm_bwd(kind, dy, x, stats, w, zcg)
-    rgrads = _norm_bwd(kind, _ref(dy), rx, rstats, _ref(w), zcg)
     _close_fp32(grads[0], rgrads[0])
     rtol, atol = tols(dtype, gemm=True)  # sums over the rows
     for a, r in zip(grads[1:], rgrads[1:]):
@@ -98,13 +112,12 @@ def test_other_dtype_mixes_convert(device):
     for x_dtype, w_dtype in [(torch.bfloat16, torch.float32), (torch.float64, torch.float32)]:
         x = _rand((6, 40), x_dtype, device)
         w, b = _rand(40, w_dtype, device, 0.5), _rand(40, w_dtype, device)
+        dy = _rand((6, 40), w_dtype, device)
         y, mean, rstd = F.layernorm_fwd(x, w, b, 1e-5, False)
-        ry, rmean, rrstd = F.layernorm_fwd(_ref(x.to(w_dtype)), _ref(w), _ref(b), 1e-5, False)
+        ry, _, (rdx, _, _) = _reference("layernorm", x.to(w_dtype), w, b, False, dy)
         assert y.dtype == w_dtype
         assert_close_to_ref(y, ry, w_dtype)
-        dy = _rand((6, 40), w_dtype, device)
         dx, dw, db = F.layernorm_bwd(dy, x, mean, rstd, w, False)
-        rdx = F.layernorm_bwd(_ref(dy), _ref(x.to(w_dtype)), rmean, rrstd, _ref(w), False)[0]
         assert dx.dtype == x_dtype and dw.dtype == db.dtype == w_dtype
         assert_close_to_ref(dx, rdx, x_dtype if x_dtype != torch.float64 else w_dtype)
 
@@ -212,7 +225,7 @@ def test_float32_residual_under_autocast_trains_like_the_reference(kind, dtype, 
 def test_cuda_residual_backward_is_one_kernel(kind):
     """On CUDA the fused backward's norm kernel adds the float32 residual gradient itself: no copy
     or add kernel after it."""
-    norm = _layer(kind, 1024, torch.bfloat16, "cuda")
+    norm = randomized(_layer(kind, 1024, torch.bfloat16, "cuda"))
     seq = ops.Sequential(ops.MakeExtraOutput(), norm)
     x = torch.randn(64, 1024, device="cuda", requires_grad=True)
     y, residual = seq(x)
