@@ -195,7 +195,7 @@ def test_float32_residual_under_autocast_trains_like_the_reference(kind, dtype, 
     with torch.no_grad():
         for p in norm.parameters():
             p.uniform_(-1.0, 1.0)
-    ref = [p.detach().double().clone().requires_grad_() for p in norm.parameters()]
+    ref = [_ref(p).clone().requires_grad_() for p in norm.parameters()]  # (on the CPU)
     seq = ops.Sequential(ops.MakeExtraOutput(), norm)
     opt = torch.optim.SGD(seq.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(ref, lr=0.1)
