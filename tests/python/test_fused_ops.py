@@ -5,7 +5,7 @@ AddExtraInput / MakeExtraOutput (te.ops' test_add_extra_input ground)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICES, OpLog, assert_close_to_ref, cuda_only
+from conftest import DEVICES, OpLog, assert_close_to_ref, cuda_only, randomized
 from fusible import ops
 
 D = torch.float64
@@ -365,6 +365,53 @@ class TestInPlaceSemantics:
         if not in_place:
             assert extra.grad.dtype == extra_dtype
             torch.testing.assert_close(extra.grad, dy.to(extra_dtype), rtol=0, atol=0)
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("where", ["view", "channel", "extra_is_x"])
+    @pytest.mark.parametrize(
+        "x_dtype,extra_dtype",
+        [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16), (D, D)],
+    )
+    def test_in_place_add_done_out_of_place_matches_the_write(
+        self, x_dtype, extra_dtype, where, device
+    ):
+        """Where in_place=True cannot write (a view while autograd records, a channel's value, the
+        input itself) it adds out of place with the write's dtype and bits: torch's extra += x,
+        rounded once to extra's dtype (was: the promoted dtype, float32 for bf16 + fp16)."""
+        torch.manual_seed(0)
+        x = torch.randn(4, 8, dtype=x_dtype, device=device) * 3
+        extra = torch.randn(4, 8, dtype=extra_dtype, device=device) * 3
+        if where == "extra_is_x":
+            extra = x = x.to(extra_dtype)
+        want = extra.clone()
+        want += x  # the write in_place=True does where it can
+        xg = x.clone().requires_grad_()
+        if where == "view":
+            base = torch.zeros(4, 16, dtype=extra_dtype, device=device)
+            base[:, :8] = extra
+            y = ops.AddExtraInput(in_place=True)(xg, base[:, :8])
+            assert torch.equal(base[:, :8], extra)  # not written: a view while autograd records
+        elif where == "channel":
+            if x_dtype == extra_dtype:
+                pytest.skip("one dtype: the GEMM adds the residual in its epilogue (other bits)")
+            # The residual stream is extra (its dtype), the block a Linear in x's dtype.
+            linear = randomized(ops.Linear(8, 8, dtype=x_dtype, device=device))
+            make = ops.MakeExtraOutput().set_extra_output_channel(0, "r", output_to_caller=False)
+            add = ops.AddExtraInput(in_place=True).set_extra_input_channel(0, "r")
+            seq = ops.Sequential(make, linear, add)
+            xg = extra.clone().requires_grad_()
+            with torch.no_grad():
+                want = extra.clone()
+                want += linear(extra)
+            y = seq(xg)
+        else:
+            y = ops.AddExtraInput(in_place=True)(xg, xg)
+            want = x.clone()
+            want += x
+        assert y.dtype == want.dtype and torch.equal(y, want), (y.dtype, want.dtype)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        assert xg.grad.dtype == xg.dtype
 
     @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize(

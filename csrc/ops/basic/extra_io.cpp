@@ -40,14 +40,16 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ct
   const bool same_shape = extra.sizes().equals(input.sizes());
   const bool in_place = writes_in_place(ctx, input, extra);
   // Out of place, te.ops adds as torch does: y in the promoted dtype (a bf16 block's output added
-  // to an fp32 residual stays fp32). In place, y is extra's storage and dtype.
-  const auto dtype = in_place ? extra.scalar_type() : at::result_type(input, extra);
+  // to an fp32 residual stays fp32). With in_place, y is extra's dtype (te.ops' extra += x), also
+  // where the op adds out of place instead (see writes_in_place): the same sum, in a new tensor.
+  const auto dtype = in_place_ ? extra.scalar_type() : at::result_type(input, extra);
   if (!same_shape || extra.scalar_type() != dtype) {
     // The backward sums each gradient back to its tensor's shape and returns extra's in its dtype.
     ctx.input_shape = input.sizes().vec();
     ctx.state = c10::IValue(
         std::make_tuple(extra.sizes().vec(), static_cast<int64_t>(extra.scalar_type())));
   }
+  auto x = input;
   if (!same_shape) {
     // te.ops adds with broadcasting: y has the broadcast shape.
     const auto shape = broadcast_shape(input, extra);
@@ -58,22 +60,22 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ct
                 "(shape ",
                 c10::IntArrayRef(shape), "), got shape ", extra.sizes(),
                 "; in_place=False adds out of place with broadcasting");
-    if (in_place && extra.sizes().equals(shape)) {
-      kernels::add_(extra, input.expand(shape).contiguous());
-      return extra;
+    if (!in_place_) {
+      return kernels::add_fwd(cast_to(input, dtype).expand(shape).contiguous(),
+                              cast_to(extra, dtype).expand(shape).contiguous());
     }
-    return kernels::add_fwd(cast_to(input, dtype).expand(shape).contiguous(),
-                            cast_to(extra, dtype).expand(shape).contiguous());
+    x = input.expand(shape).contiguous();
   }
-  if (!in_place) {
-    // The operand already in the sum's dtype goes first: add_fwd adds the other in one pass,
-    // without a cast kernel and its copy (a bf16 block output onto an fp32 residual stream).
-    if (input.scalar_type() == dtype) return kernels::add_fwd(input, extra);
-    if (extra.scalar_type() == dtype) return kernels::add_fwd(extra, input);
-    return kernels::add_fwd(cast_to(input, dtype), cast_to(extra, dtype));
+  if (in_place_) {
+    if (!in_place) return kernels::add_fwd(extra, x);  // rounded once to extra's dtype, as +=
+    kernels::add_(extra, x);
+    return extra;
   }
-  kernels::add_(extra, input);
-  return extra;
+  // The operand already in the sum's dtype goes first: add_fwd adds the other in one pass,
+  // without a cast kernel and its copy (a bf16 block output onto an fp32 residual stream).
+  if (input.scalar_type() == dtype) return kernels::add_fwd(input, extra);
+  if (extra.scalar_type() == dtype) return kernels::add_fwd(extra, input);
+  return kernels::add_fwd(cast_to(input, dtype), cast_to(extra, dtype));
 }
 
 bool AddExtraInput::writes_in_place(const OperationContext& ctx, const at::Tensor& x,

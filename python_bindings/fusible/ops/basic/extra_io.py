@@ -19,10 +19,10 @@ AddExtraInput = _in_place_face(
     "AddExtraInput",
     "y = x + extra (extra input 0).",
     "add into the extra tensor's storage and return it (RuntimeError where the extra tensor "
-    "would have to broadcast to hold the sum); the add runs out of place (same values, a new "
-    "tensor) for an extra tensor that is a channel's value, shares storage with x, another "
-    "extra tensor or a parameter of the fuser call, or is a view in a call that records "
-    "autograd history.",
+    "would have to broadcast to hold the sum); the add runs out of place (same values and "
+    "dtype, a new tensor) for an extra tensor that is a channel's value, shares storage with "
+    "x, another extra tensor or a parameter of the fuser call, or is a view in a call that "
+    "records autograd history.",
 )
 MakeExtraOutput = _in_place_face(
     "MakeExtraOutput",
