@@ -14,12 +14,15 @@ All compute the same function from the same weights (checked: relative error aga
 Timing as bench_mlp.py (CUDA events, warm-up, median; .grad cleared outside the timed span).
 Writes bench_moe.json and merges its rows into latest.json in $BENCH_OUT (default build/bench).
 
-usage: python bench/bench_moe.py [--reps N] [--profile]
+usage: python bench/bench_moe.py [--reps N] [--profile] [--host]
+  --host also prints, per implementation, the host time to issue one forward+backward (no sync
+  inside) beside its wall time: where they are close, the host sets the step's pace.
 """
 
 import argparse
 import json
 import os
+import statistics
 import time
 
 import fusible
@@ -98,6 +101,23 @@ def make_models(sizes, dev):
     return models, params
 
 
+def host_issue_ms(step, setup, reps):
+    """Median host time to issue step() (after setup(), synchronized before, not inside) and the
+    median wall time until the GPU finishes it, in ms."""
+    issue, wall = [], []
+    for _ in range(reps):
+        setup()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        issue.append((t1 - t0) * 1e3)
+        wall.append((t2 - t0) * 1e3)
+    return statistics.median(issue), statistics.median(wall)
+
+
 def rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -106,6 +126,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--profile", action="store_true", help="print fusible's kernels by GPU time")
+    p.add_argument("--host", action="store_true", help="print host issue time against wall time")
     args = p.parse_args()
     out_dir = os.environ.get("BENCH_OUT", "build/bench")
     os.makedirs(out_dir, exist_ok=True)
@@ -140,6 +161,12 @@ def main():
             "fwd_bwd_ms": fb,
             "fwd_bwd_mib": peak_mib(step, params[label] + [xg, pg]),
         }
+        if args.host:
+            issue, wall = host_issue_ms(step, zero_grads, args.reps)
+            rows[label]["host_issue_ms"], rows[label]["host_wall_ms"] = issue, wall
+            print(
+                f"== {label}: host issues a forward+backward in {issue:.3f} ms, wall {wall:.3f} ms"
+            )
         if args.profile and label in ("fusible", "grouped_mm", "fusible_fp8"):
 
             def fresh_step(zero_grads=zero_grads, step=step):

@@ -2,8 +2,10 @@
 # On a GPU machine (its own torch, no network): builds against that torch with 16 jobs, runs every
 # test (CUDA ones included) and the benchmarks, writes full logs to $OUT, and prints a summary last.
 #   OUT=/some/dir bash scripts/gpu_check.sh
-# STAGES picks a subset (default all), for device calls with a time limit:
+# STAGES picks a subset (default all but rows), for device calls with a time limit:
 #   STAGES=build,test ...   then   STAGES=sanitize,bench ...
+# STAGES=rows runs the FP8 / model rows (large MLP profiled, MoE with host times, the small
+# MLP's host time, gpt_medium beside eager and compile) in one run.
 set -uo pipefail
 STAGES=${STAGES:-build,test,sanitize,bench}
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -51,6 +53,17 @@ if stage bench; then
   BENCH_OUT="$OUT" "$PY" bench/bench_init.py >>"$OUT/bench.log" 2>&1
   "$PY" bench/bench_host_overhead.py --device cuda --stat min >>"$OUT/bench.log" 2>&1
 fi
+if stage rows; then
+  # gpt_medium's default batch (24) does not fit an 80 GB card.
+  batch=""
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  [ "${mib:-0}" -lt 100000 ] && batch="--batch 12"
+  BENCH_OUT="$OUT" "$PY" bench/bench_mlp.py --parts large --profile --reps 20 >"$OUT/rows_mlp.log" 2>&1
+  BENCH_OUT="$OUT" "$PY" bench/bench_moe.py --reps 20 --host >"$OUT/rows_moe.log" 2>&1
+  BENCH_OUT="$OUT" "$PY" bench/bench_fp8_small_host.py --rounds 5 >"$OUT/rows_small.log" 2>&1
+  BENCH_OUT="$OUT" "$PY" bench/bench_model.py --sizes gpt_medium $batch --reps 6 --warmup 2 \
+    --variants eager,compile,fusible,fp8_current,fp8_delayed >"$OUT/rows_gpt.log" 2>&1
+fi
 
 echo "== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
 echo "build: rc=$build_rc in ${build_s}s (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST)"
@@ -68,3 +81,6 @@ if stage test; then
 fi
 stage sanitize && { echo "compute-sanitizer:"; cat "$OUT/sanitize.log"; }
 stage bench && { echo "bench:"; grep -v "^-\|^ " "$OUT/bench.log" | tail -40; }
+if stage rows; then
+  for f in mlp moe small gpt; do echo "rows ($f):"; grep -v "^-\|^ " "$OUT/rows_$f.log" | tail -14; done
+fi
