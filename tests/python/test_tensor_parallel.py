@@ -379,6 +379,19 @@ def _errors_case(rank, world_size):
     op = ops.BasicLinear(4, 4, tensor_parallel_mode="row", sequence_parallel=True, device="cpu")
     with pytest.raises(RuntimeError, match="divisible by the process group's size"):
         op(torch.randn(3, 2))
+    # Sequence parallel splits the tokens (dim 0): a 1-D input has none. Gathering or scattering
+    # its features gave a wrong result silently; the check runs before any collective (no rank
+    # waits for another). A wrong width names the shape given, not the gathered one.
+    for mode, features in (("column", 4), ("row", 2)):
+        for make in (ops.BasicLinear, ops.Linear):
+            sp = make(4, 4, tensor_parallel_mode=mode, sequence_parallel=True, device="cpu")
+            with pytest.raises(RuntimeError, match="expected an input of at least 2 dims"):
+                sp(torch.randn(features))
+    column = ops.BasicLinear(
+        4, 4, tensor_parallel_mode="column", sequence_parallel=True, device="cpu"
+    )
+    with pytest.raises(RuntimeError, match=r"got 3 \(input shape \[1, 3\]\)"):
+        column(torch.randn(1, 3))
     # new_group([0]) gives rank 1 a placeholder, not a group: named, not an AttributeError.
     only_rank0 = dist.new_group([0])
     if rank == 1:

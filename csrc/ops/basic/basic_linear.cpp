@@ -65,15 +65,19 @@ void BasicLinear::reset_parameters() {
   init_linear_weight_(weight());
 }
 
+void BasicLinear::check_input_features(const at::Tensor& x) const {
+  FUSIBLE_CHECK_MIN_DIM("BasicLinear", "input", x, 1);
+  TORCH_CHECK(x.size(-1) == in_features_, "BasicLinear: expected input.size(-1) == in_features (",
+              in_features_, "), got ", x.size(-1), " (input shape ", shape_str(x), ")");
+}
+
 std::pair<GemmOperand, GemmOperand> BasicLinear::prepare_forward(OperationContext& ctx,
                                                                  const at::Tensor& x,
                                                                  const ForwardArgs& args) {
   const auto& weight = ctx.param(0, "BasicLinear");
   check_param_shape("BasicLinear", "weight", weight, {out_features_, in_features_});
   check_input_against_param("BasicLinear", x, weight);
-  FUSIBLE_CHECK_MIN_DIM("BasicLinear", "input", x, 1);
-  TORCH_CHECK(x.size(-1) == in_features_, "BasicLinear: expected input.size(-1) == in_features (",
-              in_features_, "), got ", x.size(-1), " (input shape ", shape_str(x), ")");
+  check_input_features(x);
   ctx.compute_dtype = compute_dtype(args, weight.scalar_type());
   // Under an FP8 autocast the GEMMs see x and w cast to FP8 (and the backward, dy): fixed here, so
   // every fused forward and backward that goes through this op's forward and backward_gemms does.
@@ -206,6 +210,15 @@ at::Tensor BasicLinear::tensor_parallel_forward(OperationContext& ctx, const at:
                                                 const ForwardArgs& args) {
   constexpr const char* op = "BasicLinear";
   const bool sp = tp_.sequence_parallel;
+  if (sp) {
+    // The ranks hold blocks of the tokens (dim 0): a 1-D input has no token dim, and gathering or
+    // scattering its features would give a wrong result silently.
+    TORCH_CHECK(x.dim() >= 2, op,
+                ": sequence_parallel splits the input's tokens (dim 0) over the ranks: expected "
+                "an input of at least 2 dims ([tokens, ..., features]), got shape ",
+                shape_str(x));
+    check_input_features(x);
+  }
   // Column + sequence parallel: the rows of x are sharded; the GEMM (and the wgrad) take them all.
   const auto input = tp_.mode == "column" && sp ? wait(all_gather_start(op, x, tp_.group)) : x;
   const auto [xo, wo] = prepare_forward(ctx, input, args);

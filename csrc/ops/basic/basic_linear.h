@@ -126,6 +126,8 @@ class BasicLinear : public BasicOperation {
   // gets for the weight.
   static at::Tensor wgrad_into_main_grad(const MainGradCall& call, const GemmOperand& dy,
                                          const GemmOperand& x, double alpha);
+  // x's last dim is in_features (checked on the input as given, before any all-gather).
+  void check_input_features(const at::Tensor& x) const;
   // The wgrad's x and the dgrad's w as prepare_forward saved them.
   static GemmOperand saved_input(const OperationContext& ctx);
   static GemmOperand saved_weight(const OperationContext& ctx);
