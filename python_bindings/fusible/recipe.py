@@ -6,6 +6,7 @@ kept in checkpoints) and `Float8BlockScaling` (a scale per 1x128 or 128x128 bloc
 """
 
 import enum
+import math
 from dataclasses import dataclass
 
 
@@ -128,6 +129,10 @@ class DelayedScaling(Recipe):
             raise ValueError(
                 f"DelayedScaling: expected amax_history_len >= 1, got {self.amax_history_len}"
             )
+        m = self.margin
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m):
+            # (a NaN margin was refused only by the first cast, inside a forward)
+            raise ValueError(f"DelayedScaling: expected a finite number as margin, got {m!r}")
 
 
 @dataclass

@@ -55,6 +55,9 @@ class TestRecipes:
             recipe.DelayedScaling(amax_compute_algo="mean")
         with pytest.raises(ValueError, match="amax_history_len"):
             recipe.DelayedScaling(amax_history_len=0)
+        for margin in (float("nan"), float("inf"), "1", None):
+            with pytest.raises(ValueError, match="expected a finite number as margin"):
+                recipe.DelayedScaling(margin=margin)
         with pytest.raises(TypeError, match="recipe.Format"):
             recipe.Float8CurrentScaling(fp8_format="e4m3")
         with pytest.raises(TypeError, match="fusible.recipe"):
