@@ -129,10 +129,15 @@ class DelayedScaling(Recipe):
             raise ValueError(
                 f"DelayedScaling: expected amax_history_len >= 1, got {self.amax_history_len}"
             )
-        m = self.margin
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m):
-            # (a NaN margin was refused only by the first cast, inside a forward)
-            raise ValueError(f"DelayedScaling: expected a finite number as margin, got {m!r}")
+        # (a NaN margin was refused only by the first cast, inside a forward)
+        try:
+            finite = math.isfinite(float(self.margin))
+        except (TypeError, ValueError):
+            finite = False
+        if not finite:
+            raise ValueError(
+                f"DelayedScaling: expected a finite number as margin, got {self.margin!r}"
+            )
 
 
 @dataclass

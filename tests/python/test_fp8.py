@@ -55,7 +55,9 @@ class TestRecipes:
             recipe.DelayedScaling(amax_compute_algo="mean")
         with pytest.raises(ValueError, match="amax_history_len"):
             recipe.DelayedScaling(amax_history_len=0)
-        for margin in (float("nan"), float("inf"), "1", None):
+        for margin in (torch.tensor(2), torch.tensor(0.5), 1.0, 2):  # anything float() takes
+            assert recipe.DelayedScaling(margin=margin).margin == margin
+        for margin in (float("nan"), float("inf"), "one", None):
             with pytest.raises(ValueError, match="expected a finite number as margin"):
                 recipe.DelayedScaling(margin=margin)
         with pytest.raises(TypeError, match="recipe.Format"):

@@ -367,7 +367,7 @@ class TestInPlaceSemantics:
             torch.testing.assert_close(extra.grad, dy.to(extra_dtype), rtol=0, atol=0)
 
     @pytest.mark.parametrize("device", DEVICES)
-    @pytest.mark.parametrize("where", ["view", "channel", "extra_is_x"])
+    @pytest.mark.parametrize("where", ["view", "channel", "extra_is_input"])
     @pytest.mark.parametrize(
         "x_dtype,extra_dtype",
         [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16), (D, D)],
@@ -381,8 +381,6 @@ class TestInPlaceSemantics:
         torch.manual_seed(0)
         x = torch.randn(4, 8, dtype=x_dtype, device=device) * 3
         extra = torch.randn(4, 8, dtype=extra_dtype, device=device) * 3
-        if where == "extra_is_x":
-            extra = x = x.to(extra_dtype)
         want = extra.clone()
         want += x  # the write in_place=True does where it can
         xg = x.clone().requires_grad_()
@@ -391,27 +389,31 @@ class TestInPlaceSemantics:
             base[:, :8] = extra
             y = ops.AddExtraInput(in_place=True)(xg, base[:, :8])
             assert torch.equal(base[:, :8], extra)  # not written: a view while autograd records
-        elif where == "channel":
+        else:
             if x_dtype == extra_dtype:
                 pytest.skip("one dtype: the GEMM adds the residual in its epilogue (other bits)")
-            # The residual stream is extra (its dtype), the block a Linear in x's dtype.
+            # The residual stream is extra (its dtype), the block a Linear in x's dtype; the
+            # residual comes through a channel, or as the call's extra input that is its input.
             linear = randomized(ops.Linear(8, 8, dtype=x_dtype, device=device))
-            make = ops.MakeExtraOutput().set_extra_output_channel(0, "r", output_to_caller=False)
-            add = ops.AddExtraInput(in_place=True).set_extra_input_channel(0, "r")
-            seq = ops.Sequential(make, linear, add)
+            add = ops.AddExtraInput(in_place=True)
+            if where == "channel":
+                make = ops.MakeExtraOutput().set_extra_output_channel(
+                    0, "r", output_to_caller=False
+                )
+                seq = ops.Sequential(make, linear, add.set_extra_input_channel(0, "r"))
+            else:
+                seq = ops.Sequential(linear, add)
             xg = extra.clone().requires_grad_()
             with torch.no_grad():
                 want = extra.clone()
                 want += linear(extra)
-            y = seq(xg)
-        else:
-            y = ops.AddExtraInput(in_place=True)(xg, xg)
-            want = x.clone()
-            want += x
+            y = seq(xg) if where == "channel" else seq(xg, xg)
         assert y.dtype == want.dtype and torch.equal(y, want), (y.dtype, want.dtype)
         dy = torch.randn_like(y)
         y.backward(dy)
         assert xg.grad.dtype == xg.dtype
+        if where == "view":  # d(x + extra)/dx: dy, in x's dtype
+            torch.testing.assert_close(xg.grad, dy.to(x_dtype), rtol=0, atol=0)
 
     @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize(

@@ -214,7 +214,7 @@ at::Tensor BasicLinear::tensor_parallel_forward(OperationContext& ctx, const at:
     // The ranks hold blocks of the tokens (dim 0): a 1-D input has no token dim, and gathering or
     // scattering its features would give a wrong result silently.
     TORCH_CHECK(x.dim() >= 2, op,
-                ": sequence_parallel splits the input's tokens (dim 0) over the ranks: expected "
+                ": sequence_parallel shards the tokens (dim 0) over the ranks: expected "
                 "an input of at least 2 dims ([tokens, ..., features]), got shape ",
                 shape_str(x));
     check_input_features(x);
