@@ -1,5 +1,7 @@
 // pybind11 bindings for the FP8 autocast state (fusible.autocast is Python; the state is C++'s,
 // per thread) and the Quantize op.
+#include <cmath>
+
 #include <fusible/fusible.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -128,6 +130,12 @@ void bind_quantization(py::module_& m) {
         TORCH_CHECK_VALUE(pair.first.dim() == 1 && pair.second.numel() == 1, op.type_name(),
                           ": bad FP8 state in a checkpoint (expected an amax history and a ",
                           "one-element scale)");
+        // The scale divides every cast: a NaN, infinite, zero or negative one gives garbage
+        // silently (the update never writes one: it keeps the old scale for such an amax).
+        const float scale = pair.second.detach().to(at::kFloat).reshape({}).item<float>();
+        TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0.f, op.type_name(),
+                          ": bad FP8 state in a checkpoint (", name,
+                          " scale must be a finite positive number, got ", scale, ")");
         states->push_back({pair.first.detach().to(at::kFloat).clone(),
                            pair.second.detach().to(at::kFloat).reshape({1}).clone()});
       }

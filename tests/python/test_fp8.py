@@ -859,6 +859,23 @@ def test_checkpoint_fp8_state_must_match_the_op():
         lin.reset_recipe_state(recipe=recipe.DelayedScaling(amax_history_len=0))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -2.0])
+def test_checkpoint_fp8_scale_must_be_finite_and_positive(bad):
+    """A scale the update never writes (it keeps the old one for a zero or non-finite amax) is
+    refused at load, naming the op; the op's state is left as it was."""
+    lin = ops.BasicLinear(4, 4, device="cpu")
+    lin.reset_recipe_state(recipe=recipe.DelayedScaling(amax_history_len=3))
+    lin.get_input_quantizer().scale.fill_(3.0)
+    sd = copy.deepcopy(lin.state_dict())
+    sd["_extra_state"]["ops"][0]["backward"][0][1].fill_(bad)
+    sd["_extra_state"]["ops"][0]["forward"][0][1].fill_(5.0)
+    with pytest.raises(
+        ValueError, match="BasicLinear: bad FP8 state.*backward scale must be a finite"
+    ):
+        lin.load_state_dict(sd)
+    assert lin.get_input_quantizer().scale.item() == 3.0
+
+
 def _scale(x, fmt, margin=0.0):
     """float64 current-scaling scale of x (1 where amax is 0)."""
     fmax = FP8[fmt][1]

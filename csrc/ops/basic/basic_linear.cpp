@@ -217,7 +217,8 @@ at::Tensor BasicLinear::tensor_parallel_forward(OperationContext& ctx, const at:
                 ": sequence_parallel shards the tokens (dim 0) over the ranks: expected "
                 "an input of at least 2 dims ([tokens, ..., features]), got shape ",
                 shape_str(x));
-    check_input_features(x);
+    // Column mode gathers before prepare_forward's check would run: check the width given here.
+    if (tp_.mode == "column") check_input_features(x);
   }
   // Column + sequence parallel: the rows of x are sharded; the GEMM (and the wgrad) take them all.
   const auto input = tp_.mode == "column" && sp ? wait(all_gather_start(op, x, tp_.group)) : x;
