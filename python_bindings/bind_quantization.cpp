@@ -1,10 +1,10 @@
 // pybind11 bindings for the FP8 autocast state (fusible.autocast is Python; the state is C++'s,
 // per thread) and the Quantize op.
-#include <cmath>
-
 #include <fusible/fusible.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
+
+#include <cmath>
 
 #include "bindings.h"
 #include "kernels/fp8/fp8.h"
