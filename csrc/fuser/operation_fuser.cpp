@@ -16,6 +16,7 @@
 
 #include "common/checks.h"
 #include "fuser/fuser_call.h"
+#include "ops/fp8_state_rollback.h"
 #include "ops/quantization.h"
 
 namespace fusible::fuser {
@@ -517,6 +518,8 @@ std::vector<at::Tensor> OperationFuser::forward(
     const std::vector<std::pair<std::string, at::Tensor>>& named_inputs,
     std::optional<at::TensorList> caller_params) {
   reroute_if_changed();
+  // A call that raises part way puts back the delayed-scaling updates of the casts that ran.
+  ops::Fp8StateRollback rollback(basic_ops_);
   TORCH_CHECK_VALUE(input.defined(), "OperationFuser: expected an input tensor, got None");
   TORCH_CHECK_TYPE(input.is_floating_point(),
                    basic_ops_.empty() ? std::string("OperationFuser") : basic_ops_[0]->type_name(),
@@ -562,10 +565,13 @@ std::vector<at::Tensor> OperationFuser::forward(
     const at::AutoDispatchBelowAutograd below_autograd;
     auto outputs = run_forward(*call, input, extra_inputs, external);
     bump_written_inputs(outputs, extra_inputs, external);
+    rollback.commit();
     return outputs;
   }
-  return FuserAutograd::apply(input, params, at::TensorList(extra_inputs), at::TensorList(external),
-                              call);
+  auto outputs = FuserAutograd::apply(input, params, at::TensorList(extra_inputs),
+                                      at::TensorList(external), call);
+  rollback.commit();
+  return outputs;
 }
 
 }  // namespace fusible::fuser

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "ops/fp8_state_rollback.h"
+
 namespace fusible::fuser {
 
 Sequential::Sequential(std::vector<std::shared_ptr<ops::FusibleOperation>> ops) : Sequential() {
@@ -198,6 +200,15 @@ Sequential::Outputs Sequential::run(const at::Tensor& input,
   }
   TORCH_CHECK_VALUE(!params || static_cast<int64_t>(params->size()) == num_params,
                     "Sequential: expected ", num_params, " parameters, got ", params->size());
+  // A group (or a plain step) that raises puts back the delayed-scaling updates of every cast
+  // the call made, in earlier groups too.
+  std::vector<std::shared_ptr<ops::BasicOperation>> basic_ops;
+  for (const auto& g : groups) {
+    if (!g.fuser || !ops::Fp8StateRollback::needed()) continue;
+    const auto& more = g.fuser->basic_ops();
+    basic_ops.insert(basic_ops.end(), more.begin(), more.end());
+  }
+  ops::Fp8StateRollback rollback(basic_ops);
   at::Tensor x = input;
   Outputs result;
   result.outputs.emplace_back();
@@ -247,6 +258,7 @@ Sequential::Outputs Sequential::run(const at::Tensor& input,
     }
   }
   result.outputs[0] = x;
+  rollback.commit();
   return result;
 }
 

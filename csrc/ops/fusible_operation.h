@@ -208,6 +208,11 @@ class BasicOperation : public FusibleOperation {
   /// The delayed-scaling state (null before the first forward under DelayedScaling).
   const std::shared_ptr<Fp8OpState>& fp8_state() const { return fp8_state_; }
   void set_fp8_state(std::shared_ptr<Fp8OpState> state) { fp8_state_ = std::move(state); }
+  /// Both as they were before a call that raised (Fp8StateRollback).
+  void restore_fp8(std::shared_ptr<Fp8OpState> state, std::shared_ptr<const Fp8Recipe> recipe) {
+    fp8_state_ = std::move(state);
+    fp8_recipe_ = std::move(recipe);
+  }
 
   /// Whether a live persistent fuser holds this op's routing.
   bool channels_locked() const { return channel_locks_ > 0; }

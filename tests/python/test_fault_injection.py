@@ -8,10 +8,12 @@ import faulthandler
 import gc
 import threading
 
+import fusible
+import fusible.recipe
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import cuda_only, tols
+from conftest import cuda_only, randomized, tols
 from fusible import _C, ops
 from fusible.ops import fusion_registry
 
@@ -655,3 +657,77 @@ class TestCudaOutOfMemory:
         assert _state(op_list) == before
         self._assert_same_results(self._run(model, x, dy), expected)
         self._assert_trains_like(model, twin, x, dy)
+
+
+def _fp8_states(op_list):
+    return [_C._fp8_state(b._cpp) for b in _basic_ops(op_list)]
+
+
+def _assert_same_fp8_states(a, b):
+    assert len(a) == len(b)
+    for sa, sb in zip(a, b, strict=True):
+        assert (sa is None) == (sb is None)
+        if sa is not None:
+            for d in ("forward", "backward"):
+                for (ha, ca), (hb, cb) in zip(sa[d], sb[d], strict=True):
+                    assert torch.equal(ha, hb) and torch.equal(ca, cb)
+
+
+class TestDelayedScalingState:
+    """Under DelayedScaling each cast rolls its op's amax history and sets its next scale as the
+    forward runs. A call that raises part way (here: an extra input of the wrong shape in the last
+    op, after both linears cast) puts them back, in the failing group and in groups before it, so
+    the next calls compute as those of a model that never saw the failed one."""
+
+    @staticmethod
+    def _model(kind):
+        lin1 = randomized(ops.Linear(16, 32))
+        lin2 = randomized(ops.Linear(32, 16))
+        if kind == "two_groups":  # a plain module splits the Sequential into two fusers
+            op_list = [lin1, torch.nn.Tanh(), lin2, ops.AddExtraInput()]
+            return [lin1, lin2, op_list[-1]], ops.Sequential(*op_list)
+        op_list = [lin1, ops.GELU(), lin2, ops.AddExtraInput()]
+        return op_list, _build(kind, op_list)
+
+    @pytest.mark.parametrize("kind", [*CONTAINERS, "two_groups"])
+    @pytest.mark.parametrize("warm", [True, False], ids=["warm", "first_call"])
+    def test_a_failed_call_leaves_the_fp8_state_as_it_was(self, kind, warm):
+        torch.manual_seed(5)
+        op_list, model = self._model(kind)
+        r = fusible.recipe.DelayedScaling(amax_history_len=3)
+        x, res = torch.randn(8, 16), torch.randn(8, 16)
+        if warm:
+            with fusible.autocast(recipe=r):
+                model(x, res).sum().backward()
+        twin_list, twin = copy.deepcopy((op_list, model))
+        before = copy.deepcopy(_fp8_states(op_list))
+        with fusible.autocast(recipe=r), pytest.raises(RuntimeError, match="AddExtraInput"):
+            model(x * 40, torch.randn(8, 5))  # a larger amax: the casts would record it
+        _assert_same_fp8_states(_fp8_states(op_list), before)
+
+        # Two optimizer steps after it: the same outputs, parameters and state as the twin's.
+        def train(m, ol):
+            opt = torch.optim.SGD(_params(ol), lr=0.1)
+            outputs = []
+            for step in range(2):
+                opt.zero_grad()
+                with fusible.autocast(recipe=r):
+                    y = m(x + step, res)
+                y.square().sum().backward()
+                opt.step()
+                outputs.append(y.detach())
+            return outputs, [p.detach() for p in _params(ol)], _fp8_states(ol)
+
+        got, want = train(model, op_list), train(twin, twin_list)
+        for a, b in zip(got[0] + got[1], want[0] + want[1], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        _assert_same_fp8_states(got[2], want[2])
+
+    def test_a_state_not_made_by_the_failed_call_stays_none(self):
+        op_list, model = self._model("sequential")
+        with (
+            fusible.autocast(recipe=fusible.recipe.DelayedScaling()),
+            pytest.raises(RuntimeError),
+        ):
+            model(torch.randn(4, 16), torch.randn(4, 3))
+        assert all(s is None for s in _fp8_states(op_list))
