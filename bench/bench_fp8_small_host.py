@@ -70,23 +70,28 @@ def main():
         return step
 
     # The per-tensor casts of small tensors as plain launches too (fusible._C switch; one
-    # cooperative launch each by default).
+    # cooperative launch each by default); and delayed scaling without the snapshot that puts its
+    # state back after a failed call (what that snapshot costs).
     one_launch = fusible._C._fp8_cast_one_launch()
-    configs = [(label, label, one_launch) for label in LABELS]
+    configs = [(label, label, one_launch, True) for label in LABELS]
     configs += [
-        (f"{m} (plain-launch casts)", m, False) for m in ("fusible_fp8", "fusible_fp8_delayed")
+        (f"{m} (plain-launch casts)", m, False, True)
+        for m in ("fusible_fp8", "fusible_fp8_delayed")
     ]
+    configs.append(("fusible_fp8_delayed (no rollback)", "fusible_fp8_delayed", one_launch, False))
     # Round robin, min per config over the rounds: a config timed after the others must not gain
     # from a host that warms up as it goes (timed in blocks, whichever came last looked faster).
-    times = {name: float("inf") for name, _, _ in configs}
+    times = {name: float("inf") for name, *_ in configs}
     try:
         for _ in range(args.rounds):
-            for name, model, cast_one_launch in configs:
+            for name, model, cast_one_launch, rollback in configs:
                 fusible._C._set_fp8_cast_one_launch(cast_one_launch)
+                fusible._C._set_fp8_state_rollback(rollback)
                 t = wall_us(step_of(models[model]), repeats=1)
                 times[name] = min(times[name], t)
     finally:
         fusible._C._set_fp8_cast_one_launch(one_launch)
+        fusible._C._set_fp8_state_rollback(True)
     print(f"small MLP forward+backward, host wall time per step (us, min of {args.rounds} rounds")
     print("of 200 steps, configs in turn)")
     for name in times:

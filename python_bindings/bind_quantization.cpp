@@ -9,6 +9,7 @@
 #include "bindings.h"
 #include "kernels/fp8/fp8.h"
 #include "kernels/fp8/fp8_support.h"
+#include "ops/fp8_state_rollback.h"
 
 namespace py = pybind11;
 
@@ -193,6 +194,8 @@ void bind_quantization(py::module_& m) {
         py::arg("minor"));
   m.def("_fp8_amax_handoff", &ops::fp8_amax_handoff);
   m.def("_set_fp8_amax_handoff", &ops::set_fp8_amax_handoff, py::arg("on"));
+  m.def("_fp8_state_rollback", &ops::Fp8StateRollback::enabled);
+  m.def("_set_fp8_state_rollback", &ops::Fp8StateRollback::set_enabled, py::arg("on"));
   m.def("_fp8_cast_one_launch", &kernels::fp8_cast_one_launch);
   m.def("_set_fp8_cast_one_launch", &kernels::set_fp8_cast_one_launch, py::arg("on"));
   m.def("_num_quantizers", [](ops::BasicOperation& op) { return op.num_quantizers(); });

@@ -5,17 +5,23 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
+
 #include "ops/fusible_operation.h"
 
 namespace fusible::ops {
 
 namespace {
 thread_local int active_guards = 0;  // Fp8StateRollbacks doing the work on this thread
+std::atomic<bool> rollback_on{true};
 }  // namespace
+
+bool Fp8StateRollback::enabled() { return rollback_on.load(std::memory_order_relaxed); }
+void Fp8StateRollback::set_enabled(bool on) { rollback_on.store(on, std::memory_order_relaxed); }
 
 bool Fp8StateRollback::needed() {
   const auto& a = fp8_autocast();
-  return active_guards == 0 && a.enabled && a.recipe && a.recipe->kind == "delayed";
+  return active_guards == 0 && a.enabled && a.recipe && a.recipe->kind == "delayed" && enabled();
 }
 
 Fp8StateRollback::Fp8StateRollback(const std::vector<std::shared_ptr<BasicOperation>>& ops) {

@@ -29,6 +29,10 @@ class Fp8StateRollback {
   /// Whether a guard made now would act (callers skip gathering their ops otherwise).
   static bool needed();
 
+  /// On by default; off only for benchmarks that measure what the snapshot costs. Process-wide.
+  static bool enabled();
+  static void set_enabled(bool on);
+
   /// The call succeeded: keep the states as they are now.
   void commit();
 

@@ -13,7 +13,7 @@ import fusible.recipe
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import cuda_only, randomized, tols
+from conftest import FP8_GEMM_DEVICES, cuda_only, randomized, tols
 from fusible import _C, ops
 from fusible.ops import fusion_registry
 
@@ -680,29 +680,32 @@ class TestDelayedScalingState:
     the next calls compute as those of a model that never saw the failed one."""
 
     @staticmethod
-    def _model(kind):
-        lin1 = randomized(ops.Linear(16, 32))
-        lin2 = randomized(ops.Linear(32, 16))
+    def _model(kind, device="cpu"):
+        lin1 = randomized(ops.Linear(16, 32, device=device))
+        lin2 = randomized(ops.Linear(32, 16, device=device))
         if kind == "two_groups":  # a plain module splits the Sequential into two fusers
             op_list = [lin1, torch.nn.Tanh(), lin2, ops.AddExtraInput()]
             return [lin1, lin2, op_list[-1]], ops.Sequential(*op_list)
         op_list = [lin1, ops.GELU(), lin2, ops.AddExtraInput()]
         return op_list, _build(kind, op_list)
 
+    @pytest.mark.parametrize("device", FP8_GEMM_DEVICES)
     @pytest.mark.parametrize("kind", [*CONTAINERS, "two_groups"])
     @pytest.mark.parametrize("warm", [True, False], ids=["warm", "first_call"])
-    def test_a_failed_call_leaves_the_fp8_state_as_it_was(self, kind, warm):
+    def test_a_failed_call_leaves_the_fp8_state_as_it_was(self, kind, warm, device):
         torch.manual_seed(5)
-        op_list, model = self._model(kind)
+        op_list, model = self._model(kind, device)
         r = fusible.recipe.DelayedScaling(amax_history_len=3)
-        x, res = torch.randn(8, 16), torch.randn(8, 16)
+        x, res = torch.randn(8, 16, device=device), torch.randn(8, 16, device=device)
         if warm:
             with fusible.autocast(recipe=r):
                 model(x, res).sum().backward()
         twin_list, twin = copy.deepcopy((op_list, model))
         before = copy.deepcopy(_fp8_states(op_list))
         with fusible.autocast(recipe=r), pytest.raises(RuntimeError, match="AddExtraInput"):
-            model(x * 40, torch.randn(8, 5))  # a larger amax: the casts would record it
+            model(
+                x * 40, torch.randn(8, 5, device=device)
+            )  # a larger amax: the casts would record it
         _assert_same_fp8_states(_fp8_states(op_list), before)
 
         # Two optimizer steps after it: the same outputs, parameters and state as the twin's.
@@ -731,3 +734,20 @@ class TestDelayedScalingState:
         ):
             model(torch.randn(4, 16), torch.randn(4, 3))
         assert all(s is None for s in _fp8_states(op_list))
+
+    def test_the_benchmark_switch_turns_the_rollback_off(self):
+        """fusible._C._set_fp8_state_rollback(False) (for measuring the snapshot's cost) keeps the
+        failed call's updates, as before the rollback existed."""
+        op_list, model = self._model("sequential")
+        assert _C._fp8_state_rollback()
+        _C._set_fp8_state_rollback(False)
+        try:
+            with (
+                fusible.autocast(recipe=fusible.recipe.DelayedScaling()),
+                pytest.raises(RuntimeError),
+            ):
+                model(torch.randn(4, 16), torch.randn(4, 3))
+        finally:
+            _C._set_fp8_state_rollback(True)
+        linears = (op_list[0], op_list[2])
+        assert all(_C._fp8_state(lin.basic_ops[0]._cpp) is not None for lin in linears)
