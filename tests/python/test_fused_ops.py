@@ -367,6 +367,33 @@ class TestInPlaceSemantics:
             torch.testing.assert_close(extra.grad, dy.to(extra_dtype), rtol=0, atol=0)
 
     @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("in_place", [True, False])
+    @pytest.mark.parametrize("view", [False, True], ids=["write", "view"])
+    def test_a_zero_dim_input_adds_as_torch_does(self, device, in_place, view):
+        """A 0-dim float32 x onto a bf16 extra: torch's extra += x (in_place, te.ops') and x +
+        extra both round x to bf16 first (a 0-dim tensor takes no part in type promotion); the
+        in-place add used x unrounded (other bits in most elements). Its gradient: torch's."""
+        torch.manual_seed(3)
+        x = (torch.randn((), device=device) * 3).requires_grad_(view)
+        extra = torch.randn(64, dtype=torch.bfloat16, device=device) * 3
+        want = extra.clone()
+        want += x.detach()
+        base = torch.zeros(2, 64, dtype=torch.bfloat16, device=device)
+        base[0] = extra
+        target = base[0] if view else base[0].clone()
+        y = ops.AddExtraInput(in_place=in_place)(x, target)
+        assert y.dtype == torch.bfloat16 and torch.equal(y, want)
+        if view:  # not written while autograd records; x's gradient is torch's (a bf16 sum)
+            dy = torch.randn_like(y)
+            y.backward(dy)
+            xr = x.detach().clone().requires_grad_()
+            (xr + extra).backward(dy)
+            assert torch.equal(base[0], extra) and x.grad.dtype == torch.float32
+            assert torch.equal(x.grad, xr.grad), (x.grad, xr.grad)
+        elif in_place:
+            assert torch.equal(target, want)
+
+    @pytest.mark.parametrize("device", DEVICES)
     @pytest.mark.parametrize("where", ["view", "channel", "extra_is_input"])
     @pytest.mark.parametrize(
         "x_dtype,extra_dtype",

@@ -49,7 +49,10 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ct
     ctx.state = c10::IValue(
         std::make_tuple(extra.sizes().vec(), static_cast<int64_t>(extra.scalar_type())));
   }
-  auto x = input;
+  // te.ops' in-place add is torch's extra += x, where a 0-dim x takes no part in type promotion:
+  // it is rounded to extra's dtype first (a 0-dim extra makes both operands count).
+  auto x = in_place_ && input.dim() == 0 && extra.dim() > 0 ? cast_to(input, extra.scalar_type())
+                                                            : input;
   if (!same_shape) {
     // te.ops adds with broadcasting: y has the broadcast shape.
     const auto shape = broadcast_shape(input, extra);
@@ -64,7 +67,7 @@ at::Tensor AddExtraInput::fuser_forward(const std::vector<OperationContext*>& ct
       return kernels::add_fwd(cast_to(input, dtype).expand(shape).contiguous(),
                               cast_to(extra, dtype).expand(shape).contiguous());
     }
-    x = input.expand(shape).contiguous();
+    x = x.expand(shape).contiguous();
   }
   if (in_place_) {
     if (!in_place) return kernels::add_fwd(extra, x);  // rounded once to extra's dtype, as +=
