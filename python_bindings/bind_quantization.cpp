@@ -133,7 +133,10 @@ void bind_quantization(py::module_& m) {
                           "one-element scale)");
         // The scale divides every cast: a NaN, infinite, zero or negative one gives garbage
         // silently (the update never writes one: it keeps the old scale for such an amax).
-        const float scale = pair.second.detach().to(at::kFloat).reshape({}).item<float>();
+        // (A meta state, a deferred op's copy, has no values to check.)
+        const float scale = pair.second.is_meta()
+                                ? 1.f
+                                : pair.second.detach().to(at::kFloat).reshape({}).item<float>();
         TORCH_CHECK_VALUE(std::isfinite(scale) && scale > 0.f, op.type_name(),
                           ": bad FP8 state in a checkpoint (", name,
                           " scale must be a finite positive number, got ", scale, ")");

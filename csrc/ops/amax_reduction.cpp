@@ -163,6 +163,19 @@ PeriodCast::PeriodCast(const Fp8Recipe& recipe, const std::vector<DelayedScaling
   period_amax_ = period.narrow(0, 2, 1);
 }
 
+std::vector<at::Tensor> tracked_period_buffers(const Fp8Recipe& recipe,
+                                               const std::vector<DelayedScaling>& states) {
+  std::vector<at::Tensor> out;
+  if (!reduces(recipe) || states.empty()) return out;
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  const auto& reg = registries()[recipe.amax_reduction_group.name];
+  for (const auto& s : states) {
+    const auto it = reg.index.find(s.amax_history.unsafeGetTensorImpl());
+    if (it != reg.index.end()) out.push_back(reg.entries[it->second].period);
+  }
+  return out;
+}
+
 void PeriodCast::finish() const {
   if (scratch_.empty()) return;
   auto amax = period_amax_;  // the same tensor: maximum_out takes its output by reference

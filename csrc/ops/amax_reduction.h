@@ -40,6 +40,11 @@ class PeriodCast {
   at::Tensor own_scale_, period_amax_;
 };
 
+/// The period buffers of those of `states` already tracked under recipe's reduction group (what
+/// their casts change instead of the states; none without a reduction): for Fp8StateRollback.
+std::vector<at::Tensor> tracked_period_buffers(const Fp8Recipe& recipe,
+                                               const std::vector<DelayedScaling>& states);
+
 /// The reduction over recipe.amax_reduction_group: a collective every rank of the group calls at
 /// the same point. First a small collective checks that the ranks track as many histories, of the
 /// recipe's length and on one device each, and every rank raises alike where they do not, instead

@@ -751,3 +751,61 @@ class TestDelayedScalingState:
             _C._set_fp8_state_rollback(True)
         linears = (op_list[0], op_list[2])
         assert all(_C._fp8_state(lin.basic_ops[0]._cpp) is not None for lin in linears)
+
+    @pytest.mark.parametrize("how", ["nested_sequential", "subclass", "twice"])
+    def test_ops_in_plain_steps_and_nested_models_are_put_back(self, how):
+        """Ops that run inside a plain step of the failing Sequential (a nested Sequential, a
+        subclass whose forward calls the op's): the inner call succeeds and hands its snapshot
+        to the outer one, which puts it back when a later op raises; one op twice in a model."""
+
+        class MyLinear(ops.Linear):
+            def forward(self, x):
+                return super().forward(x)
+
+        torch.manual_seed(2)
+        lin1 = randomized(ops.Linear(16, 16))
+        lin2 = randomized(MyLinear(16, 16) if how == "subclass" else ops.Linear(16, 16))
+        if how == "nested_sequential":
+            model = ops.Sequential(lin1, ops.Sequential(lin2), ops.AddExtraInput())
+        elif how == "subclass":
+            model = ops.Sequential(lin1, lin2, ops.AddExtraInput())
+        else:
+            model = ops.Sequential(lin1, lin2, lin1, ops.AddExtraInput())
+        op_list = [lin1, lin2]
+        r = fusible.recipe.DelayedScaling(amax_history_len=3)
+        x = torch.randn(8, 16)
+        with fusible.autocast(recipe=r):
+            model(x, torch.randn(8, 16))
+        before = copy.deepcopy(_fp8_states(op_list))
+        with fusible.autocast(recipe=r), pytest.raises(RuntimeError, match="AddExtraInput"):
+            model(x * 40, torch.randn(8, 5))
+        _assert_same_fp8_states(_fp8_states(op_list), before)
+        # The inner model alone, failing on its own, is put back too.
+        with fusible.autocast(recipe=r), pytest.raises(RuntimeError):
+            ops.Sequential(lin2, ops.AddExtraInput())(x * 40, torch.randn(8, 5))
+        _assert_same_fp8_states(_fp8_states(op_list), before)
+
+    def test_a_state_loaded_under_inference_mode_is_put_back(self):
+        """Serving: the FP8 state loaded under torch.inference_mode (inference tensors), a call
+        there that raises: put back inside inference mode (a plain copy_ would be refused)."""
+        op_list, model = self._model("sequential")
+        r = fusible.recipe.DelayedScaling(amax_history_len=3)
+        with fusible.autocast(recipe=r):
+            model(torch.randn(4, 16), torch.randn(4, 16))
+        sd = copy.deepcopy(model.state_dict())
+        with torch.inference_mode():
+            model.load_state_dict(sd)
+            before = copy.deepcopy(_fp8_states(op_list))
+            with fusible.autocast(recipe=r), pytest.raises(RuntimeError, match="AddExtraInput"):
+                model(torch.randn(4, 16) * 40, torch.randn(4, 3))
+            _assert_same_fp8_states(_fp8_states(op_list), before)
+
+    def test_a_meta_model_with_fp8_state_deep_copies(self):
+        """A deferred (meta) Linear that ran under DelayedScaling holds meta FP8 state: its copy
+        loads it without reading values (the checkpoint's scale check skips meta tensors)."""
+        lin = ops.Linear(16, 16, device="meta")
+        with fusible.autocast(recipe=fusible.recipe.DelayedScaling()):
+            lin(torch.randn(4, 16, device="meta"))
+        copied = copy.deepcopy(lin)
+        state = _C._fp8_state(copied.basic_ops[0]._cpp)
+        assert state is not None and state["forward"][0][1].is_meta

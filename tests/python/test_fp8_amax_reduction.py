@@ -136,6 +136,32 @@ def test_micro_batches_cast_with_the_period_scales(history_len):
     _spawn(2, _micro_batches_case, history_len)
 
 
+def _failed_call_case(rank, world_size):
+    """A call that raises after its casts (on both ranks alike: an extra input of the wrong shape
+    after the row-parallel fc2) leaves no amax in the period: the next reduction gives the
+    histories and scales of a twin that never made the call. The model runs nested in another
+    Sequential (a plain step there), whose guard must cover it."""
+    full, data = _full()
+    fp8 = recipe.DelayedScaling(amax_history_len=4)
+    model, twin = _model(parallel=True), _model(parallel=True)
+    for m in (model, twin):
+        ops.load_full_state_dict(m, full)
+    x = data[0][0]
+    with autocast(recipe=fp8):
+        model(x)
+        twin(x)
+    failing = ops.Sequential(model, ops.AddExtraInput())
+    with autocast(recipe=fp8), pytest.raises(RuntimeError, match="AddExtraInput"):
+        failing(x * 40, torch.randn(T, 5, dtype=D))
+    with autocast(recipe=fp8):
+        pass  # the reduction
+    assert _states_match(model, twin, exact=True)
+
+
+def test_a_failed_call_leaves_no_amax_in_the_period():
+    _spawn(2, _failed_call_case)
+
+
 def _experts_case(rank, world_size):
     """Data parallel experts: rank 1's expert 2 gets no rows in the first two steps (its cast is
     skipped there). Every rank still tracks all of the op's histories, as te registers a module's
