@@ -517,9 +517,18 @@ std::vector<at::Tensor> OperationFuser::forward(
     const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
     const std::vector<std::pair<std::string, at::Tensor>>& named_inputs,
     std::optional<at::TensorList> caller_params) {
-  reroute_if_changed();
   // A call that raises part way puts back the delayed-scaling updates of the casts that ran.
   ops::Fp8StateRollback rollback(basic_ops_);
+  auto outputs = forward_covered(input, extra_inputs, named_inputs, caller_params);
+  rollback.commit();
+  return outputs;
+}
+
+std::vector<at::Tensor> OperationFuser::forward_covered(
+    const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+    const std::vector<std::pair<std::string, at::Tensor>>& named_inputs,
+    std::optional<at::TensorList> caller_params) {
+  reroute_if_changed();
   TORCH_CHECK_VALUE(input.defined(), "OperationFuser: expected an input tensor, got None");
   TORCH_CHECK_TYPE(input.is_floating_point(),
                    basic_ops_.empty() ? std::string("OperationFuser") : basic_ops_[0]->type_name(),
@@ -565,13 +574,10 @@ std::vector<at::Tensor> OperationFuser::forward(
     const at::AutoDispatchBelowAutograd below_autograd;
     auto outputs = run_forward(*call, input, extra_inputs, external);
     bump_written_inputs(outputs, extra_inputs, external);
-    rollback.commit();
     return outputs;
   }
-  auto outputs = FuserAutograd::apply(input, params, at::TensorList(extra_inputs),
-                                      at::TensorList(external), call);
-  rollback.commit();
-  return outputs;
+  return FuserAutograd::apply(input, params, at::TensorList(extra_inputs), at::TensorList(external),
+                              call);
 }
 
 }  // namespace fusible::fuser

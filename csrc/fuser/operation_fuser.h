@@ -70,6 +70,12 @@ class OperationFuser {
       const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
       const std::vector<std::pair<std::string, at::Tensor>>& named_inputs = {},
       std::optional<at::TensorList> params = std::nullopt);
+  /// forward without its own ops::Fp8StateRollback, for a caller whose rollback already covers
+  /// these ops and sees every exception of the call (Sequential::run's loop).
+  std::vector<at::Tensor> forward_covered(
+      const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+      const std::vector<std::pair<std::string, at::Tensor>>& named_inputs,
+      std::optional<at::TensorList> params);
   /// How a call's flat parameter list maps to the basic ops.
   const ParamLayout& parameter_layout() const { return *param_layout_; }
 

@@ -242,8 +242,8 @@ Sequential::Outputs Sequential::run(const at::Tensor& input,
                               use ? std::optional<at::TensorList>(*use) : std::nullopt);
       };
       out = around(g.entry, x, extras, run_group);
-    } else {
-      out = g.fuser->forward(x, extras, channels, group_params);
+    } else {  // this call's rollback covers the group and sees its every exception
+      out = g.fuser->forward_covered(x, extras, channels, group_params);
     }
     const auto& exported = g.fuser->exported();
     TORCH_CHECK(out.size() == exported.size() + 1, "Sequential: group at entry ", g.entry,

@@ -14,6 +14,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -174,6 +175,23 @@ std::vector<at::Tensor> tracked_period_buffers(const Fp8Recipe& recipe,
     if (it != reg.index.end()) out.push_back(reg.entries[it->second].period);
   }
   return out;
+}
+
+size_t tracked_count(const Fp8Recipe& recipe) {
+  if (!reduces(recipe)) return 0;
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  return registries()[recipe.amax_reduction_group.name].entries.size();
+}
+
+void untrack_after(const Fp8Recipe& recipe, size_t count) {
+  if (!reduces(recipe)) return;
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto& reg = registries()[recipe.amax_reduction_group.name];
+  if (reg.entries.size() <= count) return;
+  reg.entries.erase(reg.entries.begin() + static_cast<std::ptrdiff_t>(count), reg.entries.end());
+  for (auto it = reg.index.begin(); it != reg.index.end();) {
+    it = it->second >= count ? reg.index.erase(it) : std::next(it);
+  }
 }
 
 void PeriodCast::finish() const {

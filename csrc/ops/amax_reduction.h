@@ -40,10 +40,14 @@ class PeriodCast {
   at::Tensor own_scale_, period_amax_;
 };
 
-/// The period buffers of those of `states` already tracked under recipe's reduction group (what
-/// their casts change instead of the states; none without a reduction): for Fp8StateRollback.
+/// For Fp8StateRollback: the period buffers of those of `states` tracked under recipe's reduction
+/// group (what their casts change instead of the states), how many states the group tracks, and
+/// dropping those tracked after the first `count` (a failed call's first casts tracked them, its
+/// amaxes in their periods). None / 0 / a no-op without a reduction.
 std::vector<at::Tensor> tracked_period_buffers(const Fp8Recipe& recipe,
                                                const std::vector<DelayedScaling>& states);
+size_t tracked_count(const Fp8Recipe& recipe);
+void untrack_after(const Fp8Recipe& recipe, size_t count);
 
 /// The reduction over recipe.amax_reduction_group: a collective every rank of the group calls at
 /// the same point. First a small collective checks that the ranks track as many histories, of the

@@ -17,10 +17,13 @@ class BasicOperation;
 /// after some casts (a wrong extra input in the last op, say) would keep their updates: the module
 /// would not be left as it was. Made before a call, this guard snapshots its ops' states (one
 /// at::cat of all their tensors) and, destroyed without commit(), puts them back: the same state
-/// objects and tensors, with their values, and each op's recipe. Nothing happens without a
-/// delayed-scaling autocast. Guards nest (a Sequential, its fusers, a plain step calling another
-/// model): an inner one saves only the ops no outer one holds, and its commit hands them to the
-/// one around it, so an outer call that fails later puts them back too.
+/// objects and tensors, with their values, each op's recipe, and the amax reduction's tracking as
+/// it was. Nothing happens without a delayed-scaling autocast. Guards nest (a plain step calling
+/// another model, a Python op inside a fuser): each saves its own ops, and its commit hands its
+/// snapshots to the guard around it, so an outer call that fails later puts those ops back too
+/// (its own snapshot, the earliest, last). A failure an inner guard put back and user code caught
+/// stays put back. Not safe for one model used by several threads at once: a failing call puts
+/// back the state as its thread saw it.
 class Fp8StateRollback {
  public:
   explicit Fp8StateRollback(const std::vector<std::shared_ptr<BasicOperation>>& ops);
@@ -46,6 +49,8 @@ class Fp8StateRollback {
     std::shared_ptr<const Fp8Recipe> recipe;
   };
   struct Snapshot {
+    std::shared_ptr<const Fp8Recipe> recipe;  // the autocast's: its amax reduction's tracking
+    size_t tracked = 0;                       // how many states that reduction tracked
     std::vector<Saved> saved;
     std::vector<at::Tensor> tensors;  // every saved history, scale and period buffer, in order
     at::Tensor flat;                  // their values, in one tensor where all share a device
@@ -53,7 +58,6 @@ class Fp8StateRollback {
     void copy_values();
     void restore() const;
   };
-  void release();  // off the thread's stack; the ops no longer held unless handed on
 
   bool active_ = false;
   std::vector<Snapshot> snapshots_;  // this guard's own, then those inner guards handed over

@@ -785,6 +785,27 @@ class TestDelayedScalingState:
             ops.Sequential(lin2, ops.AddExtraInput())(x * 40, torch.randn(8, 5))
         _assert_same_fp8_states(_fp8_states(op_list), before)
 
+    def test_an_inner_failure_caught_by_user_code_stays_put_back(self):
+        """A plain step runs a model, then runs it again with a bad extra input and catches the
+        error; the outer call succeeds: the caught call's casts are put back all the same (the
+        model ends as a twin that made only the good call)."""
+        torch.manual_seed(4)
+        inner = ops.Sequential(randomized(ops.Linear(16, 16)), ops.AddExtraInput())
+        twin = copy.deepcopy(inner)
+        x = torch.randn(8, 16)
+
+        class Retry(torch.nn.Module):
+            def forward(self, h):
+                y = inner(h, torch.zeros(8, 16))
+                with pytest.raises(RuntimeError, match="AddExtraInput"):
+                    inner(h * 40, torch.randn(8, 5))
+                return y
+
+        with fusible.autocast(recipe=fusible.recipe.DelayedScaling(amax_history_len=3)):
+            ops.Sequential(Retry(), ops.GELU())(x)
+            twin(x, torch.zeros(8, 16))
+        _assert_same_fp8_states(_fp8_states([inner[0]]), _fp8_states([twin[0]]))
+
     def test_a_state_loaded_under_inference_mode_is_put_back(self):
         """Serving: the FP8 state loaded under torch.inference_mode (inference tensors), a call
         there that raises: put back inside inference mode (a plain copy_ would be refused)."""

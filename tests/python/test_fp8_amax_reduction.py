@@ -136,11 +136,12 @@ def test_micro_batches_cast_with_the_period_scales(history_len):
     _spawn(2, _micro_batches_case, history_len)
 
 
-def _failed_call_case(rank, world_size):
+def _failed_call_case(rank, world_size, tracked):
     """A call that raises after its casts (on both ranks alike: an extra input of the wrong shape
     after the row-parallel fc2) leaves no amax in the period: the next reduction gives the
     histories and scales of a twin that never made the call. The model runs nested in another
-    Sequential (a plain step there), whose guard must cover it."""
+    Sequential (a plain step there). tracked=False: its state was loaded, so the failing call's
+    casts are the first to track it."""
     full, data = _full()
     fp8 = recipe.DelayedScaling(amax_history_len=4)
     model, twin = _model(parallel=True), _model(parallel=True)
@@ -148,8 +149,11 @@ def _failed_call_case(rank, world_size):
         ops.load_full_state_dict(m, full)
     x = data[0][0]
     with autocast(recipe=fp8):
-        model(x)
         twin(x)
+        if tracked:
+            model(x)
+    if not tracked:
+        model.load_state_dict(twin.state_dict())
     failing = ops.Sequential(model, ops.AddExtraInput())
     with autocast(recipe=fp8), pytest.raises(RuntimeError, match="AddExtraInput"):
         failing(x * 40, torch.randn(T, 5, dtype=D))
@@ -158,8 +162,9 @@ def _failed_call_case(rank, world_size):
     assert _states_match(model, twin, exact=True)
 
 
-def test_a_failed_call_leaves_no_amax_in_the_period():
-    _spawn(2, _failed_call_case)
+@pytest.mark.parametrize("tracked", [True, False], ids=["tracked", "loaded"])
+def test_a_failed_call_leaves_no_amax_in_the_period(tracked):
+    _spawn(2, _failed_call_case, tracked)
 
 
 def _experts_case(rank, world_size):
