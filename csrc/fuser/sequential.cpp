@@ -203,10 +203,12 @@ Sequential::Outputs Sequential::run(const at::Tensor& input,
   // A group (or a plain step) that raises puts back the delayed-scaling updates of every cast
   // the call made, in earlier groups too.
   std::vector<std::shared_ptr<ops::BasicOperation>> basic_ops;
-  for (const auto& g : groups) {
-    if (!g.fuser || !ops::Fp8StateRollback::needed()) continue;
-    const auto& more = g.fuser->basic_ops();
-    basic_ops.insert(basic_ops.end(), more.begin(), more.end());
+  if (ops::Fp8StateRollback::needed()) {  // gathered only where the guard will act
+    for (const auto& g : groups) {
+      if (!g.fuser) continue;
+      const auto& more = g.fuser->basic_ops();
+      basic_ops.insert(basic_ops.end(), more.begin(), more.end());
+    }
   }
   ops::Fp8StateRollback rollback(basic_ops);
   at::Tensor x = input;
